@@ -1,0 +1,711 @@
+"""Discrete-event replay of a workload through the same extender/core decisions the cluster uses.
+
+The engine owns only time and bookkeeping (who runs where, e / p accumulators, billing); every
+decision — queue order, feasibility and victims, host choice, scale-up plan, scale-down, migration
+plan — is a call into extender.core. That is the point: a policy measured here is the policy deployed.
+
+Time is never kinder than a real cluster: every (re)start costs an allocation overhead alpha (>= 2 s by
+default) during which the instance is pending, nodes arrive after an acquisition lag, migrations take
+checkpoint + transfer time, and billing rounds each node's lifetime up to the minute.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time as wallclock
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from extender.core import autoscale, packing, qos, reschedule
+from extender.core.model import (
+    Flavour,
+    InvalidInputError,
+    Node,
+    NodeGroup,
+    Pod,
+    Resources,
+    WorkloadKind,
+)
+from extender.sim.workloads import RequestSpec, Workload
+
+POLICIES = ("qos-driven", "qos-paper", "priority", "htas", "k8s")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Timings and thresholds. Defaults follow the papers (000 Table 6, 002 §4.1.3) and CA's defaults."""
+
+    seed: int = 1
+    scheduling_cycle: float = 20.0  # paper 000 Table 6: pending pods retried at least this often
+    watchdog: float = 10.0  # paper 002 §4.1.3
+    autoscale_cycle: float = 300.0  # paper 000 Table 6 (batch group)
+    service_scale_interval: float = 30.0  # service group reacts within this (services never finish)
+    ca_scan_interval: float = 10.0  # cluster-autoscaler --scan-interval default
+    ca_unneeded_seconds: float = 600.0  # --scale-down-unneeded-time
+    ca_delay_after_add: float = 600.0  # --scale-down-delay-after-add
+    ca_threshold: float = 0.5  # --scale-down-utilization-threshold
+    ca_flavour: str = "m1.medium"
+    alpha_cold: float = 2.0  # allocation overhead of a first start (s)
+    alpha_hot: float = 2.0  # of a restart after preemption / eviction / migration
+    lag_min: float = 60.0  # node acquisition lag ~ U(lag_min, lag_max)
+    lag_max: float = 120.0
+    bandwidth_bytes_per_s: float = 1200e6 / 8  # paper 000 §6.2: 1,200 Mbps per VM
+    checkpoint_seconds: float = 1.0  # CRIU dump + restore fixed cost on top of transfer
+    idle_seconds: float = 300.0  # empty node removed after (paper 004)
+    underutil_threshold: float = 0.5  # paper 000 Table 6
+    underutil_sustain: float = 300.0
+    batch_queue_quiet: float = 300.0  # batch queue empty this long before consolidation
+    provisioning_timeout: float = 900.0
+    weights: autoscale.ScoreWeights = field(default_factory=autoscale.ScoreWeights)
+    qos_quantum: float = 120.0  # anti-thrashing defaults of `qos-driven` (measured: see sim/README.md)
+    qos_hysteresis: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("scheduling_cycle", "watchdog", "autoscale_cycle", "ca_scan_interval"):
+            if not getattr(self, name) > 0:
+                raise InvalidInputError(f"{name} must be positive")
+        if self.alpha_cold < 0 or self.alpha_hot < 0 or self.lag_min < 0 or self.lag_max < self.lag_min:
+            raise InvalidInputError("alpha and lag must be non-negative and lag_min <= lag_max")
+
+
+class State(StrEnum):
+    WAITING = "waiting"  # not yet arrived
+    PENDING = "pending"
+    ALLOCATING = "allocating"  # placed, paying alpha before it runs
+    RUNNING = "running"
+    MIGRATING = "migrating"
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class Req:
+    spec: RequestSpec
+    state: State = State.WAITING
+    since: float = 0.0
+    e: float = 0.0  # accumulated running time
+    p: float = 0.0  # accumulated pending time (allocation and migration time included)
+    work: float = 0.0  # progress towards completion (lost on eviction, kept by preemption/migration)
+    node: str | None = None
+    version: int = 0  # invalidates stale alloc/complete events
+    preemptions: int = 0
+    overhead: float = 0.0
+    run_started: float = 0.0
+    starts: int = 0
+    done_at: float | None = None
+
+    def fold(self, now: float) -> None:
+        """Move the time since the last transition into e or p (and progress) before a state change."""
+        dt = now - self.since
+        if dt > 0:
+            if self.state is State.RUNNING:
+                self.e += dt
+                self.work += dt
+            elif self.state in (State.PENDING, State.ALLOCATING, State.MIGRATING):
+                self.p += dt
+        self.since = now
+
+    def ep(self, now: float) -> tuple[float, float]:
+        dt = max(0.0, now - self.since)
+        if self.state is State.RUNNING:
+            return self.e + dt, self.p
+        if self.state in (State.PENDING, State.ALLOCATING, State.MIGRATING):
+            return self.e, self.p + dt
+        return self.e, self.p
+
+
+@dataclass(slots=True)
+class SimNode:
+    name: str
+    allocatable: Resources
+    group: NodeGroup
+    flavour: str | None
+    price_per_hour: float
+    requested_at: float
+    ready_at: float
+    pods: dict[str, str] = field(default_factory=dict)  # pod key -> request id
+    cordoned: bool = False
+    deleted_at: float | None = None
+    last_busy: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.deleted_at is None
+
+
+@dataclass
+class Counters:
+    preemptions: int = 0
+    evictions: int = 0
+    migrations: int = 0
+    lost_work: float = 0.0
+    events: int = 0
+    scale_ups: int = 0
+    nodes_added: int = 0
+    nodes_removed: int = 0
+
+
+class Simulator:
+    """One run of one policy over one workload."""
+
+    def __init__(self, workload: Workload, policy: str, config: SimConfig | None = None) -> None:
+        if policy not in POLICIES:
+            raise InvalidInputError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+        self.w = workload
+        self.policy = policy
+        self.cfg = config or SimConfig()
+        self.rng = random.Random(f"{self.cfg.seed}-{policy}-{workload.name}")
+        self.now = 0.0
+        self.heap: list[tuple[float, int, str, object]] = []
+        self.seq = 0
+        self.reqs: dict[str, Req] = {r.request_id: Req(r) for r in workload.requests}
+        self.nodes: dict[str, SimNode] = {}
+        self.retired: list[SimNode] = []
+        self.provisioning: dict[str, SimNode] = {}
+        self.ledger = autoscale.ProvisioningLedger()
+        self.c = Counters()
+        self.autoscaled = not workload.hosts
+        self.qpol = qos.QosPolicy(
+            classes=workload.classes,
+            alpha_seconds=self.cfg.alpha_hot,
+            min_run_quantum_seconds=self.cfg.qos_quantum if policy == "qos-driven" else 0.0,
+            q_hysteresis_seconds=self.cfg.qos_hysteresis if policy == "qos-driven" else 0.0,
+        )
+        self.underutil = reschedule.UnderutilState(since={})
+        self.ca_unneeded: dict[str, float] = {}
+        self.last_scale_up = -math.inf
+        self.last_batch_pending = 0.0  # last time a batch pod was pending (consolidation waits for quiet)
+        self.last_batch_plan = -math.inf
+        self.sched_pending = False
+        self.node_seq = 0
+        self.timeline: list[tuple[float, dict[str, int], float]] = []  # (t, nodes by flavour, cost rate)
+        self.fluid_usd = 0.0
+        self._fluid_cache: dict[tuple[int, int], float] = {}
+        self.util_cpu = 0.0  # integral of requested / allocatable over node-time
+        self.util_mem = 0.0
+        self.node_seconds_live = 0.0
+        self._last_integrate = 0.0
+        self._active_demand = Resources()
+        self._node_cache: dict[str, Node] = {}
+
+    # ---- event plumbing ------------------------------------------------------------------------------
+
+    def push(self, t: float, kind: str, payload: object = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+
+    def request_schedule(self) -> None:
+        if not self.sched_pending:
+            self.sched_pending = True
+            self.push(self.now, "schedule")
+
+    def run(self) -> SimResult:
+        started = wallclock.perf_counter()
+        for spec in self.w.requests:
+            self.push(spec.arrival, "arrive", spec.request_id)
+        for host in self.w.hosts:
+            self._add_node(host.name, host.capacity, host.group, host.flavour, 0.0, 0.0, 0.0)
+        for flavour_name, group in self.w.initial:
+            f = self.w.flavour(flavour_name)
+            self._add_node(self._new_name(f.name), f.capacity, group, f.name, f.price_per_hour, 0.0, 0.0)
+        self.push(0.0, "tick")
+        if self.autoscaled:
+            self.push(0.0, "autoscale")
+        horizon = self.w.horizon
+        while self.heap:
+            t, _, kind, payload = heapq.heappop(self.heap)
+            if horizon is not None and t > horizon:
+                break
+            if not self.autoscaled and horizon is None and self._all_done():
+                break
+            self._integrate(t)
+            self.now = t
+            self.c.events += 1
+            getattr(self, f"_on_{kind}")(payload)
+            if self.autoscaled and self._all_done():
+                break
+        end = horizon if horizon is not None else self.now
+        self._integrate(end)
+        self.now = end
+        for r in self.reqs.values():
+            if r.state is not State.DONE and r.state is not State.WAITING:
+                r.fold(end)
+        return self._result(end, wallclock.perf_counter() - started)
+
+    def _all_done(self) -> bool:
+        return all(r.state is State.DONE for r in self.reqs.values())
+
+    # ---- integrals: utilisation, fluid lower bound ---------------------------------------------------
+
+    def _integrate(self, t: float) -> None:
+        dt = t - self._last_integrate
+        if dt <= 0:
+            return
+        for node in self.nodes.values():
+            alloc = node.allocatable
+            req = self._requested(node)
+            self.util_cpu += dt * req.cpu_milli / alloc.cpu_milli
+            self.util_mem += dt * req.memory_bytes / alloc.memory_bytes
+            self.node_seconds_live += dt
+        if self.w.flavours and (self._active_demand.cpu_milli or self._active_demand.memory_bytes):
+            key = (self._active_demand.cpu_milli, self._active_demand.memory_bytes)
+            rate = self._fluid_cache.get(key)
+            if rate is None:
+                rate = autoscale.fluid_lower_bound_per_hour(self._active_demand, self.w.flavours)
+                self._fluid_cache[key] = rate
+            self.fluid_usd += rate * dt / 3600.0
+        self._last_integrate = t
+
+    def _snapshot_timeline(self) -> None:
+        counts: dict[str, int] = {}
+        rate = 0.0
+        for n in [*self.nodes.values(), *self.provisioning.values()]:
+            counts[n.flavour or "host"] = counts.get(n.flavour or "host", 0) + 1
+            rate += n.price_per_hour
+        self.timeline.append((self.now, counts, rate))
+
+    # ---- nodes ---------------------------------------------------------------------------------------
+
+    def _new_name(self, flavour: str) -> str:
+        self.node_seq += 1
+        return f"{flavour}-{self.node_seq}"
+
+    def _add_node(
+        self,
+        name: str,
+        cap: Resources,
+        group: NodeGroup,
+        flavour: str | None,
+        price: float,
+        requested_at: float,
+        ready_at: float,
+    ) -> SimNode:
+        node = SimNode(name, cap, group, flavour, price, requested_at, ready_at, last_busy=ready_at)
+        self.nodes[name] = node
+        self._snapshot_timeline()
+        return node
+
+    def _remove_node(self, node: SimNode) -> None:
+        assert not node.pods, f"removing non-empty node {node.name}"
+        node.deleted_at = self.now
+        del self.nodes[node.name]
+        self._node_cache.pop(node.name, None)
+        self.retired.append(node)
+        self.c.nodes_removed += 1
+        self._snapshot_timeline()
+
+    def _requested(self, node: SimNode) -> Resources:
+        return self._core_node(node).requested
+
+    def _core_node(self, node: SimNode) -> Node:
+        cached = self._node_cache.get(node.name)
+        if cached is None:
+            cached = Node(
+                node.name,
+                node.allocatable,
+                group=node.group,
+                flavour=node.flavour,
+                pods=tuple(self._pod(self.reqs[rid]) for rid in node.pods.values()),
+                unschedulable=node.cordoned,
+            )
+            self._node_cache[node.name] = cached
+        return cached
+
+    def _pod(self, r: Req) -> Pod:
+        s = r.spec
+        return Pod(
+            name=s.request_id,
+            requests=s.requests,
+            request_id=s.request_id,
+            uid=s.request_id,
+            priority=self.w.classes[s.class_name].priority if self.policy == "priority" else s.priority,
+            class_name=s.class_name,
+            kind=s.kind,
+            runtime_seconds=s.duration if s.kind is WorkloadKind.BATCH else None,
+            started_at=r.run_started if r.state is State.RUNNING else None,
+            progress_seconds=r.work,
+            node_name=r.node,
+        )
+
+    # ---- request transitions -------------------------------------------------------------------------
+
+    def _place(self, r: Req, node: SimNode) -> None:
+        r.fold(self.now)
+        alpha = self.cfg.alpha_cold if r.starts == 0 else self.cfg.alpha_hot
+        r.starts += 1
+        r.overhead += alpha if r.starts > 1 else 0.0
+        r.state = State.ALLOCATING
+        r.node = node.name
+        r.version += 1
+        node.pods[f"default/{r.spec.request_id}"] = r.spec.request_id
+        node.last_busy = self.now
+        self._node_cache.pop(node.name, None)
+        self.push(self.now + alpha, "started", (r.spec.request_id, r.version))
+
+    def _unplace(self, r: Req, lose_work: bool) -> SimNode:
+        r.fold(self.now)
+        assert r.node is not None
+        node = self.nodes[r.node]
+        del node.pods[f"default/{r.spec.request_id}"]
+        node.last_busy = self.now
+        self._node_cache.pop(node.name, None)
+        if lose_work:
+            self.c.lost_work += r.work
+            r.work = 0.0
+        r.node = None
+        r.state = State.PENDING
+        r.version += 1
+        return node
+
+    def _on_arrive(self, rid: object) -> None:
+        r = self.reqs[str(rid)]
+        r.state = State.PENDING
+        r.since = self.now
+        self._active_demand = self._active_demand + r.spec.requests
+        self.request_schedule()
+
+    def _on_started(self, payload: object) -> None:
+        rid, version = payload  # type: ignore[misc]
+        r = self.reqs[rid]
+        if r.version != version or r.state is not State.ALLOCATING:
+            return
+        r.fold(self.now)
+        r.state = State.RUNNING
+        r.run_started = self.now
+        self._node_cache.pop(r.node or "", None)
+        self.push(self.now + max(0.0, r.spec.duration - r.work), "complete", (rid, r.version))
+
+    def _on_complete(self, payload: object) -> None:
+        rid, version = payload  # type: ignore[misc]
+        r = self.reqs[rid]
+        if r.version != version or r.state is not State.RUNNING:
+            return
+        node = self._unplace(r, lose_work=False)
+        r.state = State.DONE
+        r.done_at = self.now
+        self._active_demand = self._active_demand - r.spec.requests
+        node.last_busy = self.now
+        self.request_schedule()
+
+    def _on_tick(self, _: object) -> None:
+        period = self.cfg.watchdog if self.policy in ("qos-driven", "qos-paper", "priority") else None
+        period = period or self.cfg.scheduling_cycle
+        self.request_schedule()
+        if self.autoscaled and self.policy == "k8s":
+            self._ca_scale_down()
+        if self.autoscaled and self.policy == "htas":
+            self._htas_scale_down()
+        self.push(self.now + min(period, self.cfg.ca_scan_interval), "tick")
+
+    # ---- scheduling ----------------------------------------------------------------------------------
+
+    def _pending(self) -> list[Req]:
+        return [r for r in self.reqs.values() if r.state is State.PENDING]
+
+    def _instance(self, r: Req) -> qos.Instance:
+        e, p = r.ep(self.now)
+        return qos.Instance(
+            pod=self._pod(r),
+            running_seconds=e,
+            pending_seconds=p,
+            preemptions=r.preemptions,
+            overhead_seconds=r.overhead,
+            current_run_seconds=(self.now - r.run_started) if r.state is State.RUNNING else 0.0,
+            admitted=(e + p) > 0,
+        )
+
+    def _on_schedule(self, _: object) -> None:
+        self.sched_pending = False
+        pending = self._pending()
+        if not pending:
+            return
+        if self.policy in ("qos-driven", "qos-paper", "priority"):
+            self._schedule_preemptive(pending)
+        else:
+            self._schedule_plain(pending)
+
+    def _ready_nodes(self) -> list[SimNode]:
+        return [n for n in self.nodes.values() if not n.cordoned]
+
+    def _schedule_preemptive(self, pending: list[Req]) -> None:
+        """Paper 002 Algorithm 1 (qos-*) or Kubernetes' priority preemption (§4.1.2), one pass."""
+        by_key = {f"default/{r.spec.request_id}": r for r in self.reqs.values() if r.node is not None}
+        if self.policy == "priority":
+            order = [self.reqs[p.request_id] for p in qos.priority_queue_order(self._pod(r) for r in pending)]
+        else:
+            order = [self.reqs[i.pod.request_id] for i in qos.queue_order(map(self._instance, pending), self.qpol)]
+        for r in order:
+            pod = self._pod(r)
+            nodes = self._ready_nodes()
+            options: list[qos.Feasibility] = []
+            if self.policy == "priority":
+                for n in nodes:
+                    options.append(qos.priority_feasibility(pod, self._core_node(n), self.qpol))
+            else:
+                inst = self._instance(r)
+                for n in nodes:
+                    cn = self._core_node(n)
+                    running = {p.key: self._instance(by_key[p.key]) for p in cn.pods if p.key in by_key}
+                    options.append(qos.feasibility(inst, cn, running, self.qpol, self.rng))
+            feasible = [o for o in options if o.feasible]
+            if not feasible:
+                continue
+            scores = {o.node: packing.k8s_default_score(self._core_node(self.nodes[o.node]), pod) for o in feasible}
+            best = qos.rank_hosts(feasible, scores)
+            if best is None:
+                continue
+            for key in best.victims:
+                victim = by_key.pop(key)
+                self._unplace(victim, lose_work=False)
+                victim.preemptions += 1
+                self.c.preemptions += 1
+            self._place(r, self.nodes[best.node])
+            by_key[f"default/{r.spec.request_id}"] = r
+
+    def _schedule_plain(self, pending: list[Req]) -> None:
+        """No preemption (all pods share one priority): k8s scores, or HTAS's BFD / time-bin BFD."""
+        if self.policy == "htas":
+            pods = packing.bfd_sort(self._pod(r) for r in pending)
+        else:
+            pods = sorted((self._pod(r) for r in pending), key=lambda p: (self.reqs[p.request_id].spec.arrival, p.key))
+        for pod in pods:
+            r = self.reqs[pod.request_id]
+            if self.policy == "htas":
+                group = NodeGroup.BATCH if pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE
+                cands = [self._core_node(n) for n in self._ready_nodes() if n.group is group]
+                if pod.kind is WorkloadKind.BATCH:
+                    chosen = packing.time_bin_bfd_choose(cands, pod, self.now, self.cfg.autoscale_cycle)
+                else:
+                    chosen = packing.bfd_choose(cands, pod)
+                target = chosen.name if chosen is not None else None
+            else:
+                feasible = [self._core_node(n) for n in self._ready_nodes()]
+                feasible = [n for n in feasible if packing.fits(n, pod)]
+                if not feasible:
+                    continue
+                scored = [(packing.k8s_default_score(n, pod), n.name) for n in feasible]
+                top = max(s for s, _ in scored)
+                target = self.rng.choice(sorted(name for s, name in scored if s == top))
+            if target is not None:
+                self._place(r, self.nodes[target])
+
+    # ---- autoscaling ---------------------------------------------------------------------------------
+
+    def _lag(self) -> float:
+        return self.rng.uniform(self.cfg.lag_min, self.cfg.lag_max)
+
+    def _provision(self, flavour: Flavour, group: NodeGroup, pods: Iterable[str]) -> None:
+        name = self._new_name(flavour.name)
+        ready = self.now + self._lag()
+        node = SimNode(name, flavour.capacity, group, flavour.name, flavour.price_per_hour, self.now, ready)
+        self.provisioning[name] = node
+        self.ledger = self.ledger.add(autoscale.Provisioning(name, flavour, self.now, tuple(pods)))
+        self.c.nodes_added += 1
+        self.last_scale_up = self.now
+        self.push(ready, "node_ready", name)
+        self._snapshot_timeline()
+
+    def _on_node_ready(self, name: object) -> None:
+        node = self.provisioning.pop(str(name))
+        node.last_busy = self.now
+        self.nodes[node.name] = node
+        self.ledger = self.ledger.arrived(node.name)
+        self.request_schedule()
+
+    def _unschedulable(self, group: NodeGroup | None) -> list[Pod]:
+        """Pending pods no ready node can take now: what a real autoscaler sees as unschedulable."""
+        nodes = [self._core_node(n) for n in self._ready_nodes() if group is None or n.group is group]
+        out = []
+        for r in self._pending():
+            pod = self._pod(r)
+            if group is not None and (pod.kind is WorkloadKind.BATCH) != (group is NodeGroup.BATCH):
+                continue
+            if not any(packing.fits(n, pod) for n in nodes):
+                out.append(pod)
+        return out
+
+    def _on_autoscale(self, _: object) -> None:
+        if self.policy == "k8s":
+            self._ca_scale_up()
+            self.push(self.now + self.cfg.ca_scan_interval, "autoscale")
+        elif self.policy == "htas":
+            self._htas_scale_up()
+            self.push(self.now + self.cfg.service_scale_interval, "autoscale")
+
+    def _ca_scale_up(self) -> None:
+        """cluster-autoscaler: one homogeneous group; binpacking estimator adds all needed nodes at once;
+        pods that fit on upcoming nodes are not counted again (CA simulates upcoming nodes)."""
+        flavour = self.w.flavour(self.cfg.ca_flavour)
+        pods = self.ledger.uncovered(self._unschedulable(None))
+        if not pods:
+            return
+        plan = autoscale.plan_pods(pods, [flavour], self.cfg.weights)
+        for f, keys in plan.nodes:
+            self._provision(f, NodeGroup.SERVICE, keys)
+
+    def _htas_scale_up(self) -> None:
+        """HTAS: service group every scan with the pod-packing greedy plan; batch group every autoscaling
+        cycle (sooner on a burst) with the 0-bin deduction (paper 000 Alg. 3-4, 003 Alg. 7 ledger)."""
+        services = self.ledger.uncovered(self._unschedulable(NodeGroup.SERVICE))
+        if services:
+            plan = autoscale.plan_pods(services, self.w.flavours, self.cfg.weights)
+            for f, keys in plan.nodes:
+                self._provision(f, NodeGroup.SERVICE, keys)
+        batch = self.ledger.uncovered(self._unschedulable(NodeGroup.BATCH))
+        if not batch:
+            return
+        due = self.now - self.last_batch_plan >= self.cfg.autoscale_cycle
+        biggest = max(self.w.flavours, key=lambda f: f.capacity.memory_bytes).capacity
+        burst = not Resources.total(p.requests for p in batch).fits_in(biggest)
+        if not (due or burst):
+            return
+        self.last_batch_plan = self.now
+        batch_nodes = [self._core_node(n) for n in self._ready_nodes() if n.group is NodeGroup.BATCH]
+        plan = autoscale.plan_batch(
+            batch, batch_nodes, self.w.flavours, self.cfg.weights, self.now, self.cfg.autoscale_cycle
+        )
+        for f, keys in plan.nodes:
+            self._provision(f, NodeGroup.BATCH, keys)
+
+    def _ca_scale_down(self) -> None:
+        """cluster-autoscaler scale-down: utilisation < threshold for the unneeded time, not within the
+        delay after a scale-up, and every pod fits elsewhere; pods are evicted (batch progress is lost)."""
+        if self.now - self.last_scale_up < self.cfg.ca_delay_after_add:
+            self.ca_unneeded.clear()
+            return
+        for node in list(self.nodes.values()):
+            if self._core_node(node).utilization() < self.cfg.ca_threshold:
+                self.ca_unneeded.setdefault(node.name, self.now)
+            else:
+                self.ca_unneeded.pop(node.name, None)
+        removed_nonempty = False
+        for name, since in sorted(self.ca_unneeded.items(), key=lambda kv: kv[1]):
+            node = self.nodes.get(name)
+            if node is None or self.now - since < self.cfg.ca_unneeded_seconds:
+                continue
+            if node.pods:
+                if removed_nonempty:
+                    continue  # CA drains one non-empty node per loop
+                others = [self._core_node(n) for n in self._ready_nodes() if n.name != name]
+                pods = [self._pod(self.reqs[rid]) for rid in node.pods.values()]
+                _placed, unplaced = packing.pack(pods, others, self.now, self.cfg.autoscale_cycle, "least-allocated")
+                if unplaced:
+                    continue
+                for rid in list(node.pods.values()):
+                    self._unplace(self.reqs[rid], lose_work=True)
+                    self.c.evictions += 1
+                removed_nonempty = True
+            self.ca_unneeded.pop(name, None)
+            self._remove_node(node)
+        self.request_schedule()
+
+    def _htas_scale_down(self) -> None:
+        """Empty nodes go after the idle period; under-utilised batch nodes are emptied by migration
+        (paper 000 Alg. 5) once the batch queue has been quiet, so no progress is lost."""
+        for node in list(self.nodes.values()):
+            if node.cordoned and not node.pods:
+                self._remove_node(node)  # a consolidated node: its pods all moved
+            elif node.cordoned:
+                node.cordoned = False  # the plan could not complete: leave the node alone
+                self._node_cache.pop(node.name, None)
+            elif not node.pods and self.now - node.last_busy >= self.cfg.idle_seconds:
+                self._remove_node(node)
+        batch_nodes = [n for n in self.nodes.values() if n.group is NodeGroup.BATCH]
+        core = [self._core_node(n) for n in batch_nodes]
+        self.underutil = reschedule.update_underutilized(
+            self.underutil, [n for n in core if n.pods], self.now, self.cfg.underutil_threshold
+        )
+        if any(r.spec.kind is WorkloadKind.BATCH for r in self._pending()):
+            self.last_batch_pending = self.now
+            return
+        if self.now - self.last_batch_pending < self.cfg.batch_queue_quiet:
+            return
+        cands = reschedule.sustained_underutilized(self.underutil, self.now, self.cfg.underutil_sustain)
+        if not cands:
+            return
+        for plan in reschedule.consolidation_plans(core, cands, self.now, self.cfg.autoscale_cycle):
+            self._migrate(plan)
+
+    def _migrate(self, plan: reschedule.MigrationPlan) -> None:
+        source = self.nodes[plan.source]
+        source.cordoned = True
+        self._node_cache.pop(source.name, None)
+        for key, dest in plan.moves:
+            r = self.reqs[source.pods[key]]
+            if r.state is not State.RUNNING:
+                continue
+            seconds = self.cfg.checkpoint_seconds + r.spec.image_bytes / self.cfg.bandwidth_bytes_per_s
+            self._unplace(r, lose_work=False)
+            r.state = State.MIGRATING
+            r.version += 1
+            target = self.nodes[dest]
+            target.pods[key] = r.spec.request_id  # the destination holds the space during the transfer
+            r.node = dest
+            self._node_cache.pop(dest, None)
+            self.c.migrations += 1
+            self.push(self.now + seconds, "migrated", (r.spec.request_id, r.version))
+
+    def _on_migrated(self, payload: object) -> None:
+        rid, version = payload  # type: ignore[misc]
+        r = self.reqs[rid]
+        if r.version != version or r.state is not State.MIGRATING:
+            return
+        r.fold(self.now)
+        r.state = State.RUNNING
+        r.run_started = self.now
+        self.push(self.now + max(0.0, r.spec.duration - r.work), "complete", (rid, r.version))
+
+    # ---- results -------------------------------------------------------------------------------------
+
+    def _result(self, end: float, wall: float) -> SimResult:
+        nodes = [*self.retired, *self.nodes.values()]
+        cost = 0.0
+        node_seconds = 0.0
+        for n in nodes:
+            alive = (n.deleted_at if n.deleted_at is not None else end) - n.requested_at
+            node_seconds += alive
+            cost += math.ceil(alive / 60.0 - 1e-9) * n.price_per_hour / 60.0  # per-minute billing, rounded up
+        for n in self.provisioning.values():  # ordered but never arrived: still billed
+            alive = end - n.requested_at
+            node_seconds += alive
+            cost += math.ceil(alive / 60.0 - 1e-9) * n.price_per_hour / 60.0
+        live = self.node_seconds_live or 1.0
+        return SimResult(
+            policy=self.policy,
+            end=end,
+            reqs=list(self.reqs.values()),
+            classes=self.w.classes,
+            cost_usd=cost,
+            fluid_usd=self.fluid_usd,
+            node_seconds=node_seconds,
+            counters=self.c,
+            util_cpu=self.util_cpu / live,
+            util_mem=self.util_mem / live,
+            wall_seconds=wall,
+            timeline=self.timeline,
+        )
+
+
+@dataclass
+class SimResult:
+    policy: str
+    end: float
+    reqs: list[Req]
+    classes: object
+    cost_usd: float
+    fluid_usd: float
+    node_seconds: float
+    counters: Counters
+    util_cpu: float
+    util_mem: float
+    wall_seconds: float
+    timeline: list[tuple[float, dict[str, int], float]]
+
+
+def simulate(workload: Workload, policy: str, config: SimConfig | None = None) -> SimResult:
+    return Simulator(workload, policy, config).run()
+
+
+ProgressHook = Callable[[str], None]

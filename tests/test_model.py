@@ -1,0 +1,132 @@
+"""Quantity parsing and the model's refusal of inputs no policy can decide on."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from extender.core.model import (
+    Flavour,
+    InvalidInputError,
+    Node,
+    Pod,
+    QuantityError,
+    Resources,
+    ServiceClass,
+    WorkloadKind,
+    cpu_millicores,
+    memory_bytes,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "milli"),
+    [
+        ("500m", 500),
+        ("2", 2000),
+        ("0.1", 100),
+        ("1.5", 1500),
+        ("100u", 1),
+        ("1k", 1_000_000),
+        ("2e-3", 2),
+        (3, 3000),
+    ],
+)
+def test_cpu_quantities(text: str | int, milli: int) -> None:
+    assert cpu_millicores(text) == milli
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        ("1.5Gi", 1610612736),
+        ("128974848", 128974848),
+        ("129e6", 129_000_000),
+        ("129M", 129_000_000),
+        ("123Mi", 128974848),
+        ("1Ki", 1024),
+        ("0.5Ki", 512),
+        ("1E", 10**18),
+        ("1Ei", 2**60),
+        ("1m", 1),  # 0.001 byte rounds up, as Quantity.Value() does
+    ],
+)
+def test_memory_quantities(text: str, nbytes: int) -> None:
+    assert memory_bytes(text) == nbytes
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "5xx", "1Gb", "--1", "1 Gi", "Gi", "1e", "nan", "inf"])
+def test_malformed_quantity_is_a_clear_error(bad: str) -> None:
+    with pytest.raises(QuantityError, match="malformed quantity"):
+        cpu_millicores(bad)
+
+
+@pytest.mark.parametrize("bad", ["-1", "-500m", -2])
+def test_negative_quantity_refused(bad: str | int) -> None:
+    with pytest.raises(QuantityError, match="negative"):
+        cpu_millicores(bad)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, True, None, [1]])
+def test_non_numbers_refused(bad: object) -> None:
+    with pytest.raises(QuantityError):
+        memory_bytes(bad)  # type: ignore[arg-type]
+
+
+@given(st.integers(min_value=0, max_value=10**12))
+def test_integer_strings_roundtrip(n: int) -> None:
+    assert memory_bytes(str(n)) == n
+    assert cpu_millicores(f"{n}m") == n
+
+
+@given(st.integers(0, 10**6), st.integers(0, 10**6 - 1))
+def test_binary_suffix_exact(whole: int, frac: int) -> None:
+    # "<whole>.<frac>Mi" parsed exactly: no float drift for any representable value
+    text = f"{whole}.{frac:06d}Mi"
+    exact = (whole * 10**6 + frac) * 2**20
+    assert memory_bytes(text) == -(-exact // 10**6)
+
+
+def test_resources_arithmetic_and_fit() -> None:
+    a = Resources(1000, 2048, 1, (("nvidia.com/gpu", 1),))
+    b = Resources(500, 1024, 1)
+    assert (a + b).cpu_milli == 1500 and (a + b).ext("nvidia.com/gpu") == 1
+    assert (a - a) == Resources()
+    assert b.fits_in(a) and not a.fits_in(b)
+    assert a.shortfall(b) == ["cpu", "memory", "nvidia.com/gpu"]
+
+
+@pytest.mark.parametrize("kw", [{"cpu_milli": -1}, {"memory_bytes": -5}, {"pods": -1}, {"cpu_milli": 1.5}])
+def test_negative_or_fractional_request_refused(kw: dict[str, object]) -> None:
+    with pytest.raises(InvalidInputError):
+        Resources.request(**kw)  # type: ignore[arg-type]
+
+
+def test_bad_classes_flavours_pods_nodes() -> None:
+    with pytest.raises(InvalidInputError, match="slo"):
+        ServiceClass("x", math.nan, 1)
+    with pytest.raises(InvalidInputError, match="slo"):
+        ServiceClass("x", 1.5, 1)
+    with pytest.raises(InvalidInputError, match="importance"):
+        ServiceClass("x", 0.9, 0)
+    with pytest.raises(InvalidInputError, match="price"):
+        Flavour("free", Resources(1000, 1 << 30, 110), 0.0)
+    with pytest.raises(InvalidInputError, match="positive"):
+        Flavour("empty", Resources(0, 1 << 30, 110), 1.0)
+    with pytest.raises(InvalidInputError, match="runtime"):
+        Pod("p", Resources.request(1, 1), runtime_seconds=math.nan)
+    with pytest.raises(InvalidInputError, match="negative"):
+        Node("n", Resources(-1, 0, 0))
+
+
+def test_remaining_runtime_and_utilization() -> None:
+    pod = Pod("b", Resources.request(500, 1 << 30), kind=WorkloadKind.BATCH, runtime_seconds=600, started_at=100.0)
+    assert pod.remaining_runtime(400.0) == 300.0
+    assert pod.remaining_runtime(1000.0) == 0.0
+    svc = Pod("s", Resources.request(500, 1 << 30))
+    assert svc.remaining_runtime(10.0) == 0.0
+    node = Node("n", Resources(2000, 4 << 30, 110), pods=(pod, svc))
+    assert node.utilization() == pytest.approx(0.5)
+    assert node.remaining_runtime(400.0) == 300.0
+    assert node.free == Resources(1000, 2 << 30, 108)
