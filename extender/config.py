@@ -1,0 +1,508 @@
+"""Configuration of `qos-extender serve`: one YAML file, validated completely at start.
+
+Every option is documented in ``config/extender.yaml`` (the default file), which doubles as the reference.
+Loading is strict: an unknown key, a wrong type or an out-of-range value stops the process with an error
+naming the option (``scheduling.profile: must be one of cost, spread (got 'fast')``), because a typo that
+silently falls back to a default changes placement decisions without anyone noticing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.core.model import (
+    DEFAULT_CLASSES,
+    Flavour,
+    InvalidInputError,
+    Resources,
+    ServiceClass,
+    WorkloadKind,
+    cpu_millicores,
+    memory_bytes,
+)
+from extender.core.qos import QosPolicy
+
+__all__ = [
+    "DEFAULT_CONFIG_PATH",
+    "BindConfig",
+    "ConfigError",
+    "ExtenderConfig",
+    "KubernetesConfig",
+    "NodeGroupsConfig",
+    "PodDefaults",
+    "SchedulingConfig",
+    "ServerConfig",
+    "TlsConfig",
+    "load_config",
+    "parse_config",
+]
+
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "extender.yaml"
+
+PROFILES = ("cost", "spread")
+UNLABELLED_POLICIES = ("any", "batch", "service", "none")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """The configuration file is unusable; the message names the offending option."""
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert_file: str | None = None
+    key_file: str | None = None
+    client_ca_file: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8888
+    max_body_bytes: int = 64 * 1024 * 1024
+    request_timeout_seconds: float = 4.0
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesConfig:
+    kubeconfig: str | None = None
+    context: str | None = None
+    watch_timeout_seconds: int = 300
+    backoff_initial_seconds: float = 0.5
+    backoff_max_seconds: float = 30.0
+    request_timeout_seconds: float = 30.0
+    events: bool = True
+    event_component: str = "qos-extender"
+
+
+@dataclass(frozen=True, slots=True)
+class BindConfig:
+    timeout_seconds: float = 3.0
+    attempt_timeout_seconds: float = 1.0
+    backoff_initial_seconds: float = 0.05
+    ledger_ttl_seconds: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodDefaults:
+    class_name: str = "bronze"
+    class_from_priority: bool = True
+    kind: WorkloadKind = WorkloadKind.SERVICE
+    batch_runtime_seconds: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingConfig:
+    profile: str = "cost"
+    scaling_cycle_seconds: float = 300.0
+    managed_resources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroupsConfig:
+    batch_selector: Mapping[str, str] = field(default_factory=lambda: {"qos.kube-qos-extender.io/node-group": "batch"})
+    service_selector: Mapping[str, str] = field(
+        default_factory=lambda: {"qos.kube-qos-extender.io/node-group": "service"}
+    )
+    unlabelled: str = "any"
+    enforce: bool = True
+    flavour_label: str = "node.kubernetes.io/instance-type"
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    bind: BindConfig = field(default_factory=BindConfig)
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    pod_defaults: PodDefaults = field(default_factory=PodDefaults)
+    node_groups: NodeGroupsConfig = field(default_factory=NodeGroupsConfig)
+    policy: QosPolicy = field(default_factory=QosPolicy)
+    flavours: tuple[Flavour, ...] = ()
+    log_level: str = "INFO"
+
+
+# ---------------------------------------------------------------------------------------------- checkers
+
+
+def _fail(path: str, message: str) -> ConfigError:
+    return ConfigError(f"{path}: {message}")
+
+
+def _section(raw: object, path: str, allowed: set[str]) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _fail(path, f"must be a mapping, got {type(raw).__name__}")
+    for key in raw:
+        if not isinstance(key, str):
+            raise _fail(path, f"keys must be strings, got {key!r}")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise _fail(
+            f"{path}.{unknown[0]}" if path else unknown[0], f"unknown option (known: {', '.join(sorted(allowed))})"
+        )
+    return dict(raw)
+
+
+def _bool(raw: dict[str, Any], key: str, path: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise _fail(f"{path}.{key}", f"must be true or false, got {value!r}")
+    return value
+
+
+def _number(
+    raw: dict[str, Any],
+    key: str,
+    path: str,
+    default: float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_min: bool = False,
+) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(f"{path}.{key}", f"must be a finite number, got {value!r}")
+    if minimum is not None and (value <= minimum if exclusive_min else value < minimum):
+        raise _fail(f"{path}.{key}", f"must be {'>' if exclusive_min else '>='} {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise _fail(f"{path}.{key}", f"must be <= {maximum}, got {value!r}")
+    return float(value)
+
+
+def _int(raw: dict[str, Any], key: str, path: str, default: int, *, minimum: int, maximum: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"{path}.{key}", f"must be an integer, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise _fail(f"{path}.{key}", f"must be between {minimum} and {maximum}, got {value}")
+    return value
+
+
+def _str(raw: dict[str, Any], key: str, path: str, default: str | None, *, choices: tuple[str, ...] = ()) -> str | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _fail(f"{path}.{key}", f"must be a non-empty string, got {value!r}")
+    if choices and value not in choices:
+        raise _fail(f"{path}.{key}", f"must be one of {', '.join(choices)} (got {value!r})")
+    return value
+
+
+def _req_str(raw: dict[str, Any], key: str, path: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
+    value = _str(raw, key, path, default, choices=choices)
+    if value is None:
+        raise _fail(f"{path}.{key}", "must not be null")
+    return value
+
+
+def _file(raw: dict[str, Any], key: str, path: str, base: Path | None) -> str | None:
+    value = _str(raw, key, path, None)
+    if value is None:
+        return None
+    p = Path(value)
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    if not p.is_file():
+        raise _fail(f"{path}.{key}", f"file {str(p)!r} does not exist")
+    return str(p)
+
+
+def _labels(raw: dict[str, Any], key: str, path: str, default: Mapping[str, str]) -> dict[str, str]:
+    value = raw.get(key, dict(default))
+    if not isinstance(value, dict):
+        raise _fail(f"{path}.{key}", f"must be a mapping of label -> value, got {type(value).__name__}")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not k or not isinstance(v, str):
+            raise _fail(f"{path}.{key}", f"labels must be non-empty strings mapped to strings, got {k!r}: {v!r}")
+        out[k] = v
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- parsing
+
+
+def _parse_server(raw: object, base: Path | None) -> ServerConfig:
+    path = "server"
+    s = _section(raw, path, {"host", "port", "max_body_bytes", "request_timeout_seconds", "tls"})
+    t = _section(s.get("tls"), f"{path}.tls", {"cert_file", "key_file", "client_ca_file"})
+    tls = TlsConfig(
+        cert_file=_file(t, "cert_file", f"{path}.tls", base),
+        key_file=_file(t, "key_file", f"{path}.tls", base),
+        client_ca_file=_file(t, "client_ca_file", f"{path}.tls", base),
+    )
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise _fail(f"{path}.tls", "cert_file and key_file must be set together")
+    if tls.client_ca_file is not None and tls.cert_file is None:
+        raise _fail(f"{path}.tls.client_ca_file", "client certificates need TLS: set cert_file and key_file too")
+    return ServerConfig(
+        host=_req_str(s, "host", path, "127.0.0.1"),
+        port=_int(s, "port", path, 8888, minimum=0, maximum=65535),
+        max_body_bytes=_int(s, "max_body_bytes", path, 64 * 1024 * 1024, minimum=1024, maximum=2**31),
+        request_timeout_seconds=_number(s, "request_timeout_seconds", path, 4.0, minimum=0, exclusive_min=True),
+        tls=tls,
+    )
+
+
+def _parse_kubernetes(raw: object, base: Path | None) -> KubernetesConfig:
+    path = "kubernetes"
+    k = _section(
+        raw,
+        path,
+        {
+            "kubeconfig",
+            "context",
+            "watch_timeout_seconds",
+            "backoff_initial_seconds",
+            "backoff_max_seconds",
+            "request_timeout_seconds",
+            "events",
+            "event_component",
+        },
+    )
+    initial = _number(k, "backoff_initial_seconds", path, 0.5, minimum=0, exclusive_min=True)
+    maximum = _number(k, "backoff_max_seconds", path, 30.0, minimum=0, exclusive_min=True)
+    if maximum < initial:
+        raise _fail(f"{path}.backoff_max_seconds", f"must be >= backoff_initial_seconds ({initial})")
+    return KubernetesConfig(
+        kubeconfig=_file(k, "kubeconfig", path, base),
+        context=_str(k, "context", path, None),
+        watch_timeout_seconds=_int(k, "watch_timeout_seconds", path, 300, minimum=1, maximum=3600),
+        backoff_initial_seconds=initial,
+        backoff_max_seconds=maximum,
+        request_timeout_seconds=_number(k, "request_timeout_seconds", path, 30.0, minimum=0, exclusive_min=True),
+        events=_bool(k, "events", path, True),
+        event_component=_req_str(k, "event_component", path, "qos-extender"),
+    )
+
+
+def _parse_bind(raw: object, server: ServerConfig) -> BindConfig:
+    path = "bind"
+    b = _section(
+        raw, path, {"timeout_seconds", "attempt_timeout_seconds", "backoff_initial_seconds", "ledger_ttl_seconds"}
+    )
+    total = _number(b, "timeout_seconds", path, 3.0, minimum=0, exclusive_min=True)
+    attempt = _number(b, "attempt_timeout_seconds", path, 1.0, minimum=0, exclusive_min=True)
+    if attempt > total:
+        raise _fail(f"{path}.attempt_timeout_seconds", f"must be <= bind.timeout_seconds ({total})")
+    if total >= server.request_timeout_seconds:
+        raise _fail(
+            f"{path}.timeout_seconds",
+            f"must be < server.request_timeout_seconds ({server.request_timeout_seconds}): a bind must answer "
+            "before the request is cut off",
+        )
+    return BindConfig(
+        timeout_seconds=total,
+        attempt_timeout_seconds=attempt,
+        backoff_initial_seconds=_number(b, "backoff_initial_seconds", path, 0.05, minimum=0, exclusive_min=True),
+        ledger_ttl_seconds=_number(b, "ledger_ttl_seconds", path, 30.0, minimum=0, exclusive_min=True),
+    )
+
+
+def _parse_scheduling(raw: object) -> SchedulingConfig:
+    path = "scheduling"
+    s = _section(raw, path, {"profile", "scaling_cycle_seconds", "managed_resources"})
+    managed = s.get("managed_resources", [])
+    if not isinstance(managed, list) or not all(isinstance(m, str) and m for m in managed):
+        raise _fail(f"{path}.managed_resources", f"must be a list of resource names, got {managed!r}")
+    for name in managed:
+        if name in ("cpu", "memory", "pods"):
+            raise _fail(f"{path}.managed_resources", f"{name!r} is always checked; list only extended resources")
+        if "/" not in name:
+            raise _fail(f"{path}.managed_resources", f"{name!r} is not an extended resource name (domain/name)")
+    if len(set(managed)) != len(managed):
+        raise _fail(f"{path}.managed_resources", "duplicate resource names")
+    return SchedulingConfig(
+        profile=_req_str(s, "profile", path, "cost", choices=PROFILES),
+        scaling_cycle_seconds=_number(s, "scaling_cycle_seconds", path, 300.0, minimum=0, exclusive_min=True),
+        managed_resources=tuple(managed),
+    )
+
+
+def _parse_pod_defaults(raw: object, classes: Mapping[str, ServiceClass]) -> PodDefaults:
+    path = "pod_defaults"
+    d = _section(raw, path, {"class", "class_from_priority", "kind", "batch_runtime_seconds"})
+    class_name = _req_str(d, "class", path, "bronze")
+    if class_name not in classes:
+        raise _fail(f"{path}.class", f"unknown class {class_name!r} (defined: {', '.join(sorted(classes))})")
+    kind = _req_str(d, "kind", path, "service", choices=("batch", "service"))
+    runtime: float | None = None
+    if d.get("batch_runtime_seconds") is not None:
+        runtime = _number(d, "batch_runtime_seconds", path, 0.0, minimum=0)
+    return PodDefaults(
+        class_name=class_name,
+        class_from_priority=_bool(d, "class_from_priority", path, True),
+        kind=WorkloadKind(kind),
+        batch_runtime_seconds=runtime,
+    )
+
+
+def _parse_node_groups(raw: object) -> NodeGroupsConfig:
+    path = "node_groups"
+    g = _section(raw, path, {"batch", "service", "unlabelled", "enforce", "flavour_label"})
+    selectors: dict[str, dict[str, str]] = {}
+    defaults = NodeGroupsConfig()
+    for group, default in (("batch", defaults.batch_selector), ("service", defaults.service_selector)):
+        section = _section(g.get(group, {}), f"{path}.{group}", {"match_labels"})
+        selectors[group] = _labels(section, "match_labels", f"{path}.{group}", default)
+        if not selectors[group]:
+            raise _fail(f"{path}.{group}.match_labels", "must not be empty (an empty selector matches every node)")
+    if selectors["batch"] == selectors["service"]:
+        raise _fail(f"{path}", "batch and service selectors are identical: no node could be told apart")
+    return NodeGroupsConfig(
+        batch_selector=selectors["batch"],
+        service_selector=selectors["service"],
+        unlabelled=_req_str(g, "unlabelled", path, "any", choices=UNLABELLED_POLICIES),
+        enforce=_bool(g, "enforce", path, True),
+        flavour_label=_req_str(g, "flavour_label", path, "node.kubernetes.io/instance-type"),
+    )
+
+
+def _parse_classes(raw: object) -> dict[str, ServiceClass]:
+    path = "classes"
+    if raw is None:
+        return dict(DEFAULT_CLASSES)
+    if not isinstance(raw, dict) or not raw:
+        raise _fail(path, "must be a non-empty mapping of class name -> {slo, importance, ...}")
+    out: dict[str, ServiceClass] = {}
+    for name, body in raw.items():
+        if not isinstance(name, str) or not name:
+            raise _fail(path, f"class names must be non-empty strings, got {name!r}")
+        cpath = f"{path}.{name}"
+        c = _section(body, cpath, {"slo", "importance", "safety_margin_seconds", "priority"})
+        for required in ("slo", "importance"):
+            if required not in c:
+                raise _fail(f"{cpath}.{required}", "is required")
+        slo = _number(c, "slo", cpath, 1.0, minimum=0, maximum=1.0, exclusive_min=True)
+        importance = _int(c, "importance", cpath, 1, minimum=1, maximum=1000)
+        margin = _number(c, "safety_margin_seconds", cpath, 10.0)
+        priority = _int(c, "priority", cpath, 0, minimum=-(2**31), maximum=10**9)
+        try:
+            out[name] = ServiceClass(name, slo, importance, margin, priority)
+        except InvalidInputError as exc:  # pragma: no cover - the checks above are stricter
+            raise _fail(cpath, str(exc)) from exc
+    return out
+
+
+def _parse_policy(raw: object, classes: Mapping[str, ServiceClass]) -> QosPolicy:
+    path = "qos"
+    q = _section(
+        raw,
+        path,
+        {"alpha_seconds", "min_run_quantum_seconds", "q_hysteresis_seconds", "overhead_cap", "relax_by_importance"},
+    )
+    return QosPolicy(
+        classes=classes,
+        alpha_seconds=_number(q, "alpha_seconds", path, 2.0, minimum=0),
+        min_run_quantum_seconds=_number(q, "min_run_quantum_seconds", path, 0.0, minimum=0),
+        q_hysteresis_seconds=_number(q, "q_hysteresis_seconds", path, 0.0, minimum=0),
+        overhead_cap=_bool(q, "overhead_cap", path, True),
+        relax_by_importance=_bool(q, "relax_by_importance", path, True),
+    )
+
+
+def _parse_flavours(raw: object) -> tuple[Flavour, ...]:
+    path = "flavours"
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _fail(path, f"must be a list, got {type(raw).__name__}")
+    out: list[Flavour] = []
+    seen: set[str] = set()
+    for i, body in enumerate(raw):
+        fpath = f"{path}[{i}]"
+        f = _section(body, fpath, {"name", "cpu", "memory", "pods", "price_per_hour"})
+        for required in ("name", "cpu", "memory", "price_per_hour"):
+            if required not in f:
+                raise _fail(f"{fpath}.{required}", "is required")
+        name = _req_str(f, "name", fpath, "")
+        if name in seen:
+            raise _fail(f"{fpath}.name", f"duplicate flavour {name!r}")
+        seen.add(name)
+        try:
+            cpu = cpu_millicores(f["cpu"])
+        except InvalidInputError as exc:
+            raise _fail(f"{fpath}.cpu", str(exc)) from exc
+        try:
+            mem = memory_bytes(f["memory"])
+        except InvalidInputError as exc:
+            raise _fail(f"{fpath}.memory", str(exc)) from exc
+        pods = _int(f, "pods", fpath, 110, minimum=1, maximum=100000)
+        price = _number(f, "price_per_hour", fpath, 0.0, minimum=0, exclusive_min=True)
+        try:
+            out.append(Flavour(name, Resources(cpu, mem, pods), price))
+        except InvalidInputError as exc:
+            raise _fail(fpath, str(exc)) from exc
+    return tuple(out)
+
+
+TOP_LEVEL = {
+    "server",
+    "kubernetes",
+    "bind",
+    "scheduling",
+    "pod_defaults",
+    "node_groups",
+    "qos",
+    "classes",
+    "flavours",
+    "logging",
+}
+
+
+def parse_config(raw: object, base: Path | None = None) -> ExtenderConfig:
+    """Validate a parsed YAML document; ``base`` resolves relative file paths (the config file's folder)."""
+    top = _section(raw, "", TOP_LEVEL)
+    classes = _parse_classes(top.get("classes"))
+    server = _parse_server(top.get("server"), base)
+    logging_section = _section(top.get("logging"), "logging", {"level"})
+    try:
+        policy = _parse_policy(top.get("qos"), classes)
+    except InvalidInputError as exc:  # pragma: no cover - the checks above are stricter
+        raise _fail("qos", str(exc)) from exc
+    return ExtenderConfig(
+        server=server,
+        kubernetes=_parse_kubernetes(top.get("kubernetes"), base),
+        bind=_parse_bind(top.get("bind"), server),
+        scheduling=_parse_scheduling(top.get("scheduling")),
+        pod_defaults=_parse_pod_defaults(top.get("pod_defaults"), classes),
+        node_groups=_parse_node_groups(top.get("node_groups")),
+        policy=policy,
+        flavours=_parse_flavours(top.get("flavours")),
+        log_level=_req_str(logging_section, "level", "logging", "INFO", choices=LOG_LEVELS),
+    )
+
+
+def load_config(path: str | Path | None = None) -> ExtenderConfig:
+    """Read and validate the YAML file at ``path`` (default ``config/extender.yaml``)."""
+    p = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror or exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    try:
+        return parse_config(raw if raw is not None else {}, base=p.resolve().parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from exc

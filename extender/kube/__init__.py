@@ -1,0 +1,1 @@
+"""Cluster shells: Kubernetes object conversion, list+watch snapshot, binder, events."""

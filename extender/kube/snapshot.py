@@ -1,0 +1,346 @@
+"""The cluster as the extender sees it: Nodes and Pods from list+watch, plus our own not-yet-seen bindings.
+
+Pure state, no I/O and no clock reads (time is an argument): the async list+watch runner that feeds it lives
+in ``extender.kube.watch``, and tests drive it with recorded objects. Everything is converted to the core
+model once, when an event arrives, so a verb only reads.
+
+BindLedger: when we bind a pod, the watch shows it on its node a little later. Until then the ledger
+"assumes" it there (kube-scheduler's cache does the same for its own bindings), so filter never offers the
+same free space twice; the pod is confirmed when the watch shows it bound, forgotten when it is deleted, and
+expired after a TTL if the watch never shows it (a bind that failed after all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.config import ExtenderConfig
+from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources
+from extender.kube.convert import (
+    Problem,
+    is_terminal,
+    node_from_k8s,
+    node_group_of,
+    parse_timestamp,
+    pod_from_k8s,
+    pod_key,
+)
+
+__all__ = ["BindLedger", "LedgerEntry", "NodeEntry", "PodEntry", "Snapshot"]
+
+
+# ------------------------------------------------------------------------------------------------ ledger
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    pod: Pod
+    node: str
+    uid: str
+    assumed_at: float
+
+
+class BindLedger:
+    """assume / confirm / expire of the pods we bound and the watch has not shown bound yet."""
+
+    def __init__(self, ttl_seconds: float) -> None:
+        if not ttl_seconds > 0:
+            raise InvalidInputError(f"ledger TTL must be > 0, got {ttl_seconds!r}")
+        self.ttl_seconds = ttl_seconds
+        self._entries: dict[str, LedgerEntry] = {}
+        self._by_node: dict[str, dict[str, LedgerEntry]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def get(self, key: str) -> LedgerEntry | None:
+        return self._entries.get(key)
+
+    def assume(self, pod: Pod, node: str, now: float) -> None:
+        """Record that ``pod`` now occupies ``node`` (replaces an earlier assumption for the same pod)."""
+        self.forget(pod.key)
+        entry = LedgerEntry(pod, node, pod.uid, now)
+        self._entries[pod.key] = entry
+        self._by_node.setdefault(node, {})[pod.key] = entry
+
+    def confirm(self, key: str) -> LedgerEntry | None:
+        """The watch shows the pod bound (or gone): the snapshot accounts for it now."""
+        return self.forget(key)
+
+    def forget(self, key: str) -> LedgerEntry | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            on_node = self._by_node.get(entry.node)
+            if on_node is not None:
+                on_node.pop(key, None)
+                if not on_node:
+                    del self._by_node[entry.node]
+        return entry
+
+    def expire(self, now: float) -> list[LedgerEntry]:
+        """Drop assumptions older than the TTL; returns them (each is a bind the watch never confirmed)."""
+        stale = [e for e in self._entries.values() if now - e.assumed_at >= self.ttl_seconds]
+        for entry in stale:
+            self.forget(entry.pod.key)
+        return stale
+
+    def on_node(self, node: str) -> Iterable[LedgerEntry]:
+        return self._by_node.get(node, {}).values()
+
+
+# ---------------------------------------------------------------------------------------------- snapshot
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    node: Node  # without pods: the snapshot keeps them per node name
+    accepts: frozenset[NodeGroup]
+
+
+@dataclass(slots=True)
+class PodEntry:
+    pod: Pod
+    created_at: float | None
+    problems: tuple[Problem, ...] = ()
+    deleting: bool = False
+
+
+@dataclass(slots=True)
+class _NodePods:
+    pods: dict[str, Pod] = field(default_factory=dict)
+    requested: Resources = field(default_factory=Resources)
+
+
+class Snapshot:
+    """Nodes by name and pods by ``namespace/name``, with per-node totals kept incrementally.
+
+    ``ready`` turns true once both a full node list and a full pod list were applied; until then the
+    webhook answers errors (never decide on a half-empty cache).
+    """
+
+    def __init__(self, config: ExtenderConfig) -> None:
+        self.config = config
+        self._managed = config.scheduling.managed_resources
+        self.nodes: dict[str, NodeEntry] = {}
+        self.pods: dict[str, PodEntry] = {}
+        self._by_node: dict[str, _NodePods] = {}
+        self._uids: dict[str, str] = {}
+        self.ledger = BindLedger(config.bind.ledger_ttl_seconds)
+        self.bound_at: dict[str, float] = {}  # pods we bound -> when (start-time fallback, SLI accounting)
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.node_resource_version: str | None = None
+        self.pod_resource_version: str | None = None
+        self.last_update: float | None = None
+        self.conversion_errors = 0
+
+    # ------------------------------------------------------------------------------------------ status
+
+    @property
+    def ready(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    def age(self, now: float) -> float | None:
+        """Seconds since the last applied list or event (None before the first)."""
+        return None if self.last_update is None else max(0.0, now - self.last_update)
+
+    def _touch(self, now: float | None) -> None:
+        if now is not None:
+            self.last_update = now
+
+    # ------------------------------------------------------------------------------------------- nodes
+
+    def apply_node(self, event_type: str, obj: Mapping[str, Any], now: float | None = None) -> None:
+        """One watch event (ADDED / MODIFIED / DELETED) for a Node."""
+        self._touch(now)
+        meta = obj.get("metadata") if isinstance(obj, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            self.conversion_errors += 1
+            return
+        if event_type == "DELETED":
+            self.nodes.pop(name, None)
+            return
+        try:
+            node = node_from_k8s(obj, self.config.node_groups, self._managed)
+        except InvalidInputError:
+            self.conversion_errors += 1
+            self.nodes.pop(name, None)  # a node we cannot read is a node we cannot offer
+            return
+        self.nodes[name] = NodeEntry(node, node_group_of(node.labels, self.config.node_groups))
+
+    def replace_nodes(
+        self, items: Iterable[Mapping[str, Any]], resource_version: str | None, now: float | None = None
+    ) -> None:
+        """A full list: the new truth (after start or a 410 Gone)."""
+        self.nodes.clear()
+        for obj in items:
+            self.apply_node("ADDED", obj, now)
+        self.node_resource_version = resource_version
+        self.nodes_synced = True
+        self._touch(now)
+
+    # -------------------------------------------------------------------------------------------- pods
+
+    def _unindex(self, key: str) -> None:
+        entry = self.pods.pop(key, None)
+        if entry is None:
+            return
+        if entry.pod.uid and self._uids.get(entry.pod.uid) == key:
+            del self._uids[entry.pod.uid]
+        node = entry.pod.node_name
+        if node is not None:
+            slot = self._by_node.get(node)
+            if slot is not None and key in slot.pods:
+                del slot.pods[key]
+                slot.requested = slot.requested - entry.pod.requests
+                if not slot.pods:
+                    del self._by_node[node]
+
+    def _index(self, key: str, entry: PodEntry) -> None:
+        self.pods[key] = entry
+        if entry.pod.uid:
+            self._uids[entry.pod.uid] = key
+        node = entry.pod.node_name
+        if node is not None:
+            slot = self._by_node.setdefault(node, _NodePods())
+            slot.pods[key] = entry.pod
+            slot.requested = slot.requested + entry.pod.requests
+
+    def apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float | None = None) -> tuple[Problem, ...]:
+        """One watch event for a Pod; returns the annotation problems found (for an Event on the pod)."""
+        self._touch(now)
+        try:
+            key = pod_key(obj)
+        except InvalidInputError:
+            self.conversion_errors += 1
+            return ()
+        self._unindex(key)
+        if event_type == "DELETED" or is_terminal(obj):
+            # Gone or finished: it frees its node, and any assumption of ours about it is moot.
+            self.ledger.forget(key)
+            self.bound_at.pop(key, None)
+            return ()
+        try:
+            pod, problems = pod_from_k8s(
+                obj,
+                self.config.pod_defaults,
+                self.config.policy.classes,
+                self._managed,
+                started_at=self.bound_at.get(key),
+            )
+        except InvalidInputError:
+            self.conversion_errors += 1
+            return ()
+        meta = obj.get("metadata")
+        created = parse_timestamp(meta.get("creationTimestamp")) if isinstance(meta, dict) else None
+        deleting = isinstance(meta, dict) and meta.get("deletionTimestamp") is not None
+        self._index(key, PodEntry(pod, created, problems, deleting))
+        if pod.node_name is not None:
+            self.ledger.confirm(key)
+        return problems
+
+    def replace_pods(
+        self, items: Iterable[Mapping[str, Any]], resource_version: str | None, now: float | None = None
+    ) -> list[tuple[str, tuple[Problem, ...]]]:
+        """A full pod list; returns (pod key, problems) for pods with annotation problems."""
+        self.pods.clear()
+        self._by_node.clear()
+        self._uids.clear()
+        found: list[tuple[str, tuple[Problem, ...]]] = []
+        for obj in items:
+            problems = self.apply_pod("ADDED", obj, now)
+            if problems:
+                found.append((pod_key(obj), problems))
+        self.pod_resource_version = resource_version
+        self.pods_synced = True
+        self._touch(now)
+        return found
+
+    # ------------------------------------------------------------------------------------------- reads
+
+    def key_for_uid(self, uid: str) -> str | None:
+        return self._uids.get(uid)
+
+    def pods_on(self, node: str, exclude: str | None = None) -> list[Pod]:
+        """Pods occupying ``node``: observed ones plus our assumed bindings not observed yet."""
+        slot = self._by_node.get(node)
+        out = [p for k, p in slot.pods.items() if k != exclude] if slot is not None else []
+        for entry in self.ledger.on_node(node):
+            key = entry.pod.key
+            if key != exclude and (slot is None or key not in slot.pods):
+                out.append(entry.pod)
+        return out
+
+    def requested_on(self, node: str, exclude: str | None = None) -> tuple[Resources, int]:
+        """(total requests, pod count) on ``node`` incl. assumed bindings, without ``exclude``: the fast path
+        of filter, O(1) for a node without assumptions (totals are kept incrementally)."""
+        slot = self._by_node.get(node)
+        requested = slot.requested if slot is not None else Resources()
+        count = len(slot.pods) if slot is not None else 0
+        if slot is not None and exclude is not None and exclude in slot.pods:
+            requested = requested - slot.pods[exclude].requests
+            count -= 1
+        for entry in self.ledger.on_node(node):
+            key = entry.pod.key
+            if key != exclude and (slot is None or key not in slot.pods):
+                requested = requested + entry.pod.requests
+                count += 1
+        return requested, count
+
+    def node_view(self, name: str, exclude: str | None = None) -> Node | None:
+        """The core Node with its pods (observed + assumed, minus ``exclude``), or None if unknown."""
+        entry = self.nodes.get(name)
+        if entry is None:
+            return None
+        n = entry.node
+        return Node(
+            n.name,
+            n.allocatable,
+            n.capacity,
+            n.labels,
+            n.group,
+            n.flavour,
+            tuple(self.pods_on(name, exclude)),
+            n.unschedulable,
+            n.created_at,
+        )
+
+    def counts(self) -> dict[str, int]:
+        bound = sum(len(s.pods) for s in self._by_node.values())
+        return {
+            "nodes": len(self.nodes),
+            "pods": len(self.pods),
+            "bound_pods": bound,
+            "assumed_pods": len(self.ledger),
+        }
+
+    # ------------------------------------------------------------------------------------------ binds
+
+    def record_bind(self, pod: Pod, node: str, now: float) -> None:
+        """After a successful bind: assume the pod on the node until the watch shows it."""
+        bound = Pod(
+            pod.name,
+            pod.requests,
+            pod.request_id,
+            pod.namespace,
+            pod.uid,
+            pod.priority,
+            pod.class_name,
+            pod.kind,
+            pod.runtime_seconds,
+            now,
+            pod.progress_seconds,
+            node,
+            pod.migratable,
+        )
+        self.bound_at[pod.key] = now
+        current = self.pods.get(pod.key)
+        if current is not None and current.pod.node_name == node:
+            return  # the watch was faster than our answer: nothing to assume
+        self.ledger.assume(bound, node, now)

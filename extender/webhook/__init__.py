@@ -1,0 +1,1 @@
+"""The kube-scheduler extender webhook: verbs, aiohttp app, metrics."""
