@@ -253,13 +253,28 @@ def test_plan_pods_is_a_valid_cover(pods: list[Pod], flavours: list[Flavour], we
 
 
 @settings(max_examples=150, deadline=None)
-@given(pods=pods_st, flavours=catalogue_st)
-def test_plan_pods_no_worse_than_one_node_when_everything_fits_one(pods: list[Pod], flavours: list[Flavour]) -> None:
+@given(flavours=catalogue_st, data=st.data())
+def test_plan_pods_no_worse_than_one_node_when_everything_fits_one(
+    flavours: list[Flavour], data: st.DataObject
+) -> None:
     """If the pods' total fits one node of f, first-fit packs them all there, so the small-tail rule has
-    a one-node candidate costing the cheapest such price."""
+    a one-node candidate costing the cheapest such price. Pods are drawn to fit a chosen flavour (not
+    filtered), each at most its 1/n share in every dimension."""
+    host = data.draw(st.sampled_from(flavours))
+    cap = host.capacity
+    n = data.draw(st.integers(1, min(cap.pods, 20)))
+    pods = [
+        Pod(
+            f"p{i}",
+            Resources(
+                data.draw(st.integers(0, cap.cpu_milli // n)), data.draw(st.integers(0, cap.memory_bytes // n)), 1
+            ),
+        )
+        for i in range(n)
+    ]
     total = demand_of(pods)
     fitting = [f.price_per_hour for f in flavours if total.fits_in(f.capacity)]
-    assume(pods and fitting)
+    assert host.price_per_hour in fitting
     assert plan_pods(pods, flavours, HALF).cost_per_hour <= min(fitting) + 1e-12
 
 
