@@ -153,9 +153,7 @@ def test_prioritize_cost_packs_and_spread_spreads() -> None:
     cost = {h["Host"]: h["Score"] for h in verbs.prioritize(step.request, step.snapshot, CONFIG, step.now).body}
     assert cost == {"node-1": 10, "node-2": 9, "node-3": 9}
     spread_cfg = dataclasses.replace(CONFIG, scheduling=SchedulingConfig(profile="spread"))
-    spread = {
-        h["Host"]: h["Score"] for h in verbs.prioritize(step.request, step.snapshot, spread_cfg, step.now).body
-    }
+    spread = {h["Host"]: h["Score"] for h in verbs.prioritize(step.request, step.snapshot, spread_cfg, step.now).body}
     assert spread["node-1"] < spread["node-2"] == spread["node-3"] == 10
 
 

@@ -1,0 +1,238 @@
+"""The aiohttp app: POST /filter /prioritize /preempt /bind, GET /healthz /readyz /metrics.
+
+Every body is orjson both ways. Bad input never reaches a 500: a body that is not JSON, has the wrong types
+or misses the Pod gets 400 ``{"Error": ...}``; too large 413; unknown path 404; wrong method 405; before the
+first full list+watch sync 503; past the per-request deadline 503. The JSON error object uses the protocol's
+``Error`` field name, so a scheduler that decoded it would read the reason. A bind that fails is answered 200
+with ``ExtenderBindingResult.Error`` set, which is what kube-scheduler expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+from aiohttp import web
+
+from extender.config import ExtenderConfig, TlsConfig
+from extender.core.model import InvalidInputError
+from extender.kube.snapshot import Snapshot
+from extender.webhook import verbs
+from extender.webhook.metrics import Metrics
+
+__all__ = ["CONFIG_KEY", "EventSink", "make_app", "make_ssl_context", "start_server"]
+
+log = logging.getLogger("extender.webhook.app")
+
+CONFIG_KEY = web.AppKey("config", ExtenderConfig)
+SNAPSHOT_KEY = web.AppKey("snapshot", Snapshot)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+
+Clock = Callable[[], float]
+
+
+class EventSink(Protocol):
+    def report(self, problems: verbs.PodProblems) -> None:
+        """Queue an Event about malformed annotations on a pod (must not block)."""
+        ...
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    return _json({"Error": message}, status)
+
+
+class _Outcome(Exception):
+    def __init__(self, response: web.Response, outcome: str) -> None:
+        super().__init__(outcome)
+        self.response = response
+        self.outcome = outcome
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise _Outcome(
+            _error(413, f"request body larger than the limit of {request.app[CONFIG_KEY].server.max_body_bytes} bytes"),
+            "too_large",
+        ) from exc
+    if not raw:
+        raise _Outcome(_error(400, "empty request body (expected a JSON object)"), "bad_request")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _Outcome(_error(400, f"request body is not valid JSON: {exc}"), "bad_request") from exc
+
+
+def make_app(
+    config: ExtenderConfig,
+    snapshot: Snapshot,
+    binder: verbs.Binder,
+    *,
+    events: EventSink | None = None,
+    metrics: Metrics | None = None,
+    clock: Clock = time.time,
+) -> web.Application:
+    """The extender app; ``clock`` is wall time (decisions compare it with Kubernetes timestamps)."""
+    metrics = metrics if metrics is not None else Metrics()
+    timeout = config.server.request_timeout_seconds
+
+    def report(result: verbs.VerbResult) -> None:
+        for reason, n in result.filtered_out.items():
+            metrics.filtered_nodes.labels(reason).inc(n)
+        for policy, n in result.decisions.items():
+            metrics.decisions.labels(policy).inc(n)
+        if result.victims_kept:
+            metrics.preemption_victims.labels("kept").inc(result.victims_kept)
+        if result.victims_dropped:
+            metrics.preemption_victims.labels("dropped").inc(result.victims_dropped)
+        if result.problems is not None:
+            metrics.annotation_problems.inc(len(result.problems.problems))
+            if events is not None:
+                events.report(result.problems)
+
+    def sync_verb(
+        fn: Callable[[object, Snapshot, ExtenderConfig, float], verbs.VerbResult],
+    ) -> Callable[[web.Request], Awaitable[tuple[web.Response, str]]]:
+        async def run(request: web.Request) -> tuple[web.Response, str]:
+            body = await _read_json(request)
+            before = len(snapshot.ledger)
+            result = fn(body, snapshot, config, clock())
+            expired = before - len(snapshot.ledger)
+            if expired > 0:
+                metrics.ledger_expired.inc(expired)
+            report(result)
+            return _json(result.body), "ok"
+
+        return run
+
+    async def run_bind(request: web.Request) -> tuple[web.Response, str]:
+        body = await _read_json(request)
+        args = verbs.parse_bind_args(body)
+        try:
+            result, retries = await verbs.bind(args, snapshot, binder, clock())
+        except verbs.BindError as exc:
+            metrics.bind_failures.inc()
+            metrics.bind_retries.inc(exc.retries)
+            return _json({"Error": str(exc)}), "error"
+        metrics.bind_retries.inc(retries)
+        if result["Error"]:
+            metrics.bind_failures.inc()
+            return _json(result), "error"
+        return _json(result), "ok"
+
+    handlers: dict[str, Callable[[web.Request], Awaitable[tuple[web.Response, str]]]] = {
+        "filter": sync_verb(verbs.filter_nodes),
+        "prioritize": sync_verb(verbs.prioritize),
+        "preempt": sync_verb(verbs.preempt),
+        "bind": run_bind,
+    }
+
+    def verb_route(verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        handler = handlers[verb]
+
+        async def route(request: web.Request) -> web.Response:
+            start = time.perf_counter()
+            outcome = "internal"
+            try:
+                async with asyncio.timeout(timeout):
+                    response, outcome = await handler(request)
+                return response
+            except _Outcome as o:
+                outcome = o.outcome
+                return o.response
+            except verbs.NotReadyError as exc:
+                outcome = "not_ready"
+                return _error(503, str(exc))
+            except InvalidInputError as exc:
+                outcome = "bad_request"
+                return _error(400, f"bad {verb} request: {exc}")
+            except TimeoutError:
+                outcome = "timeout"
+                return _error(503, f"{verb} did not finish within {timeout} s")
+            except Exception:
+                log.exception("unexpected error", extra={"verb": verb})
+                return _error(500, f"internal error in {verb}; see the extender's log")
+            finally:
+                metrics.request_duration.labels(verb).observe(time.perf_counter() - start)
+                metrics.requests.labels(verb, outcome).inc()
+
+        return route
+
+    async def healthz(_: web.Request) -> web.Response:
+        return _json({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if snapshot.ready:
+            return _json({"ready": True})
+        return _json({"ready": False, "Error": "snapshot not synced with the API server yet"}, 503)
+
+    async def metrics_route(_: web.Request) -> web.Response:
+        metrics.update_snapshot(snapshot, clock())
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+    @web.middleware
+    async def json_errors(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else exc.reason
+            if exc.status == 404:
+                message = f"no such endpoint {request.path} (verbs: POST /filter /prioritize /preempt /bind)"
+            elif exc.status == 405:
+                message = f"method {request.method} not allowed on {request.path}"
+            response = _error(exc.status, message)
+            if exc.status == 405 and "Allow" in exc.headers:
+                response.headers["Allow"] = exc.headers["Allow"]
+            return response
+
+    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[json_errors])
+    app[CONFIG_KEY] = config
+    app[SNAPSHOT_KEY] = snapshot
+    app[METRICS_KEY] = metrics
+    for verb in handlers:
+        app.router.add_post(f"/{verb}", verb_route(verb))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_route)
+    return app
+
+
+def make_ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
+    """Server TLS; with a client CA, every client must present a certificate it signed (CERT_REQUIRED)."""
+    if tls.cert_file is None or tls.key_file is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if tls.client_ca_file is not None:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cafile=tls.client_ca_file)
+    return ctx
+
+
+async def start_server(app: web.Application, config: ExtenderConfig) -> tuple[web.AppRunner, int]:
+    """Listen on config.server.host:port (port 0: any free port); returns the runner and the bound port."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=make_ssl_context(config.server.tls))
+    await site.start()
+    port = config.server.port
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            port = int(address[1])
+            break
+    return runner, port

@@ -1,0 +1,103 @@
+"""Prometheus metrics of the extender (prefix ``qos_extender_``), in a registry of their own.
+
+Names follow the Prometheus conventions: base units in the name (``_seconds``), ``_total`` on counters, one
+metric per meaning with labels for the dimensions. A private registry keeps tests and several apps in one
+process from colliding, and /metrics exposes exactly these.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from extender.kube.snapshot import Snapshot
+
+__all__ = ["VERBS", "Metrics"]
+
+VERBS = ("filter", "prioritize", "preempt", "bind")
+
+# Verb latency buckets: sub-millisecond (nodeCacheCapable, small clusters) up to the 5 s httpTimeout.
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.request_duration = Histogram(
+            "qos_extender_request_duration_seconds",
+            "Time to answer one extender verb request, body parsing and serialisation included.",
+            ["verb"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "qos_extender_requests",
+            "Extender verb requests by outcome: ok, error (answered in the protocol's Error field), "
+            "bad_request, too_large, not_ready, timeout, internal.",
+            ["verb", "outcome"],
+            registry=r,
+        )
+        self.filtered_nodes = Counter(
+            "qos_extender_filtered_nodes",
+            "Nodes the filter verb rejected, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.bind_retries = Counter("qos_extender_bind_retries", "Binding attempts retried.", registry=r)
+        self.bind_failures = Counter(
+            "qos_extender_bind_failures", "Bind verb calls answered with an Error.", registry=r
+        )
+        self.decisions = Counter(
+            "qos_extender_decisions",
+            "Placement decisions by policy (filter, bfd, time-bin-bfd, least-allocated, qos-preemption).",
+            ["policy"],
+            registry=r,
+        )
+        self.preemption_victims = Counter(
+            "qos_extender_preemption_victims",
+            "Victims proposed by kube-scheduler that the QoS rules kept or dropped.",
+            ["outcome"],
+            registry=r,
+        )
+        self.annotation_problems = Counter(
+            "qos_extender_annotation_problems",
+            "Malformed qos.kube-qos-extender.io/ annotations found (each reported with an Event).",
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "qos_extender_watch_restarts",
+            "Restarts of a list+watch, by resource and reason (timeout, gone, error).",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.ledger_expired = Counter(
+            "qos_extender_ledger_expired",
+            "Assumed bindings that expired before the watch showed the pod bound.",
+            registry=r,
+        )
+        self.snapshot_age = Gauge(
+            "qos_extender_snapshot_age_seconds",
+            "Seconds since the snapshot last applied a list or a watch event (-1 before the first).",
+            registry=r,
+        )
+        self.snapshot_ready = Gauge(
+            "qos_extender_snapshot_ready", "1 once nodes and pods were fully listed, else 0.", registry=r
+        )
+        self.snapshot_objects = Gauge(
+            "qos_extender_snapshot_objects",
+            "Objects in the snapshot: nodes, pods, bound_pods, assumed_pods (our binds not yet seen).",
+            ["kind"],
+            registry=r,
+        )
+        for verb in VERBS:
+            self.request_duration.labels(verb)
+
+    def update_snapshot(self, snapshot: Snapshot, now: float) -> None:
+        age = snapshot.age(now)
+        self.snapshot_age.set(-1.0 if age is None else age)
+        self.snapshot_ready.set(1.0 if snapshot.ready else 0.0)
+        for kind, count in snapshot.counts().items():
+            self.snapshot_objects.labels(kind).set(count)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
