@@ -39,6 +39,7 @@ __all__ = [
     "KIND_KEY",
     "MIGRATABLE_KEY",
     "RUNTIME_KEY",
+    "PodProblems",
     "PodSettings",
     "Problem",
     "node_from_k8s",
@@ -67,6 +68,16 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.key}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class PodProblems:
+    """The annotation problems of one pod, for an Event on it."""
+
+    namespace: str
+    name: str
+    uid: str
+    problems: tuple[Problem, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -257,6 +257,8 @@ class Snapshot:
             problems = self.apply_pod("ADDED", obj, now)
             if problems:
                 found.append((pod_key(obj), problems))
+        for key in [k for k in self.bound_at if k not in self.pods and k not in self.ledger]:
+            del self.bound_at[key]
         self.pod_resource_version = resource_version
         self.pods_synced = True
         self._touch(now)

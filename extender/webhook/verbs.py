@@ -17,12 +17,13 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from extender.config import ExtenderConfig
 from extender.core import packing, qos
 from extender.core.model import InvalidInputError, NodeGroup, Pod, Resources, WorkloadKind
-from extender.kube.convert import Problem, parse_timestamp, pod_from_k8s
+from extender.kube.binding import BindArgs, Binder, BindError
+from extender.kube.convert import PodProblems, parse_timestamp, pod_from_k8s
 from extender.kube.snapshot import Snapshot
 
 __all__ = [
@@ -39,16 +40,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("extender.webhook.verbs")
-
-
-@dataclass(frozen=True, slots=True)
-class PodProblems:
-    """Annotation problems of a pod, for an Event on it."""
-
-    namespace: str
-    name: str
-    uid: str
-    problems: tuple[Problem, ...]
 
 
 @dataclass(slots=True)
@@ -443,32 +434,6 @@ def preempt(body: object, snapshot: Snapshot, config: ExtenderConfig, now: float
 
 
 # -------------------------------------------------------------------------------------------------- bind
-
-
-@dataclass(frozen=True, slots=True)
-class BindArgs:
-    namespace: str
-    name: str
-    uid: str
-    node: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-class BindError(Exception):
-    """The binding could not be made; the message goes to ExtenderBindingResult.Error."""
-
-    def __init__(self, message: str, retries: int = 0) -> None:
-        super().__init__(message)
-        self.retries = retries
-
-
-class Binder(Protocol):
-    async def bind(self, args: BindArgs) -> int:
-        """Create the Binding (idempotent); returns the number of retries made; raises BindError."""
-        ...
 
 
 def parse_bind_args(body: object) -> BindArgs:

@@ -1,0 +1,268 @@
+"""Extender verb benchmark: figures, not tests (nothing here passes or fails on time).
+
+For 100, 1,000 and 5,000 nodes (8 bound pods each) and both nodeCacheCapable modes it reports, per verb:
+* decision time p50/p99 of the pure verb function (snapshot lookups + core policy), no JSON, no HTTP;
+* JSON time: orjson parse of the request + orjson dump of the response;
+* overhead ratio = decision time / JSON time (how much the extender adds on top of merely reading and writing
+  the bodies kube-scheduler forces on it);
+* HTTP p50/p99 and requests/s through the real aiohttp app on 127.0.0.1 (sequential client, as
+  kube-scheduler calls an extender once per pod per verb).
+
+Request shapes follow what kube-scheduler sends: filter/prioritize get every node (worst case;
+percentageOfNodesToScore may send fewer); preempt gets max(100, 10 % of nodes) candidate nodes with one
+victim each (DefaultPreemption's minCandidateNodesAbsolute / Percentage); bind is the extender side only
+(the Binding POST to the API server is excluded: a binder that returns at once stands in for it).
+Node objects are the golden v1.28 node padded with a kubelet-like status (images, addresses, conditions),
+about 5 KiB each in JSON.
+
+    python bench/verbs.py [--sizes 100,1000,5000] [--repeat N] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp.test_utils import TestClient, TestServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from extender.config import ExtenderConfig
+from extender.kube.binding import BindArgs
+from extender.kube.snapshot import Snapshot
+from extender.webhook import verbs
+from extender.webhook.app import make_app
+from extender.webhook.metrics import Metrics
+
+GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "golden" / "requests.log"
+PODS_PER_NODE = 8
+NOW = 1_795_303_500.0
+
+
+def _golden() -> tuple[dict[str, Any], dict[str, Any]]:
+    for line in GOLDEN.read_bytes().splitlines():
+        event = orjson.loads(line)
+        if event["verb"] == "filter" and event["request"]["Nodes"]:
+            return event["request"]["Nodes"]["items"][0], event["request"]["Pod"]
+    raise SystemExit("no golden filter body")
+
+
+def make_cluster(n: int, rng: random.Random) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    node_t, pod_t = _golden()
+    node_t = copy.deepcopy(node_t)
+    node_t["status"]["images"] = [
+        {"names": [f"registry.example/team-{i}/app@sha256:{i:064x}", f"registry.example/team-{i}/app:v{i}"],
+         "sizeBytes": 10_000_000 + i}
+        for i in range(20)
+    ]  # fmt: skip
+    node_t["status"]["addresses"] = [
+        {"type": "InternalIP", "address": "10.0.0.1"},
+        {"type": "Hostname", "address": "x"},
+    ]
+    node_t["status"]["conditions"] += [
+        {"type": t, "status": "False", "reason": f"Kubelet{t}", "message": "ok",
+         "lastHeartbeatTime": "2026-11-21T23:00:00Z", "lastTransitionTime": "2026-11-21T23:00:00Z"}
+        for t in ("MemoryPressure", "DiskPressure", "PIDPressure")
+    ]  # fmt: skip
+    nodes, pods = [], []
+    for i in range(n):
+        node = copy.deepcopy(node_t)
+        name = f"node-{i:05d}"
+        node["metadata"]["name"] = name
+        node["metadata"]["uid"] = f"{i:08d}-0000-0000-0000-000000000000"
+        node["metadata"]["labels"] = {"kubernetes.io/hostname": name, "qos.kube-qos-extender.io/node-group": "service"}
+        cpu, mem = rng.choice([(4, 16), (8, 32), (16, 64)])
+        for key in ("capacity", "allocatable"):
+            node["status"][key] = {"cpu": str(cpu), "memory": f"{mem}Gi", "pods": "110"}
+        nodes.append(node)
+        for j in range(PODS_PER_NODE):
+            pod = copy.deepcopy(pod_t)
+            pod["metadata"].update(name=f"p-{i}-{j}", uid=f"{i:08d}-{j:04d}-0000-0000-000000000000")
+            pod["metadata"]["creationTimestamp"] = "2026-11-21T23:00:00Z"
+            pod["spec"]["nodeName"] = name
+            pod["spec"]["priority"] = 100
+            pod["spec"]["containers"][0]["resources"]["requests"] = {
+                "cpu": f"{rng.choice([100, 250, 300])}m", "memory": f"{rng.choice([128, 256, 512])}Mi"
+            }  # fmt: skip
+            pod["status"] = {"phase": "Running", "startTime": "2026-11-21T23:00:05Z"}
+            pods.append(pod)
+    pending = copy.deepcopy(pod_t)
+    pending["metadata"].update(name="incoming", uid="ffffffff-0000-0000-0000-000000000000")
+    pending["metadata"]["annotations"] = {"qos.kube-qos-extender.io/class": "gold"}
+    pending["spec"]["containers"][0]["resources"]["requests"] = {"cpu": "1500m", "memory": "2Gi"}
+    return nodes, pods, pending
+
+
+def requests_for(
+    nodes: list[dict[str, Any]], pods: list[dict[str, Any]], pending: dict[str, Any], cache: bool
+) -> dict[str, dict[str, Any]]:
+    names = [n["metadata"]["name"] for n in nodes]
+    args: dict[str, Any] = {"Pod": pending, "Nodes": None, "NodeNames": None}
+    if cache:
+        args["NodeNames"] = names
+    else:
+        args["Nodes"] = {"metadata": {}, "items": nodes}
+    candidates = max(100, len(nodes) // 10)
+    victims_full = {
+        names[i]: {"Pods": [pods[i * PODS_PER_NODE]], "NumPDBViolations": 0} for i in range(min(candidates, len(names)))
+    }
+    preempt: dict[str, Any] = {"Pod": pending, "NodeNameToVictims": None, "NodeNameToMetaVictims": None}
+    if cache:
+        preempt["NodeNameToMetaVictims"] = {
+            n: {"Pods": [{"UID": v["Pods"][0]["metadata"]["uid"]}], "NumPDBViolations": 0}
+            for n, v in victims_full.items()
+        }
+    else:
+        preempt["NodeNameToVictims"] = victims_full
+    bind = {"PodName": "incoming", "PodNamespace": "default", "PodUID": pending["metadata"]["uid"], "Node": names[0]}
+    return {"filter": args, "prioritize": args, "preempt": preempt, "bind": bind}
+
+
+class InstantBinder:
+    """Stands in for the API server's Binding POST, which this benchmark does not measure."""
+
+    async def bind(self, args: BindArgs) -> int:
+        return 0
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure(fn: Callable[[], Any], repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bench_verb(
+    verb: str,
+    raw: bytes,
+    snap: Snapshot,
+    config: ExtenderConfig,
+    loop: asyncio.AbstractEventLoop,
+    client: TestClient[Any, Any],
+    reps: int,
+) -> dict[str, Any]:
+    parsed = orjson.loads(raw)
+    if verb == "bind":
+        bargs = verbs.parse_bind_args(parsed)
+
+        def decide() -> Any:
+            body, _ = loop.run_until_complete(verbs.bind(bargs, snap, InstantBinder(), NOW))
+            snap.ledger.forget(bargs.key)
+            return body
+    else:
+        fn = {"filter": verbs.filter_nodes, "prioritize": verbs.prioritize, "preempt": verbs.preempt}[verb]
+
+        def decide() -> Any:
+            return fn(parsed, snap, config, NOW).body
+
+    response = decide()
+    decision = measure(decide, reps)
+    parse = measure(lambda: orjson.loads(raw), reps)
+    dump = measure(lambda: orjson.dumps(response), reps)
+
+    async def one() -> float:
+        t0 = time.perf_counter()
+        resp = await client.post(f"/{verb}", data=raw)
+        await resp.read()
+        assert resp.status == 200, resp.status
+        return time.perf_counter() - t0
+
+    http = [loop.run_until_complete(one()) for _ in range(reps)]
+    snap.ledger.forget("default/incoming")
+    json_p50 = statistics.median(parse) + statistics.median(dump)
+    return {
+        "verb": verb,
+        "samples": reps,
+        "request_bytes": len(raw),
+        "decision_p50_ms": statistics.median(decision) * 1e3,
+        "decision_p99_ms": pct(decision, 0.99) * 1e3,
+        "json_p50_ms": json_p50 * 1e3,
+        "overhead_ratio": statistics.median(decision) / json_p50 if json_p50 else float("nan"),
+        "http_p50_ms": statistics.median(http) * 1e3,
+        "http_p99_ms": pct(http, 0.99) * 1e3,
+        "http_rps": len(http) / sum(http),
+    }
+
+
+def bench_size(n: int, repeat: int, config: ExtenderConfig) -> list[dict[str, Any]]:
+    rng = random.Random(n)
+    nodes, pods, pending = make_cluster(n, rng)
+    snap = Snapshot(config)
+    t = time.perf_counter()
+    snap.replace_nodes(nodes, "1", now=NOW)
+    snap.replace_pods(pods, "1", now=NOW)
+    build = time.perf_counter() - t
+    print(f"\n{n} nodes, {len(pods)} bound pods: snapshot built from list in {build:.2f} s", file=sys.stderr)
+    rows = []
+    for cache in (True, False):
+        reqs = requests_for(nodes, pods, pending, cache)
+        bodies = {verb: orjson.dumps(body) for verb, body in reqs.items()}
+        app = make_app(config, snap, InstantBinder(), metrics=Metrics(), clock=lambda: NOW)
+        loop = asyncio.new_event_loop()
+        client: TestClient[Any, Any] = TestClient(TestServer(app, host="127.0.0.1"), loop=loop)
+        loop.run_until_complete(client.start_server())
+        try:
+            for verb in ("filter", "prioritize", "preempt", "bind"):
+                reps = repeat if n <= 1000 or verb == "bind" else max(5, repeat // 4)
+                row = bench_verb(verb, bodies[verb], snap, config, loop, client, reps)
+                row = {"nodes": n, "nodeCacheCapable": cache, **row}
+                rows.append(row)
+                print(_fmt(row), file=sys.stderr)
+        finally:
+            loop.run_until_complete(client.close())
+            loop.close()
+    return rows
+
+
+HEADER = (
+    f"{'nodes':>6} {'cache':>5} {'verb':<10} {'n':>4} {'req KiB':>9} {'dec p50':>8} {'dec p99':>8} "
+    f"{'json p50':>8} {'ratio':>6} {'http p50':>9} {'http p99':>9} {'req/s':>7}"
+)
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    return (
+        f"{r['nodes']:>6} {str(r['nodeCacheCapable']).lower():>5} {r['verb']:<10} {r['samples']:>4} "
+        f"{r['request_bytes'] / 1024:>9.1f} {r['decision_p50_ms']:>8.2f} {r['decision_p99_ms']:>8.2f} "
+        f"{r['json_p50_ms']:>8.2f} {r['overhead_ratio']:>6.2f} {r['http_p50_ms']:>9.2f} {r['http_p99_ms']:>9.2f} "
+        f"{r['http_rps']:>7.1f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="100,1000,5000")
+    ap.add_argument("--repeat", type=int, default=40)
+    ap.add_argument("--json", help="write the rows as JSON here")
+    args = ap.parse_args()
+    config = ExtenderConfig()
+    rows: list[dict[str, Any]] = []
+    print(HEADER, file=sys.stderr)
+    for n in (int(s) for s in args.sizes.split(",")):
+        rows += bench_size(n, args.repeat, config)
+    print("times in ms; ratio = decision p50 / (orjson parse + dump p50)")
+    print(HEADER)
+    for r in rows:
+        print(_fmt(r))
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    main()

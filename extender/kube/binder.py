@@ -1,0 +1,119 @@
+"""Create Bindings for the bind verb: idempotent, retried, and finished well within the scheduler's timeout.
+
+kube-scheduler gives the extender ``httpTimeout`` (5 s default) for the whole call and retries a bind that
+answered late, so a Binding may already exist when we are asked again: a pod already bound to the requested
+node is success; bound elsewhere, or recreated under another UID, is a clear error.
+
+The API server answers 409 Conflict both for "pod is already assigned to node X" and for a UID precondition
+mismatch, so every 409 is resolved by reading the pod. 429, 5xx, timeouts and connection errors are retried
+with exponential backoff (tenacity) until ``bind.timeout_seconds`` is spent; each attempt is cut at
+``bind.attempt_timeout_seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
+from extender.config import BindConfig
+from extender.kube.binding import BindArgs, BindError
+from extender.kube.client import ApiError, read_json
+
+__all__ = ["KubeBinder"]
+
+
+class _Retry(Exception):
+    """A transient failure worth another attempt."""
+
+
+class KubeBinder:
+    def __init__(self, api_client: Any, config: BindConfig) -> None:
+        self._core = k8s.CoreV1Api(api_client)
+        self._config = config
+
+    async def bind(self, args: BindArgs) -> int:
+        attempts = 0
+        total = self._config.timeout_seconds
+        start = time.monotonic()
+        last: BaseException | None = None
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_delay(total),
+                wait=wait_exponential_jitter(initial=self._config.backoff_initial_seconds, max=total / 4),
+                retry=retry_if_exception_type(_Retry),
+                reraise=False,
+            ):
+                with attempt:
+                    attempts += 1
+                    remaining = total - (time.monotonic() - start)
+                    try:
+                        await self._attempt(args, max(0.05, min(self._config.attempt_timeout_seconds, remaining)))
+                    except _Retry as exc:
+                        last = exc
+                        raise
+        except RetryError as exc:
+            raise BindError(
+                f"could not bind {args.key} to {args.node} within {total:g} s ({attempts} attempts): {last}",
+                retries=max(0, attempts - 1),
+            ) from exc
+        except BindError as exc:
+            exc.retries = max(0, attempts - 1)
+            raise
+        return max(0, attempts - 1)
+
+    async def _attempt(self, args: BindArgs, timeout: float) -> None:
+        body: Any = {  # a plain dict: the generated V1Binding model costs more than the call
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": args.name, "namespace": args.namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+        }
+        if args.uid:
+            body["metadata"]["uid"] = args.uid  # precondition: never bind a recreated pod of the same name
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._core.create_namespaced_pod_binding(
+                    args.name, args.namespace, body, _preload_content=False, _request_timeout=timeout
+                )
+                await read_json(response)
+            return
+        except ApiError as exc:
+            if exc.status == 409:
+                await self._resolve_conflict(args, exc, timeout)
+                return
+            if exc.status == 429 or exc.status >= 500:
+                raise _Retry(str(exc)) from exc
+            if exc.status == 404:
+                raise BindError(f"cannot bind {args.key}: pod not found (deleted?)") from exc
+            raise BindError(f"cannot bind {args.key} to {args.node}: {exc}") from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _resolve_conflict(self, args: BindArgs, conflict: ApiError, timeout: float) -> None:
+        """409: already bound (where?) or a UID mismatch. Success only if bound to the requested node."""
+        try:
+            async with asyncio.timeout(timeout):
+                response = await self._core.read_namespaced_pod(
+                    args.name, args.namespace, _preload_content=False, _request_timeout=timeout
+                )
+                pod = await read_json(response)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise BindError(f"cannot bind {args.key}: pod not found (deleted?)") from exc
+            raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}") from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}") from exc
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        if args.uid and uid != args.uid:
+            raise BindError(f"cannot bind {args.key}: the pod was recreated (uid {uid}, asked for {args.uid})")
+        if node == args.node:
+            return  # a previous attempt (or an earlier call) already bound it: idempotent success
+        if node:
+            raise BindError(f"cannot bind {args.key} to {args.node}: it is already bound to node {node!r}")
+        raise _Retry(f"conflict without a binding: {conflict.message}")

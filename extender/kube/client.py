@@ -1,0 +1,70 @@
+"""An ApiClient for the configured cluster, and raw JSON requests that skip the generated model classes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+
+from extender.config import KubernetesConfig
+
+__all__ = ["ApiError", "kubeconfig_path", "new_api_client", "read_json"]
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server, with its Status reason/message when it sent one."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if message else f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def kubeconfig_path(kcfg: KubernetesConfig) -> str | None:
+    """config.kubeconfig, else the first file in $KUBECONFIG, else ~/.kube/config; None: use in-cluster."""
+    if kcfg.kubeconfig:
+        return kcfg.kubeconfig
+    env = os.environ.get("KUBECONFIG", "")
+    for part in env.split(os.pathsep):
+        if part and Path(part).is_file():
+            return part
+    default = Path.home() / ".kube" / "config"
+    return str(default) if default.is_file() else None
+
+
+async def new_api_client(kcfg: KubernetesConfig) -> Any:
+    """A kubernetes_asyncio ApiClient (close it with ``await client.close()``)."""
+    configuration = k8s.Configuration()
+    path = kubeconfig_path(kcfg)
+    if path is not None:
+        await k8s_config.load_kube_config(config_file=path, context=kcfg.context, client_configuration=configuration)
+    else:
+        incluster: Any = k8s_config.load_incluster_config  # untyped in kubernetes_asyncio
+        incluster(client_configuration=configuration)
+    configuration.connection_pool_maxsize = 64
+    return k8s.ApiClient(configuration=configuration)
+
+
+async def read_json(response: Any) -> Any:
+    """Body of a raw (``_preload_content=False``) response as JSON; raises ApiError on a non-2xx status."""
+    try:
+        raw = await response.read()
+    finally:
+        response.release()
+    status = int(response.status)
+    if 200 <= status < 300:
+        return orjson.loads(raw) if raw else None
+    reason, message = str(response.reason or ""), ""
+    try:
+        body = orjson.loads(raw)
+        if isinstance(body, dict):
+            reason = str(body.get("reason") or reason)
+            message = str(body.get("message") or "")
+    except orjson.JSONDecodeError:
+        message = raw[:200].decode("utf-8", "replace")
+    raise ApiError(status, reason, message)

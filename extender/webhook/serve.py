@@ -1,0 +1,97 @@
+"""`qos-extender serve`: wire the snapshot (list+watch), binder, events and the HTTP app, run until signalled."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from extender.config import ExtenderConfig
+from extender.kube.binder import KubeBinder
+from extender.kube.client import new_api_client
+from extender.kube.events import KubeEventSink
+from extender.kube.snapshot import Snapshot
+from extender.kube.watch import Reflector, node_reflector, pod_reflector
+from extender.webhook.app import make_app, start_server
+from extender.webhook.metrics import Metrics
+
+__all__ = ["Running", "serve", "start"]
+
+log = logging.getLogger("extender.webhook.serve")
+
+
+@dataclass
+class Running:
+    """A started extender: stop it with ``await running.stop()``."""
+
+    config: ExtenderConfig
+    snapshot: Snapshot
+    metrics: Metrics
+    runner: web.AppRunner
+    port: int
+    api_client: Any
+    reflectors: list[Reflector]
+    events: KubeEventSink | None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.config.server.tls.enabled else "http"
+        return f"{scheme}://{self.config.server.host}:{self.port}"
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.runner.cleanup()
+        await self.api_client.close()
+
+
+async def start(config: ExtenderConfig) -> Running:
+    """Connect to the API server, start list+watch and the HTTP server (which answers 503 until synced)."""
+    api_client = await new_api_client(config.kubernetes)
+    snapshot = Snapshot(config)
+    metrics = Metrics()
+    events = KubeEventSink(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
+    on_problems = events.report if events is not None else None
+
+    def on_restart(resource: str, reason: str) -> None:
+        metrics.watch_restarts.labels(resource, reason).inc()
+
+    reflectors = [
+        node_reflector(api_client, snapshot, config.kubernetes, on_restart=on_restart),
+        pod_reflector(api_client, snapshot, config.kubernetes, on_problems=on_problems, on_restart=on_restart),
+    ]
+    binder = KubeBinder(api_client, config.bind)
+    app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time)
+    runner, port = await start_server(app, config)
+    tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
+    if events is not None:
+        tasks.append(asyncio.create_task(events.run(), name="events"))
+    log.info(
+        "serving",
+        extra={"decision": {"host": config.server.host, "port": port, "tls": config.server.tls.enabled}},
+    )
+    return Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks)
+
+
+async def serve(config: ExtenderConfig) -> None:
+    running = await start(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        await running.stop()
