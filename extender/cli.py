@@ -56,6 +56,27 @@ def _demo(_: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import dataclasses
+
+    from extender.config import ConfigError, load_config
+    from extender.webhook.logs import setup_logging
+    from extender.webhook.serve import serve
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"qos-extender serve: {exc}", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    if overrides:
+        config = dataclasses.replace(config, server=dataclasses.replace(config.server, **overrides))
+    setup_logging(config.log_level)
+    asyncio.run(serve(config))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qos-extender", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--quantum", type=float, help="qos-driven minimum run quantum in seconds")
     sim.add_argument("--alpha", type=float, help="allocation overhead per (re)start in seconds")
     sim.set_defaults(func=_simulate)
+
+    srv = sub.add_parser("serve", help="run the kube-scheduler extender webhook (filter/prioritize/preempt/bind)")
+    srv.add_argument("--config", help="YAML configuration (default config/extender.yaml)")
+    srv.add_argument("--host", help="override server.host")
+    srv.add_argument("--port", type=int, help="override server.port (0: any free port)")
+    srv.set_defaults(func=_serve)
 
     demo = sub.add_parser("demo", help="the README's first command")
     demo.set_defaults(func=_demo)
