@@ -113,6 +113,8 @@ def memory_bytes(value: str | int | float) -> int:
 
 
 def _check_count(name: str, value: int) -> None:
+    if type(value) is int:  # the hot path: Resources are built in every placement trial
+        return
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInputError(f"{name} must be an integer, got {value!r}")
 
@@ -200,10 +202,7 @@ class Resources:
 
     def is_nonnegative(self) -> bool:
         return (
-            self.cpu_milli >= 0
-            and self.memory_bytes >= 0
-            and self.pods >= 0
-            and all(v >= 0 for _, v in self.extended)
+            self.cpu_milli >= 0 and self.memory_bytes >= 0 and self.pods >= 0 and all(v >= 0 for _, v in self.extended)
         )
 
     @staticmethod
@@ -306,12 +305,13 @@ class Pod:
     node_name: str | None = None
     migratable: bool = True
 
+    _key: str = field(init=False, repr=False, compare=False, default="")
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_key", f"{self.namespace}/{self.name}")
         if not self.requests.is_nonnegative():
             raise InvalidInputError(f"pod {self.name}: negative request {self.requests}")
-        if self.runtime_seconds is not None and not (
-            math.isfinite(self.runtime_seconds) and self.runtime_seconds >= 0
-        ):
+        if self.runtime_seconds is not None and not (math.isfinite(self.runtime_seconds) and self.runtime_seconds >= 0):
             raise InvalidInputError(f"pod {self.name}: runtime must be a finite non-negative number")
         if not math.isfinite(self.progress_seconds) or self.progress_seconds < 0:
             raise InvalidInputError(f"pod {self.name}: progress must be a finite non-negative number")
@@ -320,7 +320,7 @@ class Pod:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return self._key
 
     @property
     def owner(self) -> str:
@@ -353,13 +353,17 @@ class Node:
     unschedulable: bool = False
     created_at: float | None = None
 
+    _requested: Resources = field(init=False, repr=False, compare=False, default=Resources())
+
     def __post_init__(self) -> None:
         if not self.allocatable.is_nonnegative():
             raise InvalidInputError(f"node {self.name}: negative allocatable {self.allocatable}")
+        # Computed once: a Node is immutable, and policies ask for its free space in every trial.
+        object.__setattr__(self, "_requested", Resources.total(p.requests for p in self.pods))
 
     @property
     def requested(self) -> Resources:
-        return Resources.total(p.requests for p in self.pods)
+        return self._requested
 
     @property
     def free(self) -> Resources:

@@ -298,12 +298,16 @@ def may_preempt(victim: Instance, pending: Instance, policy: QosPolicy) -> bool:
     Hysteresis (ours) tightens every Q comparison (3 and 4-ii) to Q_victim > Q_pending + h; relaxation (i)
     compares importance, not Q, so hysteresis does not apply to it.
     """
+    return _may_preempt(victim, instance_q(victim, policy), pending, instance_q(pending, policy), policy)
+
+
+def _may_preempt(victim: Instance, q_v: float, pending: Instance, q_p: float, policy: QosPolicy) -> bool:
+    """may_preempt with both Q values already computed: the feasibility loop asks this for every running
+    instance of every host for every pending instance, and Q is the expensive part."""
     if victim.pod.key == pending.pod.key:
         return False
     v_cls = policy.cls(victim.pod.class_name)
     p_cls = policy.cls(pending.pod.class_name)
-    q_v = instance_q(victim, policy)
-    q_p = instance_q(pending, policy)
     if policy.min_run_quantum_seconds > 0 and victim.current_run_seconds < policy.min_run_quantum_seconds:
         return False
     if policy.overhead_cap and v_cls.name == p_cls.name and _over_cap(victim, v_cls):
@@ -354,8 +358,12 @@ def feasibility(
     running: Mapping[str, Instance],
     policy: QosPolicy,
     rng: random.Random,
+    q_of: Mapping[str, float] | None = None,
 ) -> Feasibility:
     """Can ``pending`` run on ``node``, and whom must it preempt? (§3.3.1.)
+
+    ``q_of`` (pod key -> Q) lets a caller that checks many hosts in one pass compute each Q once; it must
+    hold instance_q of the same Instances (missing keys are computed here).
 
     Placement constraints are the caller's filter; here we check only that the node is schedulable and the
     resources. If the pod fits the free space, no victims. Otherwise the running instances on the node are
@@ -386,11 +394,17 @@ def feasibility(
     # The space a victim frees is what the node accounts for it (node.pods), whatever its Instance says.
     on_node = {p.key: p for p in node.pods if p.key in running and p.key != pending.pod.key}
     candidates = [running[key] for key in sorted(on_node)]
-    keyed = [(-instance_q(inst, policy), rng.random(), inst) for inst in candidates]
+    def q(inst: Instance) -> float:
+        if q_of is not None and inst.pod.key in q_of:
+            return q_of[inst.pod.key]
+        return instance_q(inst, policy)
+
+    keyed = [(-q(inst), rng.random(), inst) for inst in candidates]
     keyed.sort(key=lambda t: (t[0], t[1]))
+    q_pending = q(pending)
     victims: list[Instance] = []
-    for _, _, inst in keyed:
-        if not may_preempt(inst, pending, policy):
+    for neg_q, _, inst in keyed:
+        if not _may_preempt(inst, -neg_q, pending, q_pending, policy):
             continue
         victims.append(inst)
         free = free + on_node[inst.pod.key].requests

@@ -189,6 +189,8 @@ class Simulator:
         self._last_integrate = 0.0
         self._active_demand = Resources()
         self._node_cache: dict[str, Node] = {}
+        self._pod_cache: dict[str, tuple[tuple[int, State], Pod]] = {}
+        self._requests = {r.request_id: r.requests for r in workload.requests}
 
     # ---- event plumbing ------------------------------------------------------------------------------
 
@@ -314,10 +316,15 @@ class Simulator:
         return cached
 
     def _pod(self, r: Req) -> Pod:
+        """The core view of a request's instance, cached until its next transition (version, state)."""
+        key = (r.version, r.state)
+        cached = self._pod_cache.get(r.spec.request_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         s = r.spec
-        return Pod(
+        pod = Pod(
             name=s.request_id,
-            requests=s.requests,
+            requests=self._requests[s.request_id],
             request_id=s.request_id,
             uid=s.request_id,
             priority=self.w.classes[s.class_name].priority if self.policy == "priority" else s.priority,
@@ -328,6 +335,8 @@ class Simulator:
             progress_seconds=r.work,
             node_name=r.node,
         )
+        self._pod_cache[s.request_id] = (key, pod)
+        return pod
 
     # ---- request transitions -------------------------------------------------------------------------
 
@@ -430,25 +439,36 @@ class Simulator:
         return [n for n in self.nodes.values() if not n.cordoned]
 
     def _schedule_preemptive(self, pending: list[Req]) -> None:
-        """Paper 002 Algorithm 1 (qos-*) or Kubernetes' priority preemption (§4.1.2), one pass."""
-        by_key = {f"default/{r.spec.request_id}": r for r in self.reqs.values() if r.node is not None}
+        """Paper 002 Algorithm 1 (qos-*) or Kubernetes' priority preemption (§4.1.2), one pass.
+
+        Time stands still within a pass, so each request's Instance is built once and only rebuilt for
+        the requests this pass moves (victims and placed ones).
+        """
+        placed = {f"default/{r.spec.request_id}": r for r in self.reqs.values() if r.node is not None}
+        insts: dict[str, qos.Instance] = {}
+        q_of: dict[str, float] = {}
+
+        def inst(r: Req) -> qos.Instance:
+            got = insts.get(r.spec.request_id)
+            if got is None:
+                got = insts[r.spec.request_id] = self._instance(r)
+                q_of[got.pod.key] = qos.instance_q(got, self.qpol)
+            return got
+
         if self.policy == "priority":
             order = [self.reqs[p.request_id] for p in qos.priority_queue_order(self._pod(r) for r in pending)]
         else:
-            order = [self.reqs[i.pod.request_id] for i in qos.queue_order(map(self._instance, pending), self.qpol)]
+            order = [self.reqs[i.pod.request_id] for i in qos.queue_order(map(inst, pending), self.qpol)]
         for r in order:
             pod = self._pod(r)
-            nodes = self._ready_nodes()
             options: list[qos.Feasibility] = []
-            if self.policy == "priority":
-                for n in nodes:
-                    options.append(qos.priority_feasibility(pod, self._core_node(n), self.qpol))
-            else:
-                inst = self._instance(r)
-                for n in nodes:
-                    cn = self._core_node(n)
-                    running = {p.key: self._instance(by_key[p.key]) for p in cn.pods if p.key in by_key}
-                    options.append(qos.feasibility(inst, cn, running, self.qpol, self.rng))
+            for n in self._ready_nodes():
+                cn = self._core_node(n)
+                if self.policy == "priority":
+                    options.append(qos.priority_feasibility(pod, cn, self.qpol))
+                else:
+                    running = {p.key: inst(placed[p.key]) for p in cn.pods if p.key in placed}
+                    options.append(qos.feasibility(inst(r), cn, running, self.qpol, self.rng, q_of))
             feasible = [o for o in options if o.feasible]
             if not feasible:
                 continue
@@ -457,12 +477,16 @@ class Simulator:
             if best is None:
                 continue
             for key in best.victims:
-                victim = by_key.pop(key)
+                victim = placed.pop(key)
                 self._unplace(victim, lose_work=False)
+                insts.pop(victim.spec.request_id, None)
+                q_of.pop(key, None)
                 victim.preemptions += 1
                 self.c.preemptions += 1
             self._place(r, self.nodes[best.node])
-            by_key[f"default/{r.spec.request_id}"] = r
+            insts.pop(r.spec.request_id, None)
+            q_of.pop(f"default/{r.spec.request_id}", None)
+            placed[f"default/{r.spec.request_id}"] = r
 
     def _schedule_plain(self, pending: list[Req]) -> None:
         """No preemption (all pods share one priority): k8s scores, or HTAS's BFD / time-bin BFD."""

@@ -40,21 +40,25 @@ def class_stats(availabilities: Sequence[float], cls: ServiceClass) -> dict[str,
 
 
 def summarize_classes(
-    per_request: Sequence[tuple[str, float]], classes: Mapping[str, ServiceClass]
+    per_request: Sequence[tuple[str, float, float]], classes: Mapping[str, ServiceClass]
 ) -> tuple[dict[str, dict[str, float | int]], float]:
-    """(class -> stats, total penalty) from (class name, availability) pairs; penalty per paper 002
-    Eqs. 10-11 with a unit charge per request so classes weigh by their Table 2 credits."""
+    """(class -> stats, total penalty) from (class name, availability, charge) triples; penalty per
+    paper 002 Eqs. 10-11, the charge being what the request paid (cpu-seconds it asked for)."""
     grouped: dict[str, list[float]] = {}
     penalty = 0.0
-    for name, a in per_request:
+    for name, a, charge in per_request:
         grouped.setdefault(name, []).append(a)
-        penalty += qos.request_penalty(a, classes[name], 1.0)
+        penalty += qos.request_penalty(a, classes[name], charge)
     return {name: class_stats(vals, classes[name]) for name, vals in sorted(grouped.items())}, penalty
 
 
 def run_json(res: SimResult) -> dict[str, Any]:
     classes: Mapping[str, ServiceClass] = res.classes  # type: ignore[assignment]
-    pairs = [(r.spec.class_name, qos.availability(r.e, r.p)) for r in res.reqs if r.state is not State.WAITING]
+    pairs = [
+        (r.spec.class_name, qos.availability(r.e, r.p), (r.e + r.p) * r.spec.cpu_milli / 1000)
+        for r in res.reqs
+        if r.state is not State.WAITING
+    ]
     stats, penalty = summarize_classes(pairs, classes)
     c = res.counters
     incomplete = sum(r.state is not State.DONE for r in res.reqs)
