@@ -234,8 +234,8 @@ def test_may_preempt_respects_paper_rules(victim: Instance, pending: Instance, p
     # overhead cap on same-class preemption
     if policy.overhead_cap and vc.name == pc.name:
         assert preemption_overhead(victim) <= vc.overhead_cap * (1 + 1e-9) + 1e-12
-    # quantum
-    assert victim.current_run_seconds >= policy.min_run_quantum_seconds
+    # quantum: only a more important class may preempt a young run
+    assert victim.current_run_seconds >= policy.min_run_quantum_seconds or pc.importance < vc.importance
 
 
 @given(instances("v", node="h"), instances("j"))
@@ -300,10 +300,13 @@ def test_quantum_blocks_young_runs() -> None:
     policy = QosPolicy(min_run_quantum_seconds=30.0)
     young = inst("v", "bronze", e=1000.0, node="h", run=29.0)
     old = inst("w", "bronze", e=1000.0, node="h", run=30.0)
-    gold_newcomer = inst("j", "gold")
-    assert may_preempt(young, gold_newcomer, PAPER)
-    assert not may_preempt(young, gold_newcomer, policy)
-    assert may_preempt(old, gold_newcomer, policy)
+    bronze_waiting = inst("j", "bronze", e=100.0, p=500.0)
+    assert may_preempt(young, bronze_waiting, PAPER)
+    assert not may_preempt(young, bronze_waiting, policy)
+    assert may_preempt(old, bronze_waiting, policy)
+    # a more important class is never held back by a less important victim's quantum
+    gold_newcomer = inst("k", "gold")
+    assert may_preempt(young, gold_newcomer, policy)
 
 
 def test_hysteresis_blocks_near_ties() -> None:

@@ -90,8 +90,11 @@ class QosPolicy:
 
     classes: the service classes by name (keys must equal ``ServiceClass.name``).
     alpha_seconds: expected allocation time alpha, subtracted in Eqs. 4 and 7.
-    min_run_quantum_seconds: a running instance whose current run is younger than this is never preemptible
-        (not in the paper; bounds how often one instance can be bounced).
+    min_run_quantum_seconds: a running instance whose current run is younger than this is not preemptible by
+        an instance of an equally or less important class (not in the paper; bounds how often one instance
+        can be bounced). A more important class is never held back by it: measured in the simulator on
+        validation 1, a quantum that also blocked gold dropped gold's minimum availability from 0.9994 to
+        0.967 at 300 s.
     q_hysteresis_seconds: every Q comparison between victim and pending requires Q_victim > Q_pending + this
         (not in the paper; stops two instances with nearly equal Q swapping on every scheduler pass).
     overhead_cap: enforce the preemption-overhead limit 1 - sigma on same-class preemption (Eq. 8, §4.1.3).
@@ -286,8 +289,9 @@ def may_preempt(victim: Instance, pending: Instance, policy: QosPolicy) -> bool:
     """May running ``victim`` be preempted for ``pending``? (§3.3.1, Eq. 8 cap, our anti-thrashing knobs.)
 
     Checked in this order, each a veto or a grant:
-      1. quantum (ours): a victim whose current run is younger than ``min_run_quantum_seconds`` is never
-         preemptible, whoever asks; otherwise Q alone could bounce an instance every pass.
+      1. quantum (ours): a victim whose current run is younger than ``min_run_quantum_seconds`` is not
+         preemptible by an equally or less important class; otherwise Q alone could bounce an instance
+         every pass. A more important class passes (gold must not wait for bronze's quantum).
       2. overhead cap (§3.5.2, §4.1.3): same class and O_victim (Eq. 8) > 1 - sigma -> no. "Surpassing" the
          limit blocks, reaching it does not, so a gold instance (cap 0) can be preempted by gold only
          while it has never been preempted.
@@ -308,8 +312,12 @@ def _may_preempt(victim: Instance, q_v: float, pending: Instance, q_p: float, po
         return False
     v_cls = policy.cls(victim.pod.class_name)
     p_cls = policy.cls(pending.pod.class_name)
-    if policy.min_run_quantum_seconds > 0 and victim.current_run_seconds < policy.min_run_quantum_seconds:
-        return False
+    if (
+        policy.min_run_quantum_seconds > 0
+        and victim.current_run_seconds < policy.min_run_quantum_seconds
+        and p_cls.importance >= v_cls.importance
+    ):
+        return False  # the quantum damps churn among peers; it never makes a more important class wait
     if policy.overhead_cap and v_cls.name == p_cls.name and _over_cap(victim, v_cls):
         return False
     q_beats = q_v > q_p + policy.q_hysteresis_seconds
