@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import logging
 import random
 import statistics
 import sys
@@ -206,7 +207,7 @@ def bench_size(n: int, repeat: int, config: ExtenderConfig) -> list[dict[str, An
     snap = Snapshot(config)
     t = time.perf_counter()
     snap.replace_nodes(nodes, "1", now=NOW)
-    snap.replace_pods(pods, "1", now=NOW)
+    snap.replace_pods([*pods, pending], "1", now=NOW)
     build = time.perf_counter() - t
     print(f"\n{n} nodes, {len(pods)} bound pods: snapshot built from list in {build:.2f} s", file=sys.stderr)
     rows = []
@@ -251,6 +252,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=40)
     ap.add_argument("--json", help="write the rows as JSON here")
     args = ap.parse_args()
+    logging.getLogger("extender").setLevel(logging.ERROR)
     config = ExtenderConfig()
     rows: list[dict[str, Any]] = []
     print(HEADER, file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -178,7 +179,12 @@ def check(verb: str, body: Any, status: int, answer: Any) -> None:
         assert set(answer) == {"Error"} and isinstance(answer["Error"], str)
 
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# FUZZ_EXAMPLES=2500 for a longer run (done before each commit touching the verbs).
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt", "bind"])

@@ -343,7 +343,8 @@ def _owner(meta: Mapping[str, Any], namespace: str) -> str:
 def is_terminal(obj: Mapping[str, Any]) -> bool:
     """Succeeded/Failed pods hold no resources (kube-scheduler's informer drops them too)."""
     status = obj.get("status")
-    return isinstance(status, dict) and status.get("phase") in _TERMINAL_PHASES
+    phase = status.get("phase") if isinstance(status, dict) else None
+    return isinstance(phase, str) and phase in _TERMINAL_PHASES
 
 
 def pod_started_at(obj: Mapping[str, Any]) -> float | None:

@@ -168,7 +168,7 @@ class Snapshot:
             return
         try:
             node = node_from_k8s(obj, self.config.node_groups, self._managed)
-        except InvalidInputError:
+        except (InvalidInputError, TypeError, AttributeError):
             self.conversion_errors += 1
             self.nodes.pop(name, None)  # a node we cannot read is a node we cannot offer
             return
@@ -217,7 +217,7 @@ class Snapshot:
         self._touch(now)
         try:
             key = pod_key(obj)
-        except InvalidInputError:
+        except (InvalidInputError, TypeError, AttributeError):
             self.conversion_errors += 1
             return ()
         self._unindex(key)
@@ -234,7 +234,7 @@ class Snapshot:
                 self._managed,
                 started_at=self.bound_at.get(key),
             )
-        except InvalidInputError:
+        except (InvalidInputError, TypeError, AttributeError):
             self.conversion_errors += 1
             return ()
         meta = obj.get("metadata")

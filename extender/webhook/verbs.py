@@ -225,6 +225,7 @@ def filter_nodes(body: object, snapshot: Snapshot, config: ExtenderConfig, now: 
     group = _group_needed(pod)
     enforce = config.node_groups.enforce
     tolerates = None
+    key = pod.key
     for i, name in enumerate(names):
         entry = snapshot.nodes.get(name)
         if entry is None:
@@ -251,7 +252,7 @@ def filter_nodes(body: object, snapshot: Snapshot, config: ExtenderConfig, now: 
             unresolvable[name] = too_large
             result.filtered_out["too_large"] += 1
             continue
-        requested, count = snapshot.requested_on(name, exclude=pod.key)
+        requested, count = snapshot.requested_on(name, exclude=key)
         short = _shortfall(req, requested, count, alloc)
         if short is not None:
             failed[name] = short[1]
