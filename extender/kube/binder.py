@@ -44,7 +44,11 @@ class KubeBinder:
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_delay(total),
-                wait=wait_exponential_jitter(initial=self._config.backoff_initial_seconds, max=total / 4),
+                wait=wait_exponential_jitter(
+                    multiplier=self._config.backoff_initial_seconds,
+                    jitter=self._config.backoff_initial_seconds,
+                    max=total / 4,
+                ),
                 retry=retry_if_exception_type(_Retry),
                 reraise=False,
             ):

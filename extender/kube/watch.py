@@ -233,7 +233,9 @@ class Reflector:
         while True:
             async for attempt in AsyncRetrying(
                 wait=wait_exponential_jitter(
-                    initial=self._config.backoff_initial_seconds, max=self._config.backoff_max_seconds
+                    multiplier=self._config.backoff_initial_seconds,
+                    jitter=self._config.backoff_initial_seconds,
+                    max=self._config.backoff_max_seconds,
                 ),
                 retry=retry_if_exception_type(_Restart),
             ):
