@@ -225,8 +225,9 @@ def test_may_preempt_respects_paper_rules(victim: Instance, pending: Instance, p
     relaxation_i = policy.relax_by_importance and both_below and pc.importance < vc.importance
     if not allowed:
         return
-    # never a victim with Q <= Q_pending (+ hysteresis), except via relaxation (i)
-    if q_v <= q_p + policy.q_hysteresis_seconds:
+    # never a victim with Q <= Q_pending (+ hysteresis between peers of one class), except via relaxation (i)
+    h = policy.q_hysteresis_seconds if vc.name == pc.name else 0.0
+    if q_v <= q_p + h:
         assert relaxation_i
     # never below the safety margin except via the relaxations
     if q_v < vc.safety_margin_seconds:
@@ -234,8 +235,9 @@ def test_may_preempt_respects_paper_rules(victim: Instance, pending: Instance, p
     # overhead cap on same-class preemption
     if policy.overhead_cap and vc.name == pc.name:
         assert preemption_overhead(victim) <= vc.overhead_cap * (1 + 1e-9) + 1e-12
-    # quantum: only a more important class may preempt a young run
-    assert victim.current_run_seconds >= policy.min_run_quantum_seconds or pc.importance < vc.importance
+    # quantum: only a more important class that is violating (or has no slack) may preempt a young run
+    urgent = pc.importance < vc.importance and (pc.slo >= 1.0 or q_p + policy.alpha_seconds < 0)
+    assert victim.current_run_seconds >= policy.min_run_quantum_seconds or urgent
 
 
 @given(instances("v", node="h"), instances("j"))
@@ -304,9 +306,14 @@ def test_quantum_blocks_young_runs() -> None:
     assert may_preempt(young, bronze_waiting, PAPER)
     assert not may_preempt(young, bronze_waiting, policy)
     assert may_preempt(old, bronze_waiting, policy)
-    # a more important class is never held back by a less important victim's quantum
+    # a more important class is not held back by a less important victim's quantum when it is violating
+    # its SLO (or promises 100 %), but one with slack left waits like everybody else
     gold_newcomer = inst("k", "gold")
     assert may_preempt(young, gold_newcomer, policy)
+    silver_violating = inst("s", "silver", e=100.0, p=100.0)
+    silver_comfortable = inst("c", "silver", e=900.0, p=10.0)
+    assert may_preempt(young, silver_violating, policy)
+    assert not may_preempt(young, silver_comfortable, policy)
 
 
 def test_hysteresis_blocks_near_ties() -> None:
@@ -317,6 +324,11 @@ def test_hysteresis_blocks_near_ties() -> None:
     assert may_preempt(victim, close, PAPER)
     assert not may_preempt(victim, close, policy)
     assert may_preempt(victim, far, policy)
+    # across classes the hysteresis does not apply: moving capacity to another class is not churn
+    silver_close = inst("s", "silver", e=0.0, p=0.0)
+    silver_close = Instance(silver_close.pod, 243.0, 0.0)  # Q = 243/0.9 - 243 - 2 = 25
+    assert instance_q(silver_close, policy) == pytest.approx(25.0)
+    assert may_preempt(victim, silver_close, policy)
 
 
 # ------------------------------------------------------------------------------------------ feasibility

@@ -61,7 +61,7 @@ class SimConfig:
     provisioning_timeout: float = 900.0
     weights: autoscale.ScoreWeights = field(default_factory=autoscale.ScoreWeights)
     qos_quantum: float = 120.0  # anti-thrashing defaults of `qos-driven` (measured: see sim/README.md)
-    qos_hysteresis: float = 0.0
+    qos_hysteresis: float = 90.0
 
     def __post_init__(self) -> None:
         for name in ("scheduling_cycle", "watchdog", "autoscale_cycle", "ca_scan_interval"):
