@@ -257,6 +257,17 @@ def test_fuzz_watch_events_never_crash_the_snapshot(data: st.DataObject) -> None
             snap.apply_pod(event, obj)
         else:
             snap.apply_node(event, obj)
+        if data.draw(st.booleans(), label="bind something"):
+            pending = [e.pod for e in snap.pods.values() if e.pod.node_name is None]
+            if pending and snap.nodes:
+                snap.record_bind(pending[0], data.draw(st.sampled_from(sorted(snap.nodes))), now=0.0)
+        if data.draw(st.booleans(), label="expire"):
+            snap.ledger.expire(now=1e9)
+        # The cached node views always show exactly the pods the indexes hold.
+        for name in snap.nodes:
+            view = snap.node_view(name)
+            assert view is not None
+            assert sorted(p.key for p in view.pods) == sorted(p.key for p in snap.pods_on(name))
     # Incremental totals stay equal to a recount from scratch.
     for name in snap.nodes:
         requested, count = snap.requested_on(name)

@@ -213,3 +213,34 @@ def test_filter_agrees_with_packing_fits(
     rejected = set(res["FailedNodes"]) | set(res["FailedAndUnresolvableNodes"])
     assert (res["NodeNames"] == []) == (rejected == {"n1"})
     assert not set(res["FailedNodes"]) & set(res["FailedAndUnresolvableNodes"])
+
+
+def test_node_views_follow_every_change() -> None:
+    """node_view is cached; every change to what it shows must drop the cache."""
+    s = synced(node("n1"), node("n2"))
+
+    def keys(name: str, exclude: str | None = None) -> list[str]:
+        view = s.node_view(name, exclude)
+        assert view is not None
+        return sorted(p.key for p in view.pods)
+
+    s.apply_pod("ADDED", pod("a", node_name="n1"))
+    assert keys("n1") == ["default/a"]
+    s.apply_pod("ADDED", pod("b", node_name="n1"))
+    assert keys("n1") == ["default/a", "default/b"]
+    s.apply_pod("DELETED", pod("a", node_name="n1"))
+    assert keys("n1") == ["default/b"]
+    s.apply_pod("MODIFIED", pod("b", node_name="n2"))
+    assert keys("n1") == [] and keys("n2") == ["default/b"]
+    s.apply_pod("ADDED", pod("c"))
+    s.record_bind(s.pods["default/c"].pod, "n1", now=0.0)
+    assert keys("n1") == ["default/c"]
+    assert keys("n1", exclude="default/c") == []  # the pod being scheduled is left out, cache untouched
+    assert keys("n1") == ["default/c"]
+    s.ledger.expire(now=1e9)
+    assert keys("n1") == []
+    s.apply_node("MODIFIED", node("n1", cpu="8"))
+    view = s.node_view("n1")
+    assert view is not None and view.allocatable.cpu_milli == 8000
+    s.replace_pods([pod("d", node_name="n1")], "2")
+    assert keys("n1") == ["default/d"]

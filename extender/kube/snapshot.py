@@ -12,7 +12,7 @@ expired after a TTL if the watch never shows it (a bind that failed after all).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +45,11 @@ class LedgerEntry:
 class BindLedger:
     """assume / confirm / expire of the pods we bound and the watch has not shown bound yet."""
 
-    def __init__(self, ttl_seconds: float) -> None:
+    def __init__(self, ttl_seconds: float, on_change: Callable[[str], None] | None = None) -> None:
         if not ttl_seconds > 0:
             raise InvalidInputError(f"ledger TTL must be > 0, got {ttl_seconds!r}")
         self.ttl_seconds = ttl_seconds
+        self._on_change = on_change
         self._entries: dict[str, LedgerEntry] = {}
         self._by_node: dict[str, dict[str, LedgerEntry]] = {}
 
@@ -67,6 +68,8 @@ class BindLedger:
         entry = LedgerEntry(pod, node, pod.uid, now)
         self._entries[pod.key] = entry
         self._by_node.setdefault(node, {})[pod.key] = entry
+        if self._on_change is not None:
+            self._on_change(node)
 
     def confirm(self, key: str) -> LedgerEntry | None:
         """The watch shows the pod bound (or gone): the snapshot accounts for it now."""
@@ -80,6 +83,8 @@ class BindLedger:
                 on_node.pop(key, None)
                 if not on_node:
                     del self._by_node[entry.node]
+            if self._on_change is not None:
+                self._on_change(entry.node)
         return entry
 
     def expire(self, now: float) -> list[LedgerEntry]:
@@ -130,7 +135,8 @@ class Snapshot:
         self.pods: dict[str, PodEntry] = {}
         self._by_node: dict[str, _NodePods] = {}
         self._uids: dict[str, str] = {}
-        self.ledger = BindLedger(config.bind.ledger_ttl_seconds)
+        self._views: dict[str, Node] = {}  # node_view cache, dropped whenever what it shows changes
+        self.ledger = BindLedger(config.bind.ledger_ttl_seconds, on_change=self._invalidate)
         self.bound_at: dict[str, float] = {}  # pods we bound -> when (start-time fallback, SLI accounting)
         self.nodes_synced = False
         self.pods_synced = False
@@ -149,6 +155,9 @@ class Snapshot:
         """Seconds since the last applied list or event (None before the first)."""
         return None if self.last_update is None else max(0.0, now - self.last_update)
 
+    def _invalidate(self, node: str) -> None:
+        self._views.pop(node, None)
+
     def _touch(self, now: float | None) -> None:
         if now is not None:
             self.last_update = now
@@ -163,6 +172,7 @@ class Snapshot:
         if not isinstance(name, str) or not name:
             self.conversion_errors += 1
             return
+        self._views.pop(name, None)
         if event_type == "DELETED":
             self.nodes.pop(name, None)
             return
@@ -179,6 +189,7 @@ class Snapshot:
     ) -> None:
         """A full list: the new truth (after start or a 410 Gone)."""
         self.nodes.clear()
+        self._views.clear()
         for obj in items:
             self.apply_node("ADDED", obj, now)
         self.node_resource_version = resource_version
@@ -197,6 +208,7 @@ class Snapshot:
         if node is not None:
             slot = self._by_node.get(node)
             if slot is not None and key in slot.pods:
+                self._views.pop(node, None)
                 del slot.pods[key]
                 slot.requested = slot.requested - entry.pod.requests
                 if not slot.pods:
@@ -208,6 +220,7 @@ class Snapshot:
             self._uids[entry.pod.uid] = key
         node = entry.pod.node_name
         if node is not None:
+            self._views.pop(node, None)
             slot = self._by_node.setdefault(node, _NodePods())
             slot.pods[key] = entry.pod
             slot.requested = slot.requested + entry.pod.requests
@@ -252,6 +265,7 @@ class Snapshot:
         self.pods.clear()
         self._by_node.clear()
         self._uids.clear()
+        self._views.clear()
         found: list[tuple[str, tuple[Problem, ...]]] = []
         for obj in items:
             problems = self.apply_pod("ADDED", obj, now)
@@ -300,8 +314,13 @@ class Snapshot:
         entry = self.nodes.get(name)
         if entry is None:
             return None
+        cacheable = exclude is None or not self._holds(name, exclude)
+        if cacheable:
+            cached = self._views.get(name)
+            if cached is not None:
+                return cached
         n = entry.node
-        return Node(
+        view = Node(
             n.name,
             n.allocatable,
             n.capacity,
@@ -312,6 +331,15 @@ class Snapshot:
             n.unschedulable,
             n.created_at,
         )
+        if cacheable:
+            self._views[name] = view
+        return view
+
+    def _holds(self, node: str, key: str) -> bool:
+        slot = self._by_node.get(node)
+        if slot is not None and key in slot.pods:
+            return True
+        return any(e.pod.key == key for e in self.ledger.on_node(node))
 
     def counts(self) -> dict[str, int]:
         bound = sum(len(s.pods) for s in self._by_node.values())
