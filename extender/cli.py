@@ -73,7 +73,11 @@ def _serve(args: argparse.Namespace) -> int:
     if overrides:
         config = dataclasses.replace(config, server=dataclasses.replace(config.server, **overrides))
     setup_logging(config.log_level)
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except ConfigError as exc:
+        print(f"qos-extender serve: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

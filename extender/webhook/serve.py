@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.config import ExtenderConfig
+from extender.config import ConfigError, ExtenderConfig
 from extender.kube.binder import KubeBinder
 from extender.kube.client import new_api_client
 from extender.kube.events import KubeEventSink
@@ -57,7 +57,12 @@ class Running:
 
 async def start(config: ExtenderConfig) -> Running:
     """Connect to the API server, start list+watch and the HTTP server (which answers 503 until synced)."""
-    api_client = await new_api_client(config.kubernetes)
+    try:
+        api_client = await new_api_client(config.kubernetes)
+    except Exception as exc:  # kubernetes_asyncio raises ConfigException, TypeError, OSError... for bad credentials
+        raise ConfigError(
+            f"cannot load Kubernetes credentials (kubernetes.kubeconfig, $KUBECONFIG, in-cluster): {exc}"
+        ) from exc
     snapshot = Snapshot(config)
     metrics = Metrics()
     events = KubeEventSink(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
