@@ -190,6 +190,8 @@ class Simulator:
         self._active_demand = Resources()
         self._node_cache: dict[str, Node] = {}
         self._pod_cache: dict[str, tuple[tuple[int, State], Pod]] = {}
+        self._pending_ids: dict[str, None] = {}  # insertion-ordered set: the pending queue without a scan
+        self._done = 0
         self._requests = {r.request_id: r.requests for r in workload.requests}
 
     # ---- event plumbing ------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ class Simulator:
         return self._result(end, wallclock.perf_counter() - started)
 
     def _all_done(self) -> bool:
-        return all(r.state is State.DONE for r in self.reqs.values())
+        return self._done == len(self.reqs)
 
     # ---- integrals: utilisation, fluid lower bound ---------------------------------------------------
 
@@ -346,6 +348,7 @@ class Simulator:
         r.starts += 1
         r.overhead += alpha if r.starts > 1 else 0.0
         r.state = State.ALLOCATING
+        self._pending_ids.pop(r.spec.request_id, None)
         r.node = node.name
         r.version += 1
         node.pods[f"default/{r.spec.request_id}"] = r.spec.request_id
@@ -365,12 +368,14 @@ class Simulator:
             r.work = 0.0
         r.node = None
         r.state = State.PENDING
+        self._pending_ids[r.spec.request_id] = None
         r.version += 1
         return node
 
     def _on_arrive(self, rid: object) -> None:
         r = self.reqs[str(rid)]
         r.state = State.PENDING
+        self._pending_ids[r.spec.request_id] = None
         r.since = self.now
         self._active_demand = self._active_demand + r.spec.requests
         self.request_schedule()
@@ -393,6 +398,8 @@ class Simulator:
             return
         node = self._unplace(r, lose_work=False)
         r.state = State.DONE
+        self._pending_ids.pop(rid, None)
+        self._done += 1
         r.done_at = self.now
         self._active_demand = self._active_demand - r.spec.requests
         node.last_busy = self.now
@@ -411,7 +418,7 @@ class Simulator:
     # ---- scheduling ----------------------------------------------------------------------------------
 
     def _pending(self) -> list[Req]:
-        return [r for r in self.reqs.values() if r.state is State.PENDING]
+        return [self.reqs[rid] for rid in self._pending_ids]
 
     def _instance(self, r: Req) -> qos.Instance:
         e, p = r.ep(self.now)
@@ -663,6 +670,7 @@ class Simulator:
             seconds = self.cfg.checkpoint_seconds + r.spec.image_bytes / self.cfg.bandwidth_bytes_per_s
             self._unplace(r, lose_work=False)
             r.state = State.MIGRATING
+            self._pending_ids.pop(r.spec.request_id, None)
             r.version += 1
             target = self.nodes[dest]
             target.pods[key] = r.spec.request_id  # the destination holds the space during the transfer
