@@ -32,10 +32,7 @@ from extender.kube.snapshot import Snapshot
 from extender.kube.watch import node_reflector
 from extender.webhook.serve import Running, start
 
-# `pytest.mark.live` would fail collection under --strict-markers until the marker is registered in
-# pyproject.toml; this builds the same mark without the registry lookup.
-live = pytest.MarkDecorator(pytest.Mark("live", (), {}, _ispytest=True), _ispytest=True)
-pytestmark = [live]
+pytestmark = [pytest.mark.live]
 
 SCHEDULER = "qos-live-nobody"  # no scheduler serves it: pods stay pending until our bind
 RUN = ""  # set per test by the live_env fixture: fresh namespace and node names each time
