@@ -26,7 +26,7 @@ from extender.core.model import (
     cpu_millicores,
     memory_bytes,
 )
-from extender.core.qos import QosPolicy
+from extender.core.qos import RECOMMENDED_HYSTERESIS_SECONDS, RECOMMENDED_QUANTUM_SECONDS, QosPolicy
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -131,7 +131,11 @@ class ExtenderConfig:
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     pod_defaults: PodDefaults = field(default_factory=PodDefaults)
     node_groups: NodeGroupsConfig = field(default_factory=NodeGroupsConfig)
-    policy: QosPolicy = field(default_factory=QosPolicy)
+    policy: QosPolicy = field(
+        default_factory=lambda: QosPolicy(
+            min_run_quantum_seconds=RECOMMENDED_QUANTUM_SECONDS, q_hysteresis_seconds=RECOMMENDED_HYSTERESIS_SECONDS
+        )
+    )
     flavours: tuple[Flavour, ...] = ()
     log_level: str = "INFO"
 
@@ -412,8 +416,8 @@ def _parse_policy(raw: object, classes: Mapping[str, ServiceClass]) -> QosPolicy
     return QosPolicy(
         classes=classes,
         alpha_seconds=_number(q, "alpha_seconds", path, 2.0, minimum=0),
-        min_run_quantum_seconds=_number(q, "min_run_quantum_seconds", path, 0.0, minimum=0),
-        q_hysteresis_seconds=_number(q, "q_hysteresis_seconds", path, 0.0, minimum=0),
+        min_run_quantum_seconds=_number(q, "min_run_quantum_seconds", path, RECOMMENDED_QUANTUM_SECONDS, minimum=0),
+        q_hysteresis_seconds=_number(q, "q_hysteresis_seconds", path, RECOMMENDED_HYSTERESIS_SECONDS, minimum=0),
         overhead_cap=_bool(q, "overhead_cap", path, True),
         relax_by_importance=_bool(q, "relax_by_importance", path, True),
     )

@@ -18,6 +18,7 @@ import time as wallclock
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import cast
 
 from extender.core import autoscale, packing, qos, reschedule
 from extender.core.model import (
@@ -60,8 +61,8 @@ class SimConfig:
     batch_queue_quiet: float = 300.0  # batch queue empty this long before consolidation
     provisioning_timeout: float = 900.0
     weights: autoscale.ScoreWeights = field(default_factory=autoscale.ScoreWeights)
-    qos_quantum: float = 120.0  # anti-thrashing defaults of `qos-driven` (measured: see sim/README.md)
-    qos_hysteresis: float = 90.0
+    qos_quantum: float = qos.RECOMMENDED_QUANTUM_SECONDS  # anti-thrashing of `qos-driven` (sim/README.md)
+    qos_hysteresis: float = qos.RECOMMENDED_HYSTERESIS_SECONDS
 
     def __post_init__(self) -> None:
         for name in ("scheduling_cycle", "watchdog", "autoscale_cycle", "ca_scan_interval"):
@@ -381,7 +382,7 @@ class Simulator:
         self.request_schedule()
 
     def _on_started(self, payload: object) -> None:
-        rid, version = payload  # type: ignore[misc]
+        rid, version = cast(tuple[str, int], payload)
         r = self.reqs[rid]
         if r.version != version or r.state is not State.ALLOCATING:
             return
@@ -392,7 +393,7 @@ class Simulator:
         self.push(self.now + max(0.0, r.spec.duration - r.work), "complete", (rid, r.version))
 
     def _on_complete(self, payload: object) -> None:
-        rid, version = payload  # type: ignore[misc]
+        rid, version = cast(tuple[str, int], payload)
         r = self.reqs[rid]
         if r.version != version or r.state is not State.RUNNING:
             return
@@ -613,23 +614,23 @@ class Simulator:
                 self.ca_unneeded.pop(node.name, None)
         removed_nonempty = False
         for name, since in sorted(self.ca_unneeded.items(), key=lambda kv: kv[1]):
-            node = self.nodes.get(name)
-            if node is None or self.now - since < self.cfg.ca_unneeded_seconds:
+            candidate = self.nodes.get(name)
+            if candidate is None or self.now - since < self.cfg.ca_unneeded_seconds:
                 continue
-            if node.pods:
+            if candidate.pods:
                 if removed_nonempty:
                     continue  # CA drains one non-empty node per loop
                 others = [self._core_node(n) for n in self._ready_nodes() if n.name != name]
-                pods = [self._pod(self.reqs[rid]) for rid in node.pods.values()]
+                pods = [self._pod(self.reqs[rid]) for rid in candidate.pods.values()]
                 _placed, unplaced = packing.pack(pods, others, self.now, self.cfg.autoscale_cycle, "least-allocated")
                 if unplaced:
                     continue
-                for rid in list(node.pods.values()):
+                for rid in list(candidate.pods.values()):
                     self._unplace(self.reqs[rid], lose_work=True)
                     self.c.evictions += 1
                 removed_nonempty = True
             self.ca_unneeded.pop(name, None)
-            self._remove_node(node)
+            self._remove_node(candidate)
         self.request_schedule()
 
     def _htas_scale_down(self) -> None:
@@ -680,7 +681,7 @@ class Simulator:
             self.push(self.now + seconds, "migrated", (r.spec.request_id, r.version))
 
     def _on_migrated(self, payload: object) -> None:
-        rid, version = payload  # type: ignore[misc]
+        rid, version = cast(tuple[str, int], payload)
         r = self.reqs[rid]
         if r.version != version or r.state is not State.MIGRATING:
             return
