@@ -81,6 +81,12 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent(args: argparse.Namespace) -> int:
+    from extender.agent.main import run_agent_command
+
+    return run_agent_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qos-extender", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", help="override server.host")
     srv.add_argument("--port", type=int, help="override server.port (0: any free port)")
     srv.set_defaults(func=_serve)
+
+    from extender.agent.main import add_agent_arguments
+
+    agent = sub.add_parser("agent", help="run the per-node checkpoint/restore agent (criu | kubelet | simulated)")
+    add_agent_arguments(agent)
+    agent.set_defaults(func=_agent)
 
     demo = sub.add_parser("demo", help="the README's first command")
     demo.set_defaults(func=_demo)

@@ -1,0 +1,1 @@
+"""Node agent: checkpoint -> verified transfer -> cutover -> restore -> confirm -> delete source; or roll back."""
