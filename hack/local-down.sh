@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Stop everything hack/local-up.sh started (from the pid files in $QOS_STATE, default /tmp/qos-local)
+# and remove the state dir.
+#   --keep-logs   keep $QOS_STATE/logs (everything else is removed)
+#   --keep-state  stop the processes but keep the whole state dir (certs, etcd data, logs)
+set -euo pipefail
+
+QOS_STATE="${QOS_STATE:-/tmp/qos-local}"
+KEEP=none
+for arg in "$@"; do
+  case "${arg}" in
+    --keep-logs) KEEP=logs ;;
+    --keep-state) KEEP=all ;;
+    -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
+    *) echo "unknown argument: ${arg}" >&2; exit 1 ;;
+  esac
+done
+
+if [[ ! -d "${QOS_STATE}" ]]; then
+  echo "nothing to do: ${QOS_STATE} does not exist" >&2
+  exit 0
+fi
+PIDS="${QOS_STATE}/pids"
+
+# Reverse start order: clients first, etcd last.
+stopped=()
+for name in kwok kube-scheduler kube-controller-manager kube-apiserver prometheus etcd; do
+  f="${PIDS}/${name}.pid"
+  [[ -s "${f}" ]] || continue
+  pid="$(cat "${f}")"
+  # Only kill the pid if it still runs the binary we started (pids get reused).
+  want="$(cat "${PIDS}/${name}.exe" 2>/dev/null || true)"
+  have="$(readlink -f "/proc/${pid}/exe" 2>/dev/null || true)"
+  if [[ -z "${have}" || "${have}" != "${want}" ]]; then
+    rm -f "${f}"
+    continue
+  fi
+  kill "${pid}" 2>/dev/null || true
+  stopped+=("${name}:${pid}")
+done
+for entry in "${stopped[@]}"; do
+  pid="${entry#*:}"
+  for _ in $(seq 1 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "${pid}" 2>/dev/null; then
+    echo "${entry%%:*} (pid ${pid}) did not stop in 10s: SIGKILL" >&2
+    kill -9 "${pid}" 2>/dev/null || true
+  fi
+  rm -f "${PIDS}/${entry%%:*}.pid"
+done
+echo "stopped: ${stopped[*]:-nothing running}" >&2
+
+case "${KEEP}" in
+  all) echo "kept ${QOS_STATE}" >&2 ;;
+  logs)
+    find "${QOS_STATE}" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} +
+    echo "kept logs in ${QOS_STATE}/logs" >&2 ;;
+  none) rm -rf "${QOS_STATE}"; echo "removed ${QOS_STATE}" >&2 ;;
+esac

@@ -1,0 +1,573 @@
+#!/usr/bin/env bash
+# Start (or reuse) a local Kubernetes control plane bound to 127.0.0.1 only:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler (profiles default-scheduler + qos-scheduler,
+#   optional HTTP extender), kwok (fake kubelets for the nodes created here) and Prometheus.
+#
+# Usage: hack/local-up.sh [[GROUP:]FLAVOUR=COUNT ...]
+#   e.g.  hack/local-up.sh m1.medium=2 batch:m1.large=1      (GROUP is service or batch; default service)
+#   Each GROUP:FLAVOUR pair given is set to exactly COUNT kwok nodes; pairs not given are left as they are.
+#   Flavours come from config/flavours.yaml when present, else m1.small/medium/large/xlarge built-ins.
+#
+# stdout: KEY=VALUE lines (also written to $QOS_STATE/env); everything else goes to stderr. Typical use:
+#   set -a; eval "$(hack/local-up.sh m1.medium=2)"; set +a
+#
+# Environment (defaults):
+#   QOS_STATE=/tmp/qos-local     state dir: pids, logs, certs, kubeconfigs, etcd + prometheus data
+#   QOS_CACHE=~/.cache/kube-qos-extender   binaries (hack/build-tools.sh runs first; it is a no-op when built)
+#   QOS_BIN_DIR=                 use the binaries in this dir and skip build-tools.sh
+#   QOS_WITH_EXTENDER=0          1: add the extender to the scheduler config and Prometheus
+#   EXTENDER_URL=https://127.0.0.1:8443   extender urlPrefix (verbs filter/prioritize/preempt/bind)
+#   EXTENDER_METRICS_URL=$EXTENDER_URL/metrics
+#   QOS_EXTENDER_MANAGED_RESOURCE=   if set (e.g. qos.kube-qos-extender.io/managed), the extender is only
+#                                called for pods requesting that extended resource (see hack/README.md)
+#   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=5s
+#   QOS_NODE_LIFECYCLE=1         0: run kube-controller-manager with --controllers=*,-nodelifecycle
+#   QOS_ETCD_FSYNC=0             1: let etcd fsync (default runs it with --unsafe-no-fsync: throwaway state)
+#   QOS_SCHEDULER_QPS=50 QOS_SCHEDULER_BURST=100   scheduler client rate limit (raise for throughput runs)
+#   ports: QOS_ETCD_PORT=23790 QOS_ETCD_PEER_PORT=23800 QOS_APISERVER_PORT=6443 QOS_SCHEDULER_PORT=10259
+#          QOS_CONTROLLER_MANAGER_PORT=10257 QOS_KWOK_PORT=10247 QOS_PROMETHEUS_PORT=9090
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0; fi
+T0=${SECONDS}
+QOS_STATE="${QOS_STATE:-/tmp/qos-local}"
+QOS_WITH_EXTENDER="${QOS_WITH_EXTENDER:-0}"
+EXTENDER_URL="${EXTENDER_URL:-https://127.0.0.1:8443}"
+EXTENDER_URL="${EXTENDER_URL%/}"
+EXTENDER_METRICS_URL="${EXTENDER_METRICS_URL:-${EXTENDER_URL}/metrics}"
+QOS_EXTENDER_MANAGED_RESOURCE="${QOS_EXTENDER_MANAGED_RESOURCE:-}"
+QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
+QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-5s}"
+QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
+QOS_SCHEDULER_QPS="${QOS_SCHEDULER_QPS:-50}"
+QOS_SCHEDULER_BURST="${QOS_SCHEDULER_BURST:-100}"
+ETCD_PORT="${QOS_ETCD_PORT:-23790}"
+ETCD_PEER_PORT="${QOS_ETCD_PEER_PORT:-23800}"
+APISERVER_PORT="${QOS_APISERVER_PORT:-6443}"
+SCHEDULER_PORT="${QOS_SCHEDULER_PORT:-10259}"
+CONTROLLER_MANAGER_PORT="${QOS_CONTROLLER_MANAGER_PORT:-10257}"
+KWOK_PORT="${QOS_KWOK_PORT:-10247}"
+PROMETHEUS_PORT="${QOS_PROMETHEUS_PORT:-9090}"
+HOST=127.0.0.1
+
+CERTS="${QOS_STATE}/certs"
+KCFG="${QOS_STATE}/kubeconfig"
+LOGS="${QOS_STATE}/logs"
+PIDS="${QOS_STATE}/pids"
+CONF="${QOS_STATE}/config"
+ADMIN_KUBECONFIG="${KCFG}/admin.kubeconfig"
+
+# ---------------------------------------------------------------- binaries
+# build-tools.sh is idempotent (0.1 s when everything is built for the pinned versions); QOS_BIN_DIR
+# skips it and uses binaries from elsewhere.
+if [[ -n "${QOS_BIN_DIR:-}" ]]; then
+  BIN_DIR="${QOS_BIN_DIR}"
+else
+  BIN_DIR="$("${HACK_DIR}/build-tools.sh" | tail -n1)"
+fi
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok prometheus; do
+  [[ -x "${BIN_DIR}/${b}" ]] || die "missing ${BIN_DIR}/${b} (run hack/build-tools.sh)"
+done
+KUBECTL=("${BIN_DIR}/kubectl" --kubeconfig "${ADMIN_KUBECONFIG}")
+KWOK_STAGES="${SHARE_DIR}/kwok-stages-${KWOK_VERSION}.yaml"
+[[ -s "${KWOK_STAGES}" ]] || die "missing ${KWOK_STAGES} (run hack/build-tools.sh)"
+command -v openssl >/dev/null || die "openssl is required"
+command -v curl >/dev/null || die "curl is required"
+
+mkdir -p "${CERTS}" "${KCFG}" "${LOGS}" "${PIDS}" "${CONF}"
+chmod 700 "${QOS_STATE}"
+
+# ---------------------------------------------------------------- flavours and node arguments
+# name cpu memory pods price; config/flavours.yaml (if present) overrides the built-ins.
+declare -A FL_CPU=([m1.small]=1 [m1.medium]=2 [m1.large]=4 [m1.xlarge]=8)
+declare -A FL_MEM=([m1.small]=2Gi [m1.medium]=4Gi [m1.large]=8Gi [m1.xlarge]=16Gi)
+declare -A FL_PODS=([m1.small]=110 [m1.medium]=110 [m1.large]=110 [m1.xlarge]=110)
+declare -A FL_PRICE=([m1.small]=0.05 [m1.medium]=0.10 [m1.large]=0.20 [m1.xlarge]=0.40)
+FLAVOURS_FILE="${QOS_FLAVOURS_FILE:-${REPO_ROOT}/config/flavours.yaml}"
+if [[ -f "${FLAVOURS_FILE}" ]]; then
+  # Accepts {flavours: [{name, cpu, memory, pods?, price|price_per_hour?}]}, {flavours: {name: {...}}}
+  # or a top-level {name: {...}} mapping. Numeric memory is taken as GiB.
+  parsed="$(python3 - "${FLAVOURS_FILE}" <<'PY'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1])) or {}
+if isinstance(doc, dict) and "flavours" in doc:
+    doc = doc["flavours"]
+items = doc.items() if isinstance(doc, dict) else [(d.get("name"), d) for d in doc]
+for name, d in items:
+    if not name or not isinstance(d, dict):
+        continue
+    cpu = d.get("cpu", d.get("vcpus"))
+    mem = d.get("memory", d.get("mem", d.get("ram")))
+    if cpu is None or mem is None:
+        continue
+    if isinstance(mem, (int, float)):
+        mem = f"{mem}Gi"
+    pods = d.get("pods", 110)
+    price = d.get("price", d.get("price_per_hour", d.get("pricePerHour", 0)))
+    print(name, cpu, str(mem).replace(" ", ""), pods, price)
+PY
+)" || die "cannot parse ${FLAVOURS_FILE}"
+  if [[ -n "${parsed}" ]]; then
+    FL_CPU=() FL_MEM=() FL_PODS=() FL_PRICE=()
+    while read -r n c m p pr; do
+      FL_CPU[${n}]=${c}; FL_MEM[${n}]=${m}; FL_PODS[${n}]=${p}; FL_PRICE[${n}]=${pr}
+    done <<< "${parsed}"
+    log "flavours from ${FLAVOURS_FILE}: ${!FL_CPU[*]}"
+  else
+    log "WARNING: no flavours understood in ${FLAVOURS_FILE}; using built-ins"
+  fi
+fi
+
+NODE_SPECS=()  # group flavour count
+for arg in "$@"; do
+  [[ "${arg}" =~ ^(([a-z]+):)?([A-Za-z0-9._-]+)=([0-9]+)$ ]] || die "bad node argument '${arg}' (want [group:]flavour=count)"
+  group="${BASH_REMATCH[2]:-service}" flavour="${BASH_REMATCH[3]}" count="${BASH_REMATCH[4]}"
+  [[ "${group}" == service || "${group}" == batch ]] || die "node group must be service or batch: '${arg}'"
+  [[ -n "${FL_CPU[${flavour}]:-}" ]] || die "unknown flavour '${flavour}' (known: ${!FL_CPU[*]})"
+  NODE_SPECS+=("${group} ${flavour} ${count}")
+done
+
+# ---------------------------------------------------------------- process helpers
+pid_of() { # <name> -> pid if our process is alive
+  local f="${PIDS}/$1.pid" pid exe
+  [[ -s "${f}" ]] || return 1
+  pid="$(cat "${f}")"
+  kill -0 "${pid}" 2>/dev/null || return 1
+  exe="$(readlink -f "/proc/${pid}/exe" 2>/dev/null || true)"
+  [[ "${exe}" == "$(readlink -f "$(cat "${PIDS}/$1.exe" 2>/dev/null || echo /nonexistent)")" ]] || return 1
+  echo "${pid}"
+}
+
+port_owner() { # <port> -> description of the listener, empty if free
+  ss -Hltnp "sport = :$1" 2>/dev/null | awk '{print $4, $6}' | head -n1
+}
+
+check_port() { # <name> <port>
+  local owner
+  owner="$(port_owner "$2")"
+  if [[ -n "${owner}" ]]; then
+    die "$1: port $2 is already in use by something else (${owner}); stop it or set the QOS_*_PORT variable"
+  fi
+}
+
+stop_component() { # <name>
+  local pid
+  pid="$(pid_of "$1")" || { rm -f "${PIDS}/$1.pid"; return 0; }
+  log "$1: stopping pid ${pid}"
+  kill "${pid}" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "${pid}" 2>/dev/null || true
+  rm -f "${PIDS}/$1.pid"
+}
+
+# start_component <name> <port> <config-fingerprint-file|""> <binary> args...
+# Reuses a running instance unless its fingerprint file changed since it was started.
+start_component() {
+  local name="$1" port="$2" fp="$3" bin="$4"
+  shift 4
+  local sum=""
+  if [[ -n "${fp}" ]]; then sum="$(sha256sum < "${fp}" | cut -c1-16)"; fi
+  if pid="$(pid_of "${name}")"; then
+    if [[ "$(cat "${PIDS}/${name}.sum" 2>/dev/null)" == "${sum}" ]]; then
+      log "${name}: already running (pid ${pid}), reusing"
+      return 0
+    fi
+    log "${name}: configuration changed, restarting"
+    stop_component "${name}"
+    for _ in $(seq 1 50); do [[ -z "$(port_owner "${port}")" ]] && break; sleep 0.1; done
+  fi
+  check_port "${name}" "${port}"
+  echo "${sum}" > "${PIDS}/${name}.sum"
+  readlink -f "${bin}" > "${PIDS}/${name}.exe"
+  # setsid: own session, so the daemons outlive this script and the shell job that ran it.
+  setsid "${bin}" "$@" >> "${LOGS}/${name}.log" 2>&1 < /dev/null &
+  echo $! > "${PIDS}/${name}.pid"
+  log "${name}: started pid $! (log ${LOGS}/${name}.log)"
+}
+
+wait_for() { # <name> <timeout s> <command...>
+  local name="$1" timeout="$2"
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ! pid_of "${name}" >/dev/null; then
+      tail -n 20 "${LOGS}/${name}.log" >&2 || true
+      die "${name} exited; see ${LOGS}/${name}.log"
+    fi
+    if ((SECONDS >= deadline)); then
+      tail -n 20 "${LOGS}/${name}.log" >&2 || true
+      die "${name} not ready after ${timeout}s; see ${LOGS}/${name}.log"
+    fi
+    sleep 0.2
+  done
+}
+
+curl_ok() { # <url> [curl args] -- body must be "ok"
+  local body
+  body="$(curl -sS --max-time 2 "$@")" && [[ "${body}" == ok ]]
+}
+
+# ---------------------------------------------------------------- certificates (openssl)
+gen_key() { [[ -s "$1" ]] || openssl genrsa -out "$1" 2048 2>/dev/null; }
+
+gen_cert() { # <name> <subject> <extendedKeyUsage> [subjectAltName]
+  local name="$1" subj="$2" eku="$3" san="${4:-}"
+  [[ -s "${CERTS}/${name}.crt" ]] && return 0
+  gen_key "${CERTS}/${name}.key"
+  local ext="${CERTS}/${name}.ext"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=${eku}"
+    if [[ -n "${san}" ]]; then echo "subjectAltName=${san}"; fi
+  } > "${ext}"
+  openssl req -new -key "${CERTS}/${name}.key" -subj "${subj}" -out "${CERTS}/${name}.csr" 2>/dev/null
+  openssl x509 -req -in "${CERTS}/${name}.csr" -CA "${CERTS}/ca.crt" -CAkey "${CERTS}/ca.key" \
+    -CAcreateserial -days 365 -sha256 -extfile "${ext}" -out "${CERTS}/${name}.crt" 2>/dev/null
+  rm -f "${CERTS}/${name}.csr" "${ext}"
+}
+
+if [[ ! -s "${CERTS}/ca.crt" ]]; then
+  log "certs: generating CA and certificates in ${CERTS}"
+  gen_key "${CERTS}/ca.key"
+  openssl req -x509 -new -key "${CERTS}/ca.key" -subj "/CN=kube-qos-local-ca" -days 3650 -sha256 \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "${CERTS}/ca.crt" 2>/dev/null
+fi
+LOCAL_SAN="IP:127.0.0.1,DNS:localhost"
+gen_cert apiserver "/CN=kube-apiserver" serverAuth \
+  "${LOCAL_SAN},IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+gen_cert components-serving "/CN=localhost" serverAuth "${LOCAL_SAN}"
+gen_cert admin "/O=system:masters/CN=kube-admin" clientAuth
+gen_cert kube-scheduler "/CN=system:kube-scheduler" clientAuth
+gen_cert kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
+gen_cert kwok "/O=system:masters/CN=kwok-controller" clientAuth
+# Front-proxy (request-header) CA and client: the aggregation layer; without them every component logs
+# "missing content for CA bundle ... requestheader-client-ca-file" forever.
+if [[ ! -s "${CERTS}/front-proxy-ca.crt" ]]; then
+  gen_key "${CERTS}/front-proxy-ca.key"
+  openssl req -x509 -new -key "${CERTS}/front-proxy-ca.key" -subj "/CN=kube-qos-local-front-proxy-ca" -days 3650 \
+    -sha256 -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "${CERTS}/front-proxy-ca.crt" 2>/dev/null
+fi
+if [[ ! -s "${CERTS}/front-proxy-client.crt" ]]; then
+  gen_key "${CERTS}/front-proxy-client.key"
+  openssl req -new -key "${CERTS}/front-proxy-client.key" -subj "/CN=front-proxy-client" \
+    -out "${CERTS}/front-proxy-client.csr" 2>/dev/null
+  printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' \
+    > "${CERTS}/front-proxy-client.ext"
+  openssl x509 -req -in "${CERTS}/front-proxy-client.csr" -CA "${CERTS}/front-proxy-ca.crt" \
+    -CAkey "${CERTS}/front-proxy-ca.key" -CAcreateserial -days 365 -sha256 -extfile "${CERTS}/front-proxy-client.ext" \
+    -out "${CERTS}/front-proxy-client.crt" 2>/dev/null
+  rm -f "${CERTS}/front-proxy-client.csr" "${CERTS}/front-proxy-client.ext"
+fi
+gen_cert extender-serving "/CN=kube-qos-extender" serverAuth "${LOCAL_SAN}"
+gen_cert extender-client "/O=kube-qos-extender-clients/CN=kube-scheduler-extender-client" clientAuth
+if [[ ! -s "${CERTS}/sa.key" ]]; then
+  gen_key "${CERTS}/sa.key"
+  openssl rsa -in "${CERTS}/sa.key" -pubout -out "${CERTS}/sa.pub" 2>/dev/null
+fi
+chmod 600 "${CERTS}"/*.key
+
+write_kubeconfig() { # <file> <cert name>
+  cat > "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: qos-local
+  cluster:
+    server: https://${HOST}:${APISERVER_PORT}
+    certificate-authority: ${CERTS}/ca.crt
+users:
+- name: $2
+  user:
+    client-certificate: ${CERTS}/$2.crt
+    client-key: ${CERTS}/$2.key
+contexts:
+- name: qos-local
+  context:
+    cluster: qos-local
+    user: $2
+current-context: qos-local
+EOF
+}
+for u in admin kube-scheduler kube-controller-manager kwok; do
+  write_kubeconfig "${KCFG}/${u}.kubeconfig" "${u}"
+done
+
+# ---------------------------------------------------------------- configuration files
+# kube-scheduler: default-scheduler + qos-scheduler; extenders are global (all profiles) -- see README.
+{
+  cat <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: ${KCFG}/kube-scheduler.kubeconfig
+  qps: ${QOS_SCHEDULER_QPS}
+  burst: ${QOS_SCHEDULER_BURST}
+leaderElection:
+  leaderElect: false
+profiles:
+- schedulerName: default-scheduler
+- schedulerName: qos-scheduler
+EOF
+  if [[ "${QOS_WITH_EXTENDER}" == 1 ]]; then
+    cat <<EOF
+extenders:
+- urlPrefix: ${EXTENDER_URL}
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  preemptVerb: preempt
+  bindVerb: bind
+  weight: 1
+  nodeCacheCapable: true
+  enableHTTPS: true
+  tlsConfig:
+    caFile: ${CERTS}/ca.crt
+    certFile: ${CERTS}/extender-client.crt
+    keyFile: ${CERTS}/extender-client.key
+  httpTimeout: ${QOS_EXTENDER_TIMEOUT}
+  ignorable: ${QOS_EXTENDER_IGNORABLE}
+EOF
+    if [[ -n "${QOS_EXTENDER_MANAGED_RESOURCE}" ]]; then
+      cat <<EOF
+  managedResources:
+  - name: ${QOS_EXTENDER_MANAGED_RESOURCE}
+    ignoredByScheduler: true
+EOF
+    fi
+  fi
+} > "${CONF}/kube-scheduler.yaml"
+
+url_hostport() { local u="${1#*://}"; echo "${u%%/*}"; }
+url_path() { local u="${1#*://}"; [[ "${u}" == */* ]] && echo "/${u#*/}" || echo /; }
+url_scheme() { echo "${1%%://*}"; }
+
+{
+  cat <<EOF
+global:
+  scrape_interval: ${QOS_PROMETHEUS_SCRAPE_INTERVAL:-5s}
+  evaluation_interval: ${QOS_PROMETHEUS_SCRAPE_INTERVAL:-5s}
+scrape_configs:
+- job_name: prometheus
+  static_configs:
+  - targets: ['${HOST}:${PROMETHEUS_PORT}']
+- job_name: kube-apiserver
+  scheme: https
+  tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/admin.crt, key_file: ${CERTS}/admin.key}
+  static_configs:
+  - targets: ['${HOST}:${APISERVER_PORT}']
+- job_name: kube-scheduler
+  scheme: https
+  tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/admin.crt, key_file: ${CERTS}/admin.key}
+  static_configs:
+  - targets: ['${HOST}:${SCHEDULER_PORT}']
+- job_name: kube-controller-manager
+  scheme: https
+  tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/admin.crt, key_file: ${CERTS}/admin.key}
+  static_configs:
+  - targets: ['${HOST}:${CONTROLLER_MANAGER_PORT}']
+- job_name: kwok
+  static_configs:
+  - targets: ['${HOST}:${KWOK_PORT}']
+EOF
+  if [[ "${QOS_WITH_EXTENDER}" == 1 ]]; then
+    cat <<EOF
+- job_name: kube-qos-extender
+  scheme: $(url_scheme "${EXTENDER_METRICS_URL}")
+  metrics_path: $(url_path "${EXTENDER_METRICS_URL}")
+  tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/extender-client.crt, key_file: ${CERTS}/extender-client.key}
+  static_configs:
+  - targets: ['$(url_hostport "${EXTENDER_METRICS_URL}")']
+EOF
+  fi
+} > "${CONF}/prometheus.yml"
+
+# ---------------------------------------------------------------- start
+CA="${CERTS}/ca.crt"
+ADMIN_CURL=(--cacert "${CA}" --cert "${CERTS}/admin.crt" --key "${CERTS}/admin.key")
+
+start_component prometheus "${PROMETHEUS_PORT}" "${CONF}/prometheus.yml" "${BIN_DIR}/prometheus" \
+  --config.file="${CONF}/prometheus.yml" \
+  --storage.tsdb.path="${QOS_STATE}/prometheus" \
+  --storage.tsdb.retention.time=2d \
+  --web.listen-address="${HOST}:${PROMETHEUS_PORT}" \
+  --web.enable-lifecycle
+
+ETCD_EXTRA=()
+if [[ "${QOS_ETCD_FSYNC:-0}" != 1 ]]; then ETCD_EXTRA+=(--unsafe-no-fsync); fi
+start_component etcd "${ETCD_PORT}" "" "${BIN_DIR}/etcd" \
+  --name qos-local \
+  --data-dir "${QOS_STATE}/etcd" \
+  --listen-client-urls "http://${HOST}:${ETCD_PORT}" \
+  --advertise-client-urls "http://${HOST}:${ETCD_PORT}" \
+  --listen-peer-urls "http://${HOST}:${ETCD_PEER_PORT}" \
+  --initial-advertise-peer-urls "http://${HOST}:${ETCD_PEER_PORT}" \
+  --initial-cluster "qos-local=http://${HOST}:${ETCD_PEER_PORT}" \
+  --initial-cluster-state new \
+  --quota-backend-bytes 8589934592 \
+  --snapshot-count 10000 \
+  "${ETCD_EXTRA[@]}"
+wait_for etcd 30 bash -c "curl -sS --max-time 2 http://${HOST}:${ETCD_PORT}/health | grep -q '\"health\":\"true\"'"
+
+start_component kube-apiserver "${APISERVER_PORT}" "" "${BIN_DIR}/kube-apiserver" \
+  --etcd-servers="http://${HOST}:${ETCD_PORT}" \
+  --bind-address="${HOST}" \
+  --secure-port="${APISERVER_PORT}" \
+  --advertise-address="${HOST}" \
+  --endpoint-reconciler-type=none \
+  --tls-cert-file="${CERTS}/apiserver.crt" \
+  --tls-private-key-file="${CERTS}/apiserver.key" \
+  --client-ca-file="${CA}" \
+  --requestheader-client-ca-file="${CERTS}/front-proxy-ca.crt" \
+  --requestheader-allowed-names=front-proxy-client \
+  --requestheader-username-headers=X-Remote-User \
+  --requestheader-group-headers=X-Remote-Group \
+  --requestheader-extra-headers-prefix=X-Remote-Extra- \
+  --proxy-client-cert-file="${CERTS}/front-proxy-client.crt" \
+  --proxy-client-key-file="${CERTS}/front-proxy-client.key" \
+  --authorization-mode=Node,RBAC \
+  --service-account-key-file="${CERTS}/sa.pub" \
+  --service-account-signing-key-file="${CERTS}/sa.key" \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --service-cluster-ip-range=10.96.0.0/16 \
+  --allow-privileged=true \
+  --max-requests-inflight=800 \
+  --max-mutating-requests-inflight=400 \
+  --profiling=false
+wait_for kube-apiserver 90 curl_ok "https://${HOST}:${APISERVER_PORT}/readyz" "${ADMIN_CURL[@]}"
+log "kube-apiserver: ready ($((SECONDS - T0))s)"
+
+KCM_CONTROLLERS='*'
+if [[ "${QOS_NODE_LIFECYCLE}" != 1 ]]; then KCM_CONTROLLERS='*,-nodelifecycle'; fi
+echo "${KCM_CONTROLLERS}" > "${CONF}/kube-controller-manager.controllers"
+start_component kube-controller-manager "${CONTROLLER_MANAGER_PORT}" "${CONF}/kube-controller-manager.controllers" \
+  "${BIN_DIR}/kube-controller-manager" \
+  --kubeconfig="${KCFG}/kube-controller-manager.kubeconfig" \
+  --authentication-kubeconfig="${KCFG}/kube-controller-manager.kubeconfig" \
+  --authorization-kubeconfig="${KCFG}/kube-controller-manager.kubeconfig" \
+  --bind-address="${HOST}" \
+  --secure-port="${CONTROLLER_MANAGER_PORT}" \
+  --tls-cert-file="${CERTS}/components-serving.crt" \
+  --tls-private-key-file="${CERTS}/components-serving.key" \
+  --client-ca-file="${CA}" \
+  --use-service-account-credentials=true \
+  --service-account-private-key-file="${CERTS}/sa.key" \
+  --root-ca-file="${CA}" \
+  --cluster-signing-cert-file="${CA}" \
+  --cluster-signing-key-file="${CERTS}/ca.key" \
+  --controllers="${KCM_CONTROLLERS}" \
+  --leader-elect=false \
+  --kube-api-qps=100 --kube-api-burst=200 \
+  --profiling=false
+
+start_component kube-scheduler "${SCHEDULER_PORT}" "${CONF}/kube-scheduler.yaml" "${BIN_DIR}/kube-scheduler" \
+  --config="${CONF}/kube-scheduler.yaml" \
+  --authentication-kubeconfig="${KCFG}/kube-scheduler.kubeconfig" \
+  --authorization-kubeconfig="${KCFG}/kube-scheduler.kubeconfig" \
+  --bind-address="${HOST}" \
+  --secure-port="${SCHEDULER_PORT}" \
+  --tls-cert-file="${CERTS}/components-serving.crt" \
+  --tls-private-key-file="${CERTS}/components-serving.key" \
+  --client-ca-file="${CA}" \
+  --profiling=false
+
+start_component kwok "${KWOK_PORT}" "${KWOK_STAGES}" "${BIN_DIR}/kwok" \
+  --kubeconfig="${KCFG}/kwok.kubeconfig" \
+  --config="${KWOK_STAGES}" \
+  --manage-all-nodes=false \
+  --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+  --node-lease-duration-seconds=40 \
+  --server-address="${HOST}:${KWOK_PORT}" \
+  --node-ip="${HOST}" \
+  --cidr=10.244.0.0/16
+
+wait_for kube-controller-manager 60 curl_ok "https://${HOST}:${CONTROLLER_MANAGER_PORT}/healthz" --cacert "${CA}"
+wait_for kube-scheduler 60 curl_ok "https://${HOST}:${SCHEDULER_PORT}/healthz" --cacert "${CA}"
+wait_for kwok 60 curl_ok "http://${HOST}:${KWOK_PORT}/healthz"
+wait_for prometheus 60 curl -sfS --max-time 2 "http://${HOST}:${PROMETHEUS_PORT}/-/ready"
+# Pods fail with 'serviceaccount "default" not found' until the controller-manager created it.
+wait_for kube-controller-manager 60 "${KUBECTL[@]}" get serviceaccount default -n default
+
+# ---------------------------------------------------------------- kwok nodes
+node_manifest() { # <name> <group> <flavour>
+  local name="$1" group="$2" flavour="$3"
+  cat <<EOF
+apiVersion: v1
+kind: Node
+metadata:
+  name: ${name}
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+    qos.kube-qos-extender.io/price-per-hour: "${FL_PRICE[${flavour}]}"
+  labels:
+    type: kwok
+    kubernetes.io/arch: amd64
+    kubernetes.io/os: linux
+    kubernetes.io/hostname: ${name}
+    node.kubernetes.io/instance-type: ${flavour}
+    qos.kube-qos-extender.io/node-group: ${group}
+spec: {}
+status:
+  allocatable: {cpu: "${FL_CPU[${flavour}]}", memory: "${FL_MEM[${flavour}]}", pods: "${FL_PODS[${flavour}]}"}
+  capacity: {cpu: "${FL_CPU[${flavour}]}", memory: "${FL_MEM[${flavour}]}", pods: "${FL_PODS[${flavour}]}"}
+  nodeInfo:
+    architecture: amd64
+    operatingSystem: linux
+    kubeletVersion: ${KUBE_VERSION}
+    kubeProxyVersion: ${KUBE_VERSION}
+    containerRuntimeVersion: kwok-${KWOK_VERSION}
+  phase: Running
+EOF
+}
+
+CREATED=()
+for spec in "${NODE_SPECS[@]}"; do
+  read -r group flavour count <<< "${spec}"
+  prefix="${group}-${flavour//./-}"
+  sel="qos.kube-qos-extender.io/node-group=${group},node.kubernetes.io/instance-type=${flavour},type=kwok"
+  mapfile -t existing < <("${KUBECTL[@]}" get nodes -l "${sel}" -o name | sed 's|^node/||')
+  manifest=""
+  for ((i = 0; i < count; i++)); do
+    name="${prefix}-${i}"
+    CREATED+=("${name}")
+    if printf '%s\n' "${existing[@]}" | grep -qx "${name}"; then continue; fi
+    manifest+="$(node_manifest "${name}" "${group}" "${flavour}")"$'\n---\n'
+  done
+  if [[ -n "${manifest}" ]]; then
+    "${KUBECTL[@]}" create -f - <<< "${manifest}" >&2
+  fi
+  for n in "${existing[@]}"; do
+    idx="${n##*-}"
+    if [[ "${n}" == "${prefix}-${idx}" && "${idx}" =~ ^[0-9]+$ ]] && ((idx >= count)); then
+      "${KUBECTL[@]}" delete node "${n}" --wait=false >&2
+    fi
+  done
+done
+if ((${#CREATED[@]})); then
+  "${KUBECTL[@]}" wait --for=condition=Ready --timeout=60s "${CREATED[@]/#/node/}" >&2 \
+    || die "kwok nodes did not become Ready; see ${LOGS}/kwok.log"
+fi
+log "nodes: $("${KUBECTL[@]}" get nodes -l type=kwok --no-headers 2>/dev/null | wc -l) kwok node(s)"
+
+# ---------------------------------------------------------------- result
+{
+  echo "KUBECONFIG=${ADMIN_KUBECONFIG}"
+  echo "EXTENDER_URL=${EXTENDER_URL}"
+  echo "EXTENDER_METRICS_URL=${EXTENDER_METRICS_URL}"
+  echo "EXTENDER_CA=${CERTS}/ca.crt"
+  echo "EXTENDER_CLIENT_CERT=${CERTS}/extender-client.crt"
+  echo "EXTENDER_CLIENT_KEY=${CERTS}/extender-client.key"
+  echo "EXTENDER_SERVING_CERT=${CERTS}/extender-serving.crt"
+  echo "EXTENDER_SERVING_KEY=${CERTS}/extender-serving.key"
+  echo "PROMETHEUS_URL=http://${HOST}:${PROMETHEUS_PORT}"
+  echo "QOS_STATE=${QOS_STATE}"
+  echo "QOS_BIN_DIR=${BIN_DIR}"
+  echo "QOS_WITH_EXTENDER=${QOS_WITH_EXTENDER}"
+} > "${QOS_STATE}/env"
+log "control plane up in $((SECONDS - T0))s (state ${QOS_STATE}; logs ${LOGS}; stop with hack/local-down.sh)"
+cat "${QOS_STATE}/env"
