@@ -1,0 +1,54 @@
+"""`qos-extender simulate` writes exactly the report schema issue #3 promises, and fails clearly on bad input."""
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from extender.cli import main
+
+RUN_KEYS = {
+    "policy", "classes", "penalty", "cost_usd", "fluid_lower_bound_usd", "node_seconds", "preemptions",
+    "evictions", "migrations", "lost_work_seconds", "mean_utilization", "wall_seconds",
+}  # fmt: skip
+CLASS_KEYS = {
+    "requests", "availability_mean", "availability_min", "availability_p10", "availability_median",
+    "slo_fulfillment", "gini",
+}  # fmt: skip
+
+
+def test_simulate_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    plots = tmp_path / "plots"
+    rc = main(
+        ["simulate", "--workload", "rodriguez-bursty", "--policy", "htas", "--policy", "k8s", "--json", str(out),
+         "--plots", str(plots)]
+    )  # fmt: skip
+    assert rc == 0
+    report = orjson.loads(out.read_bytes())
+    assert report["workload"] == "rodriguez-bursty"
+    assert [r["policy"] for r in report["runs"]] == ["htas", "k8s"]
+    for run in report["runs"]:
+        assert set(run) >= RUN_KEYS
+        assert set(run["mean_utilization"]) == {"cpu", "memory"}
+        assert run["classes"], "no class stats"
+        for stats in run["classes"].values():
+            assert set(stats) >= CLASS_KEYS
+            assert 0.0 <= stats["availability_min"] <= stats["availability_median"] <= 1.0
+        assert 0 < run["fluid_lower_bound_usd"] <= run["cost_usd"]
+    assert {p.name for p in plots.iterdir()} >= {"availability.png", "nodes_cost.png"}
+    table = capsys.readouterr().out
+    assert "htas" in table and "k8s" in table
+
+
+def test_simulate_bad_inputs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--workload", "no-such-workload"]) == 2
+    assert "neither a built-in workload" in capsys.readouterr().err
+    assert main(["simulate", "--workload", "rodriguez-slow", "--policy", "magic"]) == 2
+    assert "unknown policy 'magic'" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0,1,1,any,0,1,7200,-1,0.375,0.375,free,0.5\n0,2,2,any,0,1,oops,-1,0.375,0.375,free,0.5\n")
+    hosts = tmp_path / "h.txt"
+    hosts.write_text('{1,"Host_1",3.75,3.75,[]}.\n')
+    assert main(["simulate", "--workload", str(bad), "--hosts", str(hosts)]) == 2
+    assert "bad.csv:2" in capsys.readouterr().err
