@@ -30,6 +30,7 @@ from extender.core.qos import RECOMMENDED_HYSTERESIS_SECONDS, RECOMMENDED_QUANTU
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
+    "MARKER_RESOURCE",
     "BindConfig",
     "ConfigError",
     "ExtenderConfig",
@@ -48,6 +49,7 @@ DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "exten
 PROFILES = ("cost", "spread")
 UNLABELLED_POLICIES = ("any", "batch", "service", "none")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+MARKER_RESOURCE = "qos.kube-qos-extender.io/managed"
 
 
 class ConfigError(ValueError):
@@ -110,6 +112,9 @@ class SchedulingConfig:
     profile: str = "cost"
     scaling_cycle_seconds: float = 300.0
     managed_resources: tuple[str, ...] = ()
+    # Extended resource that only routes a pod to the extender (kube-scheduler managedResources with
+    # ignoredByScheduler): never required from nodes, never counted by filter.
+    marker_resource: str | None = MARKER_RESOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,7 +328,7 @@ def _parse_bind(raw: object, server: ServerConfig) -> BindConfig:
 
 def _parse_scheduling(raw: object) -> SchedulingConfig:
     path = "scheduling"
-    s = _section(raw, path, {"profile", "scaling_cycle_seconds", "managed_resources"})
+    s = _section(raw, path, {"profile", "scaling_cycle_seconds", "managed_resources", "marker_resource"})
     managed = s.get("managed_resources", [])
     if not isinstance(managed, list) or not all(isinstance(m, str) and m for m in managed):
         raise _fail(f"{path}.managed_resources", f"must be a list of resource names, got {managed!r}")
@@ -334,10 +339,19 @@ def _parse_scheduling(raw: object) -> SchedulingConfig:
             raise _fail(f"{path}.managed_resources", f"{name!r} is not an extended resource name (domain/name)")
     if len(set(managed)) != len(managed):
         raise _fail(f"{path}.managed_resources", "duplicate resource names")
+    marker = _str(s, "marker_resource", path, MARKER_RESOURCE)
+    if marker is not None and "/" not in marker:
+        raise _fail(f"{path}.marker_resource", f"{marker!r} is not an extended resource name (domain/name)")
+    if marker is not None and marker in managed:
+        raise _fail(
+            f"{path}.managed_resources",
+            f"{marker!r} is the marker_resource: nodes never advertise it, so filter must not check it",
+        )
     return SchedulingConfig(
         profile=_req_str(s, "profile", path, "cost", choices=PROFILES),
         scaling_cycle_seconds=_number(s, "scaling_cycle_seconds", path, 300.0, minimum=0, exclusive_min=True),
         managed_resources=tuple(managed),
+        marker_resource=marker,
     )
 
 

@@ -13,6 +13,7 @@ FailedAndUnresolvableNodes, a failed bind to ExtenderBindingResult.Error.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -222,6 +223,10 @@ def filter_nodes(body: object, snapshot: Snapshot, config: ExtenderConfig, now: 
     unresolvable: dict[str, str] = {}
     passed: list[int] = []
     req = pod.requests
+    marker = config.scheduling.marker_resource
+    if marker is not None and req.ext(marker):
+        # Routing marker only (managedResources, ignoredByScheduler): nodes never have it.
+        req = dataclasses.replace(req, extended=tuple(e for e in req.extended if e[0] != marker))
     group = _group_needed(pod)
     enforce = config.node_groups.enforce
     tolerates = None
