@@ -296,8 +296,15 @@ def time_bin_order(nodes: Sequence[Node], pod: Pod, now: float, cycle_seconds: f
 
 def time_bin_bfd_choose(nodes: Sequence[Node], pod: Pod, now: float, cycle_seconds: float) -> Node | None:
     """Seed 000 Alg. 2: the first bin (in ``time_bin_order``) with a feasible node, BFD (Alg. 1) inside it.
-    None means "no node": the caller scales out (Alg. 4) rather than spreading the pod."""
-    for group in time_bin_order(nodes, pod, now, cycle_seconds):
+    None means "no node": the caller scales out (Alg. 4) rather than spreading the pod.
+
+    Bins are computed for feasible nodes only: a bin without a feasible node is skipped by Alg. 2 anyway,
+    and the bin of a node is the costly part (a scan of its pods) on a large cluster.
+    """
+    _check_now(now)
+    _check_cycle(cycle_seconds)
+    feasible = [n for n in nodes if fits(n, pod)]
+    for group in time_bin_order(feasible, pod, now, cycle_seconds):
         chosen = bfd_choose(group, pod)
         if chosen is not None:
             return chosen
