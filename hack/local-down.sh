@@ -24,7 +24,7 @@ PIDS="${QOS_STATE}/pids"
 
 # Reverse start order: clients first, etcd last.
 stopped=()
-for name in kwok kube-scheduler kube-controller-manager kube-apiserver prometheus etcd; do
+for name in qos-extender kwok kube-scheduler kube-controller-manager kube-apiserver prometheus etcd; do
   f="${PIDS}/${name}.pid"
   [[ -s "${f}" ]] || continue
   pid="$(cat "${f}")"

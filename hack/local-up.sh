@@ -16,11 +16,22 @@
 #   QOS_CACHE=~/.cache/kube-qos-extender   binaries (hack/build-tools.sh runs first; it is a no-op when built)
 #   QOS_BIN_DIR=                 use the binaries in this dir and skip build-tools.sh
 #   QOS_WITH_EXTENDER=0          1: add the extender to the scheduler config and Prometheus
+#   QOS_START_EXTENDER=$QOS_WITH_EXTENDER   1: also start the real extender (.venv/bin/python -m extender.cli
+#                                serve) on EXTENDER_URL's port with the generated $QOS_STATE/config/extender.yaml;
+#                                0: bring your own (hack/smoke-test.sh's stub)
+#   QOS_EXTENDER_CONFIG=config/extender.yaml   base of the generated extender config (server/tls/kubeconfig
+#                                are overridden); QOS_PYTHON=.venv/bin/python runs it
 #   EXTENDER_URL=https://127.0.0.1:8443   extender urlPrefix (verbs filter/prioritize/preempt/bind)
 #   EXTENDER_METRICS_URL=$EXTENDER_URL/metrics
-#   QOS_EXTENDER_MANAGED_RESOURCE=   if set (e.g. qos.kube-qos-extender.io/managed), the extender is only
-#                                called for pods requesting that extended resource (see hack/README.md)
+#   QOS_EXTENDER_MANAGED_RESOURCE   the extender is only called for pods requesting that extended resource
+#                                (see hack/README.md); default qos.kube-qos-extender.io/managed when the real
+#                                extender is started, else unset (empty: every pod reaches the extender)
+#   QOS_EXTENDER_WEIGHT=5        extender prioritize weight (score 0..10 x weight x 10; see README)
 #   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=5s
+#   QOS_MANIFESTS_DIR=hack/manifests   every *.yaml there is applied once the apiserver is ready, after
+#                                ${VAR} substitution (QOS_CA_BUNDLE = base64 CA, EXTENDER_URL, EXTENDER_HOST,
+#                                EXTENDER_PORT, QOS_STATE and any exported variable); config/base's
+#                                PriorityClasses and the extender's ClusterRole are applied first
 #   QOS_NODE_LIFECYCLE=1         0: run kube-controller-manager with --controllers=*,-nodelifecycle
 #   QOS_ETCD_FSYNC=0             1: let etcd fsync (default runs it with --unsafe-no-fsync: throwaway state)
 #   QOS_SCHEDULER_QPS=50 QOS_SCHEDULER_BURST=100   scheduler client rate limit (raise for throughput runs)
@@ -38,7 +49,15 @@ QOS_WITH_EXTENDER="${QOS_WITH_EXTENDER:-0}"
 EXTENDER_URL="${EXTENDER_URL:-https://127.0.0.1:8443}"
 EXTENDER_URL="${EXTENDER_URL%/}"
 EXTENDER_METRICS_URL="${EXTENDER_METRICS_URL:-${EXTENDER_URL}/metrics}"
-QOS_EXTENDER_MANAGED_RESOURCE="${QOS_EXTENDER_MANAGED_RESOURCE:-}"
+QOS_START_EXTENDER="${QOS_START_EXTENDER:-${QOS_WITH_EXTENDER}}"
+if [[ "${QOS_START_EXTENDER}" == 1 ]]; then QOS_WITH_EXTENDER=1; fi
+QOS_MARKER_RESOURCE=qos.kube-qos-extender.io/managed
+if [[ "${QOS_START_EXTENDER}" == 1 ]]; then
+  QOS_EXTENDER_MANAGED_RESOURCE="${QOS_EXTENDER_MANAGED_RESOURCE-${QOS_MARKER_RESOURCE}}"
+else
+  QOS_EXTENDER_MANAGED_RESOURCE="${QOS_EXTENDER_MANAGED_RESOURCE:-}"
+fi
+QOS_EXTENDER_WEIGHT="${QOS_EXTENDER_WEIGHT:-5}"
 QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
 QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-5s}"
 QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
@@ -52,6 +71,14 @@ CONTROLLER_MANAGER_PORT="${QOS_CONTROLLER_MANAGER_PORT:-10257}"
 KWOK_PORT="${QOS_KWOK_PORT:-10247}"
 PROMETHEUS_PORT="${QOS_PROMETHEUS_PORT:-9090}"
 HOST=127.0.0.1
+EXTENDER_HOSTPORT="${EXTENDER_URL#*://}"
+EXTENDER_HOSTPORT="${EXTENDER_HOSTPORT%%/*}"
+EXTENDER_HOST="${EXTENDER_HOSTPORT%:*}"
+EXTENDER_PORT="${EXTENDER_HOSTPORT##*:}"
+[[ "${EXTENDER_PORT}" =~ ^[0-9]+$ ]] || die "EXTENDER_URL must name a port (https://127.0.0.1:PORT), got ${EXTENDER_URL}"
+QOS_PYTHON="${QOS_PYTHON:-${REPO_ROOT}/.venv/bin/python}"
+QOS_EXTENDER_CONFIG="${QOS_EXTENDER_CONFIG:-${REPO_ROOT}/config/extender.yaml}"
+QOS_MANIFESTS_DIR="${QOS_MANIFESTS_DIR:-${HACK_DIR}/manifests}"
 
 CERTS="${QOS_STATE}/certs"
 KCFG="${QOS_STATE}/kubeconfig"
@@ -266,6 +293,9 @@ if [[ ! -s "${CERTS}/front-proxy-client.crt" ]]; then
 fi
 gen_cert extender-serving "/CN=kube-qos-extender" serverAuth "${LOCAL_SAN}"
 gen_cert extender-client "/O=kube-qos-extender-clients/CN=kube-scheduler-extender-client" clientAuth
+# The extender's own API identity: user qos-extender, bound to config/base's least-privilege ClusterRole
+# (hack/manifests/00-qos-extender-local-rbac.yaml), so the local cluster exercises the shipped RBAC.
+gen_cert qos-extender "/O=kube-qos-extender/CN=qos-extender" clientAuth
 if [[ ! -s "${CERTS}/sa.key" ]]; then
   gen_key "${CERTS}/sa.key"
   openssl rsa -in "${CERTS}/sa.key" -pubout -out "${CERTS}/sa.pub" 2>/dev/null
@@ -294,7 +324,7 @@ contexts:
 current-context: qos-local
 EOF
 }
-for u in admin kube-scheduler kube-controller-manager kwok; do
+for u in admin kube-scheduler kube-controller-manager kwok qos-extender; do
   write_kubeconfig "${KCFG}/${u}.kubeconfig" "${u}"
 done
 
@@ -313,6 +343,20 @@ leaderElection:
 profiles:
 - schedulerName: default-scheduler
 - schedulerName: qos-scheduler
+  # Packing must win in this profile: the in-tree scores that prefer spreading (LeastAllocated,
+  # BalancedAllocation, system-default topology spreading) are switched off, so the extender's BFD /
+  # time-bin BFD ranks decide among feasible nodes (filters are unchanged; explicit topologySpreadConstraints
+  # are still honoured). See README "Scheduler configuration".
+  plugins:
+    score:
+      disabled:
+      - name: NodeResourcesBalancedAllocation
+      - name: NodeResourcesFit
+  pluginConfig:
+  - name: PodTopologySpread
+    args:
+      defaultingType: List
+      defaultConstraints: []
 EOF
   if [[ "${QOS_WITH_EXTENDER}" == 1 ]]; then
     cat <<EOF
@@ -322,7 +366,7 @@ extenders:
   prioritizeVerb: prioritize
   preemptVerb: preempt
   bindVerb: bind
-  weight: 1
+  weight: ${QOS_EXTENDER_WEIGHT}
   nodeCacheCapable: true
   enableHTTPS: true
   tlsConfig:
@@ -441,6 +485,26 @@ start_component kube-apiserver "${APISERVER_PORT}" "" "${BIN_DIR}/kube-apiserver
 wait_for kube-apiserver 90 curl_ok "https://${HOST}:${APISERVER_PORT}/readyz" "${ADMIN_CURL[@]}"
 log "kube-apiserver: ready ($((SECONDS - T0))s)"
 
+# ---------------------------------------------------------------- cluster manifests (hook)
+# config/base's cluster-scoped objects the local topology needs, then every hack/manifests/*.yaml (other
+# components drop theirs there, e.g. a MutatingWebhookConfiguration), with ${VAR} substituted.
+QOS_CA_BUNDLE="$(base64 -w0 < "${CERTS}/ca.crt")"
+export QOS_CA_BUNDLE EXTENDER_URL EXTENDER_HOST EXTENDER_PORT QOS_STATE QOS_MARKER_RESOURCE
+apply_manifest() { # <file>
+  python3 -c 'import os, string, sys; sys.stdout.write(string.Template(open(sys.argv[1]).read()).safe_substitute(os.environ))' "$1" \
+    | "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager=qos-local-up -f - >/dev/null \
+    || die "cannot apply $1"
+  log "applied $1"
+}
+for f in "${REPO_ROOT}/config/base/priorityclasses.yaml" "${REPO_ROOT}/config/base/clusterrole.yaml"; do
+  if [[ -f "${f}" ]]; then apply_manifest "${f}"; fi
+done
+if [[ -d "${QOS_MANIFESTS_DIR}" ]]; then
+  for f in "${QOS_MANIFESTS_DIR}"/*.yaml; do
+    if [[ -f "${f}" ]]; then apply_manifest "${f}"; fi
+  done
+fi
+
 KCM_CONTROLLERS='*'
 if [[ "${QOS_NODE_LIFECYCLE}" != 1 ]]; then KCM_CONTROLLERS='*,-nodelifecycle'; fi
 echo "${KCM_CONTROLLERS}" > "${CONF}/kube-controller-manager.controllers"
@@ -485,10 +549,42 @@ start_component kwok "${KWOK_PORT}" "${KWOK_STAGES}" "${BIN_DIR}/kwok" \
   --node-ip="${HOST}" \
   --cidr=10.244.0.0/16
 
+# ---------------------------------------------------------------- the extender (real, optional)
+EXTENDER_CURL=(--cacert "${CA}" --cert "${CERTS}/extender-client.crt" --key "${CERTS}/extender-client.key")
+if [[ "${QOS_START_EXTENDER}" == 1 ]]; then
+  [[ -x "${QOS_PYTHON}" ]] || die "missing ${QOS_PYTHON}: make venv (or set QOS_PYTHON)"
+  [[ "${EXTENDER_HOST}" == 127.0.0.1 || "${EXTENDER_HOST}" == localhost ]] \
+    || die "QOS_START_EXTENDER=1 serves on 127.0.0.1 only; EXTENDER_URL host is ${EXTENDER_HOST}"
+  # The shipped config with this cluster's server, TLS and kubeconfig; the fingerprint also covers the code,
+  # so an edited extender is restarted by the next local-up.
+  "${QOS_PYTHON}" - "${QOS_EXTENDER_CONFIG}" "${CONF}/extender.yaml" <<PY || die "cannot write ${CONF}/extender.yaml"
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1])) or {}
+doc.setdefault("server", {}).update(
+    host="${HOST}", port=${EXTENDER_PORT},
+    tls={"cert_file": "${CERTS}/extender-serving.crt", "key_file": "${CERTS}/extender-serving.key",
+         "client_ca_file": "${CERTS}/ca.crt"},
+)
+doc.setdefault("kubernetes", {})["kubeconfig"] = "${KCFG}/qos-extender.kubeconfig"
+doc.setdefault("scheduling", {})["marker_resource"] = "${QOS_MARKER_RESOURCE}"
+yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
+PY
+  { cat "${CONF}/extender.yaml"
+    find "${REPO_ROOT}/extender" -name '*.py' -print0 | sort -z | xargs -0 cat
+  } > "${CONF}/extender.fingerprint"
+  start_component qos-extender "${EXTENDER_PORT}" "${CONF}/extender.fingerprint" "${QOS_PYTHON}" \
+    -m extender.cli serve --config "${CONF}/extender.yaml"
+fi
+
 wait_for kube-controller-manager 60 curl_ok "https://${HOST}:${CONTROLLER_MANAGER_PORT}/healthz" --cacert "${CA}"
 wait_for kube-scheduler 60 curl_ok "https://${HOST}:${SCHEDULER_PORT}/healthz" --cacert "${CA}"
 wait_for kwok 60 curl_ok "http://${HOST}:${KWOK_PORT}/healthz"
 wait_for prometheus 60 curl -sfS --max-time 2 "http://${HOST}:${PROMETHEUS_PORT}/-/ready"
+if [[ "${QOS_START_EXTENDER}" == 1 ]]; then
+  # /readyz answers 200 only once nodes and pods were listed (the scheduler's calls get 503 before).
+  wait_for qos-extender 60 curl -sf --max-time 2 "${EXTENDER_CURL[@]}" "${EXTENDER_URL}/readyz"
+  log "qos-extender: ready ($((SECONDS - T0))s)"
+fi
 # Pods fail with 'serviceaccount "default" not found' until the controller-manager created it.
 wait_for kube-controller-manager 60 "${KUBECTL[@]}" get serviceaccount default -n default
 
@@ -568,6 +664,9 @@ log "nodes: $("${KUBECTL[@]}" get nodes -l type=kwok --no-headers 2>/dev/null | 
   echo "QOS_STATE=${QOS_STATE}"
   echo "QOS_BIN_DIR=${BIN_DIR}"
   echo "QOS_WITH_EXTENDER=${QOS_WITH_EXTENDER}"
+  echo "QOS_START_EXTENDER=${QOS_START_EXTENDER}"
+  echo "QOS_MARKER_RESOURCE=${QOS_EXTENDER_MANAGED_RESOURCE}"
+  echo "QOS_SCHEDULER_URL=https://${HOST}:${SCHEDULER_PORT}"
 } > "${QOS_STATE}/env"
 log "control plane up in $((SECONDS - T0))s (state ${QOS_STATE}; logs ${LOGS}; stop with hack/local-down.sh)"
 cat "${QOS_STATE}/env"
