@@ -273,3 +273,21 @@ async def assert_runs_once_and_progresses(counter: Counter, *, since: int, timeo
     check_consecutive(vals)
     assert len(marker_pids(counter.marker)) == 1
     return vals
+
+
+# ------------------------------------------------------------------ in-process agents
+async def serve_in_process(agent: Any, host: str = "127.0.0.1") -> tuple[Any, str]:
+    """Run an ``Agent`` in this event loop on ``host``:<free port>; returns (runner, base URL)."""
+    from aiohttp import web
+
+    from extender.agent.server import make_app, server_ssl_context
+
+    runner = web.AppRunner(make_app(agent), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0, ssl_context=server_ssl_context(agent.config))
+    await site.start()
+    server: Any = site._server
+    port = server.sockets[0].getsockname()[1]
+    agent.ready = True
+    scheme = "https" if agent.config.tls.enabled else "http"
+    return runner, f"{scheme}://{host}:{port}"

@@ -26,6 +26,7 @@ class FaultPoint(StrEnum):
     SOURCE_CORRUPT_TRANSFER = "source.transfer.corrupt"  # flip one byte of the upload (declared sha256 stays)
     SOURCE_KILL_AFTER_CHECKPOINT = "source.kill.after-checkpoint"  # SIGKILL self once C1 is on disk
     SOURCE_KILL_AFTER_FINAL_DUMP = "source.kill.after-final-dump"  # SIGKILL self once C2 is on disk
+    SOURCE_KILL_BEFORE_COMMIT = "source.kill.before-commit"  # SIGKILL self once the destination confirmed
     # destination side
     DEST_REFUSE_PREPARE = "destination.refuse.prepare"  # answer 409 to prepare
     DEST_REFUSE_RESTORE = "destination.refuse.restore"  # answer 409 to restore, restoring nothing

@@ -25,7 +25,7 @@ from tenacity import (
 )
 
 from extender.agent import archive as arc
-from extender.agent.backends.base import Backend, BackendError, WorkloadRef
+from extender.agent.backends.base import Backend, BackendError, WorkloadNotFoundError, WorkloadRef
 from extender.agent.client import AgentClient, PeerError
 from extender.agent.events import EventSink
 from extender.agent.faults import FaultInjection, FaultPoint
@@ -195,6 +195,8 @@ class Coordinator:
             if req.id in self._busy or not Phase(existing["phase"]).terminal:
                 raise RuntimeError(f"migration {req.id} is in progress (phase {existing['phase']})")
             return existing  # idempotent: the recorded outcome
+        if not await self.backend.is_running(req.workload, {}):
+            raise WorkloadNotFoundError(f"{req.workload} is not running here")
         key = str(req.workload)
         if key in self._busy:
             raise RuntimeError(f"{key} is already being migrated")
@@ -266,8 +268,8 @@ class Coordinator:
             )
             rec["timings"]["restore"] = round(time.monotonic() - t0, 4)
             rec["timings"]["restore_at_destination"] = restored.get("seconds")
-            self.metrics.restore_seconds.labels("destination").observe(float(restored.get("seconds") or 0.0))
             rec["restored_workload"] = restored.get("workload")
+            self.faults.maybe_kill(FaultPoint.SOURCE_KILL_BEFORE_COMMIT)
             return await self._commit(rec, t_start)
         except StepFailed as exc:
             rec["failed_step"] = exc.step
@@ -283,7 +285,11 @@ class Coordinator:
         except BackendError as exc:
             log.warning("stopping the source after commit failed", extra={"migration": rec["id"], "error": str(exc)})
         rec["outcome"] = Outcome.SUCCEEDED.value
-        rec.setdefault("reason", "restored at the destination and confirmed")
+        retried = {step: n for step, n in rec.get("attempts", {}).items() if n > 1}
+        if "reason" not in rec:
+            rec["reason"] = "restored at the destination and confirmed" + (
+                f" (retried: {', '.join(f'{s} x{n}' for s, n in retried.items())})" if retried else ""
+            )
         rec["timings"]["total"] = round(time.monotonic() - t_start, 4)
         self._save(rec, Phase.COMMITTED)
         self._cleanup_archives(rec["id"])
@@ -307,9 +313,12 @@ class Coordinator:
             rec["abort_error"] = exc.reason
             return None
         try:
-            return DestinationState(str(answer.get("state")))
+            state = DestinationState(str(answer.get("state")))
         except ValueError:
             return None
+        if state in (DestinationState.RESTORED, DestinationState.COMMITTED) and answer.get("workload"):
+            rec["restored_workload"] = answer["workload"]
+        return state
 
     async def _restore_local(self, rec: dict[str, Any]) -> tuple[bool, str]:
         workload = WorkloadRef.from_json(rec["workload"])
@@ -367,6 +376,20 @@ class Coordinator:
                 t_start,
                 "the destination stayed unreachable after the restore request; final image kept for recovery",
             )
+        if action is InDoubtAction.RESTORE_LOCAL:
+            meta = rec.get("meta", {})
+            workload = WorkloadRef.from_json(rec["workload"])
+            if await self.backend.is_running(workload, {"identity": meta.get("identity")}):
+                # Same kernel, PID taken by a process that looks like ours: almost surely the destination's
+                # restored copy. Restoring would be refused anyway (the PID fence); do not guess further.
+                return await self._finish(
+                    rec,
+                    Outcome.IN_DOUBT,
+                    Phase.IN_DOUBT,
+                    t_start,
+                    f"the destination stayed unreachable; {workload} runs on this kernel under the original PID "
+                    "(most likely the destination's restored copy); final image kept for recovery",
+                )
         ok = True
         detail = "the source workload never stopped"
         if action in (SourceAction.RESTORE_LOCAL, SourceAction.ENSURE_RUNNING, InDoubtAction.RESTORE_LOCAL):
