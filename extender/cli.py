@@ -87,6 +87,12 @@ def _agent(args: argparse.Namespace) -> int:
     return run_agent_command(args)
 
 
+def _autoscaler(args: argparse.Namespace) -> int:
+    from extender.autoscaler.main import run_autoscaler_command
+
+    return run_autoscaler_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qos-extender", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -113,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="run the per-node checkpoint/restore agent (criu | kubelet | simulated)")
     add_agent_arguments(agent)
     agent.set_defaults(func=_agent)
+
+    from extender.autoscaler.main import add_autoscaler_arguments
+
+    scaler = sub.add_parser("autoscaler", help="run the autoscaler sidecar (kwok | cluster-autoscaler expander)")
+    add_autoscaler_arguments(scaler)
+    scaler.set_defaults(func=_autoscaler)
 
     demo = sub.add_parser("demo", help="the README's first command")
     demo.set_defaults(func=_demo)

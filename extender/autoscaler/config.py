@@ -1,0 +1,249 @@
+"""Configuration of `qos-extender autoscaler`: its own strict YAML file beside config/extender.yaml.
+
+The extender file (``--config``) still supplies what both share: Kubernetes access, node-group selectors,
+pod defaults and classes, and the flavour catalogue (``flavours``; may be overridden here). Everything the
+sidecar alone decides is in this file; ``extender/autoscaler/autoscaler.yaml`` is the documented default.
+Loading is as strict as the extender's: unknown keys, wrong types, out-of-range values and a catalogue no
+plan can come from (empty, a zero price, duplicate names) stop the process with a message naming the
+option -- never a silent default, never an endless scale-up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.config import (
+    ConfigError,
+    ExtenderConfig,
+    _bool,
+    _file,
+    _int,
+    _number,
+    _parse_flavours,
+    _req_str,
+    _section,
+)
+from extender.core.autoscale import ScoreWeights, validate_catalogue
+from extender.core.model import Flavour, InvalidInputError
+
+__all__ = [
+    "DEFAULT_AUTOSCALER_CONFIG",
+    "AutoscalerSettings",
+    "CaExpanderSettings",
+    "LagDistribution",
+    "load_autoscaler_config",
+    "parse_autoscaler_config",
+]
+
+DEFAULT_AUTOSCALER_CONFIG = Path(__file__).resolve().parent / "autoscaler.yaml"
+PROVIDERS = ("kwok", "cluster-autoscaler")
+DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
+
+
+@dataclass(frozen=True, slots=True)
+class LagDistribution:
+    """Acquisition lag of the kwok provider (the stand-in for a cloud's boot time), in seconds.
+
+    fixed: ``seconds``; uniform: [min, max]; normal: mean ``seconds``, ``sd``, clipped at ``min``;
+    lognormal: median ``seconds``, shape ``sigma``. Paper 001 measured GKE at mean 157.4 s, sd 4.2 s.
+    """
+
+    distribution: str = "fixed"
+    seconds: float = 30.0
+    minimum: float = 0.0
+    maximum: float = 0.0
+    sd: float = 0.0
+    sigma: float = 0.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CaExpanderSettings:
+    """The gRPC expander server cluster-autoscaler calls with --expander=grpc (TLS is mandatory there)."""
+
+    listen: str = "127.0.0.1:7000"
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalerSettings:
+    scheduler_names: tuple[str, ...] = ("qos-scheduler",)
+    provider: str = "kwok"
+    dry_run: bool = False
+    scan_interval_seconds: float = 30.0  # service group (and every other check) at least this often
+    batch_cycle_seconds: float = 300.0  # paper 000 Table 6: batch-group scale-up cycle
+    burst_debounce_seconds: float = 2.0  # a new unschedulable pod wakes the loop after this
+    idle_seconds: float = 300.0  # paper 004: empty nodes go after this
+    provisioning_timeout_seconds: float = 900.0
+    underutil_threshold: float = 0.5
+    underutil_sustain_seconds: float = 300.0
+    batch_queue_quiet_seconds: float = 300.0
+    weights: ScoreWeights = field(default_factory=ScoreWeights)
+    lag_default_seconds: float = 120.0
+    lag_window: int = 20
+    lag_quantile: float = 0.9
+    max_nodes_per_cycle: int = 50
+    max_nodes: int = 200
+    max_attempts_per_pod: int = 3
+    node_name_prefix: str = "qos-as"
+    scale_down_provisioned_only: bool = True
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 8890
+    flavours: tuple[Flavour, ...] = ()
+    kwok_lag: LagDistribution = field(default_factory=LagDistribution)
+    expander: CaExpanderSettings = field(default_factory=CaExpanderSettings)
+
+
+def _names(raw: dict[str, Any], key: str, path: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    value = raw.get(key, list(default))
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{path}.{key}: must be a non-empty list of names, got {value!r}")
+    return tuple(value)
+
+
+def _parse_lag(raw: object, path: str) -> LagDistribution:
+    s = _section(raw, path, {"distribution", "seconds", "min", "max", "sd", "sigma", "seed"})
+    dist = _req_str(s, "distribution", path, "fixed", choices=DISTRIBUTIONS)
+    seconds = _number(s, "seconds", path, 30.0, minimum=0)
+    minimum = _number(s, "min", path, 0.0, minimum=0)
+    maximum = _number(s, "max", path, max(seconds, minimum), minimum=0)
+    if dist == "uniform" and maximum < minimum:
+        raise ConfigError(f"{path}.max: must be >= min ({minimum}), got {maximum}")
+    seed = s.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ConfigError(f"{path}.seed: must be an integer, got {seed!r}")
+    return LagDistribution(
+        distribution=dist,
+        seconds=seconds,
+        minimum=minimum,
+        maximum=maximum,
+        sd=_number(s, "sd", path, 0.0, minimum=0),
+        sigma=_number(s, "sigma", path, 0.0, minimum=0),
+        seed=seed,
+    )
+
+
+def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSettings:
+    s = _section(raw, path, {"listen", "cert_file", "key_file"})
+    listen = _req_str(s, "listen", path, "127.0.0.1:7000")
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{path}.listen: must be host:port, got {listen!r}")
+    cert, key = _file(s, "cert_file", path, base), _file(s, "key_file", path, base)
+    if (cert is None) != (key is None):
+        raise ConfigError(f"{path}: cert_file and key_file must be set together")
+    return CaExpanderSettings(listen=listen, cert_file=cert, key_file=key)
+
+
+TOP = {"autoscaler", "flavours"}
+SECTION = {
+    "scheduler_names",
+    "provider",
+    "dry_run",
+    "scan_interval_seconds",
+    "batch_cycle_seconds",
+    "burst_debounce_seconds",
+    "idle_seconds",
+    "provisioning_timeout_seconds",
+    "underutil_threshold",
+    "underutil_sustain_seconds",
+    "batch_queue_quiet_seconds",
+    "score_weights",
+    "lag",
+    "limits",
+    "node_name_prefix",
+    "scale_down_provisioned_only",
+    "metrics",
+    "kwok",
+    "cluster_autoscaler",
+}
+
+
+def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | None = None) -> AutoscalerSettings:
+    """Validate the autoscaler document; the flavour catalogue comes from it or from the extender file."""
+    top = _section(raw, "", TOP)
+    a = _section(top.get("autoscaler"), "autoscaler", SECTION)
+    p = "autoscaler"
+    flavours = _parse_flavours(top["flavours"]) if "flavours" in top else extender.flavours
+    try:
+        validate_catalogue(flavours)
+    except InvalidInputError as exc:
+        raise ConfigError(f"flavours: {exc} (set `flavours` here or in the extender config)") from exc
+    w = _section(a.get("score_weights"), f"{p}.score_weights", {"cpu", "memory"})
+    try:
+        weights = ScoreWeights(
+            _number(w, "cpu", f"{p}.score_weights", 0.5, minimum=0),
+            _number(w, "memory", f"{p}.score_weights", 0.5, minimum=0),
+        )
+    except InvalidInputError as exc:
+        raise ConfigError(f"{p}.score_weights: {exc}") from exc
+    lag = _section(a.get("lag"), f"{p}.lag", {"default_seconds", "window", "quantile"})
+    quantile = _number(lag, "quantile", f"{p}.lag", 0.9, minimum=0, maximum=1.0, exclusive_min=True)
+    limits = _section(a.get("limits"), f"{p}.limits", {"max_nodes_per_cycle", "max_nodes", "max_attempts_per_pod"})
+    metrics = _section(a.get("metrics"), f"{p}.metrics", {"host", "port"})
+    kwok = _section(a.get("kwok"), f"{p}.kwok", {"lag"})
+    cycle = _number(
+        a, "batch_cycle_seconds", p, extender.scheduling.scaling_cycle_seconds, minimum=0, exclusive_min=True
+    )
+    prefix = _req_str(a, "node_name_prefix", p, "qos-as")
+    if not prefix.replace("-", "").isalnum() or prefix != prefix.lower() or len(prefix) > 40:
+        raise ConfigError(f"{p}.node_name_prefix: must be lowercase letters, digits and '-' (<= 40), got {prefix!r}")
+    settings = AutoscalerSettings(
+        scheduler_names=_names(a, "scheduler_names", p, ("qos-scheduler",)),
+        provider=_req_str(a, "provider", p, "kwok", choices=PROVIDERS),
+        dry_run=_bool(a, "dry_run", p, False),
+        scan_interval_seconds=_number(a, "scan_interval_seconds", p, 30.0, minimum=0, exclusive_min=True),
+        batch_cycle_seconds=cycle,
+        burst_debounce_seconds=_number(a, "burst_debounce_seconds", p, 2.0, minimum=0),
+        idle_seconds=_number(a, "idle_seconds", p, 300.0, minimum=0),
+        provisioning_timeout_seconds=_number(
+            a, "provisioning_timeout_seconds", p, 900.0, minimum=0, exclusive_min=True
+        ),
+        underutil_threshold=_number(a, "underutil_threshold", p, 0.5, minimum=0, maximum=1.0, exclusive_min=True),
+        underutil_sustain_seconds=_number(a, "underutil_sustain_seconds", p, 300.0, minimum=0),
+        batch_queue_quiet_seconds=_number(a, "batch_queue_quiet_seconds", p, 300.0, minimum=0),
+        weights=weights,
+        lag_default_seconds=_number(lag, "default_seconds", f"{p}.lag", 120.0, minimum=0),
+        lag_window=_int(lag, "window", f"{p}.lag", 20, minimum=1, maximum=10_000),
+        lag_quantile=quantile,
+        max_nodes_per_cycle=_int(limits, "max_nodes_per_cycle", f"{p}.limits", 50, minimum=1, maximum=10_000),
+        max_nodes=_int(limits, "max_nodes", f"{p}.limits", 200, minimum=1, maximum=100_000),
+        max_attempts_per_pod=_int(limits, "max_attempts_per_pod", f"{p}.limits", 3, minimum=1, maximum=1000),
+        node_name_prefix=prefix,
+        scale_down_provisioned_only=_bool(a, "scale_down_provisioned_only", p, True),
+        metrics_host=_req_str(metrics, "host", f"{p}.metrics", "127.0.0.1"),
+        metrics_port=_int(metrics, "port", f"{p}.metrics", 8890, minimum=0, maximum=65535),
+        flavours=tuple(flavours),
+        kwok_lag=_parse_lag(kwok.get("lag"), f"{p}.kwok.lag"),
+        expander=_parse_expander(a.get("cluster_autoscaler"), f"{p}.cluster_autoscaler", base),
+    )
+    if settings.provider == "cluster-autoscaler" and settings.expander.cert_file is None:
+        raise ConfigError(
+            f"{p}.cluster_autoscaler.cert_file: required with provider cluster-autoscaler "
+            "(CA's gRPC expander refuses insecure connections)"
+        )
+    if not math.isfinite(settings.scan_interval_seconds):  # pragma: no cover - _number checks it
+        raise ConfigError(f"{p}.scan_interval_seconds: must be finite")
+    return settings
+
+
+def load_autoscaler_config(path: str | Path | None, extender: ExtenderConfig) -> AutoscalerSettings:
+    p = Path(path) if path is not None else DEFAULT_AUTOSCALER_CONFIG
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read autoscaler config {str(p)!r}: {exc.strerror or exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    try:
+        return parse_autoscaler_config(raw if raw is not None else {}, extender, base=p.resolve().parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from exc

@@ -1,0 +1,289 @@
+"""`qos-extender autoscaler`: list+watch -> AutoscalerLoop.step -> provider / Events / metrics / hand-off.
+
+One process: the shared reflectors keep an AutoscalerSnapshot in sync; a scan runs every
+``scan_interval_seconds``, and sooner (after ``burst_debounce_seconds``) when a pod newly becomes
+Unschedulable. Provider ``kwok`` executes the plans; provider ``cluster-autoscaler`` serves the gRPC expander
+and runs the loop in dry-run (plans become metrics only: CA buys the nodes and removes them).
+/metrics, /healthz and /readyz are served over HTTP on ``metrics.host:port``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from extender.autoscaler.config import AutoscalerSettings, load_autoscaler_config
+from extender.autoscaler.events import AutoscalerEvents
+from extender.autoscaler.handoff import ConsolidationHandoff, RecordingHandoff
+from extender.autoscaler.loop import AutoscalerLoop, Decisions
+from extender.autoscaler.metrics import AutoscalerMetrics
+from extender.autoscaler.providers.base import Provider
+from extender.autoscaler.view import AutoscalerSnapshot
+from extender.config import ConfigError, ExtenderConfig, load_config
+from extender.kube.client import new_api_client
+from extender.kube.watch import Reflector, node_reflector, pod_reflector
+
+__all__ = ["RunningAutoscaler", "add_autoscaler_arguments", "run_autoscaler_command", "start_autoscaler"]
+
+log = logging.getLogger("extender.autoscaler")
+
+
+@dataclass
+class RunningAutoscaler:
+    config: ExtenderConfig
+    settings: AutoscalerSettings
+    snapshot: AutoscalerSnapshot
+    loop: AutoscalerLoop
+    metrics: AutoscalerMetrics
+    handoff: ConsolidationHandoff
+    api_client: Any
+    provider: Provider | None
+    expander: Any
+    events: AutoscalerEvents | None
+    runner: web.AppRunner
+    metrics_port: int
+    reflectors: list[Reflector]
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    scans: int = 0
+    last: Decisions | None = None
+    scanned: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.provider is not None:
+            await self.provider.close()
+        if self.expander is not None:
+            await self.expander.stop()
+        await self.runner.cleanup()
+        await self.api_client.close()
+
+
+def _metrics_app(
+    running: Callable[[], RunningAutoscaler | None], snapshot: AutoscalerSnapshot, m: AutoscalerMetrics
+) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=m.exposition(), content_type="text/plain", charset="utf-8")
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        r = running()
+        ok = snapshot.ready and r is not None and r.scans > 0
+        return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def _apply(r: RunningAutoscaler, d: Decisions) -> None:
+    provider = r.provider
+    if provider is not None:
+        for entry in d.cancel:
+            await provider.cancel(entry.node_name)
+        for request in d.provision:
+            await provider.create(request)
+        for name in d.delete:
+            await provider.delete(name)
+    if r.events is not None:
+        for notice in d.notices:
+            r.events.emit(notice)
+    if d.consolidation is not None:
+        r.handoff.handoff(d.consolidation)
+    r.metrics.observe(d)
+    for plan in d.plans:
+        log.info(
+            "scale-up plan",
+            extra={
+                "decision": {
+                    "group": plan.group.value,
+                    "pods": plan.pods,
+                    "flavours": dict(plan.flavour_counts),
+                    "cost_per_hour": round(plan.cost_per_hour, 6),
+                    "unservable": list(plan.unservable),
+                    "forecast_shortage": {"cpu_milli": d.forecast.cpu_milli, "memory_bytes": d.forecast.memory_bytes},
+                    "lag_estimate_seconds": round(d.lag_estimate, 3),
+                    "dry_run": r.settings.dry_run,
+                }
+            },
+        )
+    for name, lag in d.arrived:
+        log.info("node joined", extra={"decision": {"node": name, "lag_seconds": round(lag, 3)}})
+    for name in d.delete:
+        log.info("scale-down: empty node", extra={"decision": {"node": name}})
+
+
+async def _scan_forever(r: RunningAutoscaler, wake: asyncio.Event, clock: Callable[[], float]) -> None:
+    for reflector in r.reflectors:
+        await reflector.synced.wait()
+    while True:
+        wake.clear()
+        started = time.perf_counter()
+        try:
+            d = r.loop.step(r.snapshot, clock())
+        except Exception:  # a bug in one scan must not stop the sidecar; it is logged and retried
+            log.exception("autoscaler scan failed")
+        else:
+            await _apply(r, d)
+            r.last = d
+        r.metrics.scan_duration.observe(time.perf_counter() - started)
+        r.scans += 1
+        r.scanned.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=r.settings.scan_interval_seconds)
+            await asyncio.sleep(r.settings.burst_debounce_seconds)
+
+
+async def start_autoscaler(
+    config: ExtenderConfig,
+    settings: AutoscalerSettings,
+    *,
+    handoff: ConsolidationHandoff | None = None,
+    clock: Callable[[], float] = time.time,
+) -> RunningAutoscaler:
+    try:
+        api_client = await new_api_client(config.kubernetes)
+    except Exception as exc:
+        raise ConfigError(f"cannot load Kubernetes credentials (kubernetes.kubeconfig, $KUBECONFIG): {exc}") from exc
+    wake = asyncio.Event()
+    snapshot = AutoscalerSnapshot(config, on_unschedulable=wake.set)
+    metrics = AutoscalerMetrics()
+    events = AutoscalerEvents(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
+    reflectors = [
+        node_reflector(api_client, snapshot, config.kubernetes, clock=clock),
+        pod_reflector(
+            api_client, snapshot, config.kubernetes, on_problems=events.report if events else None, clock=clock
+        ),
+    ]
+    provider: Provider | None = None
+    expander: Any = None
+    if settings.provider == "cluster-autoscaler":
+        from extender.autoscaler.providers.cluster_autoscaler import ExpanderServer
+
+        settings = dataclasses.replace(settings, dry_run=True)
+        assert settings.expander.cert_file is not None and settings.expander.key_file is not None
+        expander = ExpanderServer(
+            config,
+            settings.flavours,
+            settings.weights,
+            listen=settings.expander.listen,
+            cert_pem=Path(settings.expander.cert_file).read_bytes(),
+            key_pem=Path(settings.expander.key_file).read_bytes(),
+            metrics=metrics,
+        )
+        await expander.start()
+    else:
+        from extender.autoscaler.providers.kwok import KwokProvider
+
+        provider = KwokProvider(api_client, settings.kwok_lag, config.kubernetes.request_timeout_seconds)
+    loop = AutoscalerLoop(settings, config.node_groups)
+    holder: list[RunningAutoscaler] = []
+    app = _metrics_app(lambda: holder[0] if holder else None, snapshot, metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.metrics_host, settings.metrics_port)
+    await site.start()
+    server = site._server
+    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else settings.metrics_port  # type: ignore[attr-defined]
+    running = RunningAutoscaler(
+        config,
+        settings,
+        snapshot,
+        loop,
+        metrics,
+        handoff if handoff is not None else RecordingHandoff(),
+        api_client,
+        provider,
+        expander,
+        events,
+        runner,
+        int(port),
+        reflectors,
+    )
+    holder.append(running)
+    running.tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
+    if events is not None:
+        running.tasks.append(asyncio.create_task(events.run(), name="events"))
+    running.tasks.append(asyncio.create_task(_scan_forever(running, wake, clock), name="autoscaler-scan"))
+    log.info(
+        "autoscaler started",
+        extra={
+            "decision": {
+                "provider": settings.provider,
+                "dry_run": settings.dry_run,
+                "metrics_port": port,
+                "flavours": [f.name for f in settings.flavours],
+                "expander_port": expander.port if expander is not None else None,
+            }
+        },
+    )
+    return running
+
+
+async def _serve(config: ExtenderConfig, settings: AutoscalerSettings) -> None:
+    running = await start_autoscaler(config, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()
+
+
+def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", help="extender YAML (Kubernetes access, node groups, flavours; default config/extender.yaml)"
+    )
+    parser.add_argument("--autoscaler-config", help="autoscaler YAML (default extender/autoscaler/autoscaler.yaml)")
+    parser.add_argument("--metrics-port", type=int, help="override autoscaler.metrics.port (0: any free port)")
+    parser.add_argument("--check-config", action="store_true", help="validate both files, print the catalogue, exit")
+
+
+def run_autoscaler_command(args: argparse.Namespace) -> int:
+    from extender.autoscaler.logs import setup_logging
+
+    try:
+        config = load_config(args.config)
+        settings = load_autoscaler_config(args.autoscaler_config, config)
+    except ConfigError as exc:
+        print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
+        return 2
+    if args.metrics_port is not None:
+        settings = dataclasses.replace(settings, metrics_port=args.metrics_port)
+    if args.check_config:
+        for f in settings.flavours:
+            c = f.capacity
+            print(f"{f.name}: cpu={c.cpu_milli}m memory={c.memory_bytes}B pods={c.pods} ${f.price_per_hour}/h")
+        print(
+            f"provider={settings.provider} scan={settings.scan_interval_seconds}s cycle={settings.batch_cycle_seconds}s"
+        )
+        return 0
+    setup_logging(config.log_level)
+    try:
+        asyncio.run(_serve(config, settings))
+    except ConfigError as exc:
+        print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,142 @@
+"""Prometheus metrics of the autoscaler sidecar (prefix ``qos_extender_autoscaler_``), in a registry of their own.
+
+Base units in names (seconds, bytes, cores; money as ``dollars_per_hour``), ``_total`` added to counters by the
+client library, labels for the dimensions (group, flavour, reason, outcome).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from extender.autoscaler.loop import Decisions
+from extender.core.model import NodeGroup
+
+__all__ = ["AutoscalerMetrics"]
+
+_P = "qos_extender_autoscaler_"
+_LAG_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 600, 900, 1800)
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class AutoscalerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.planned_nodes = Counter(
+            _P + "planned_nodes",
+            "Nodes the planner decided to add, by node group and flavour.",
+            ["group", "flavour"],
+            registry=r,
+        )
+        self.plan_cost = Gauge(
+            _P + "plan_cost_dollars_per_hour",
+            "Predicted cost per hour of the nodes in the group's latest non-empty plan.",
+            ["group"],
+            registry=r,
+        )
+        self.plan_nodes = Gauge(
+            _P + "plan_nodes",
+            "Nodes per flavour in the group's latest non-empty plan.",
+            ["group", "flavour"],
+            registry=r,
+        )
+        self.cluster_cost = Gauge(
+            _P + "nodes_cost_dollars_per_hour",
+            "Price per hour of the catalogued nodes present plus those being provisioned.",
+            registry=r,
+        )
+        self.unschedulable = Gauge(
+            _P + "unschedulable_pods",
+            "Unschedulable pods of our scheduler profile(s) that fit no node now.",
+            ["group"],
+            registry=r,
+        )
+        self.uncovered = Gauge(
+            _P + "uncovered_pods", "Unschedulable pods not covered by a node being provisioned.", ["group"], registry=r
+        )
+        self.unservable = Gauge(
+            _P + "unservable_pods", "Pods no flavour of the catalogue can hold (never planned).", registry=r
+        )
+        self.gave_up = Gauge(
+            _P + "given_up_pods", "Pods still unschedulable after max_attempts_per_pod nodes were added.", registry=r
+        )
+        self.provisioning = Gauge(_P + "provisioning_nodes", "Nodes requested and not joined yet.", registry=r)
+        self.timeouts = Counter(
+            _P + "provisioning_timeouts", "Requested nodes forgotten after the provisioning timeout.", registry=r
+        )
+        self.lag = Histogram(
+            _P + "acquisition_lag_seconds",
+            "Measured request-to-join time of our nodes.",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.lag_estimate = Gauge(
+            _P + "acquisition_lag_estimate_seconds",
+            "Lag the forecast uses (quantile of recent measurements).",
+            registry=r,
+        )
+        self.forecast_cpu = Gauge(
+            _P + "forecast_shortage_cpu_cores", "Batch-group cpu shortage at now + lag (paper 001 Eq. 2).", registry=r
+        )
+        self.forecast_memory = Gauge(
+            _P + "forecast_shortage_memory_bytes",
+            "Batch-group memory shortage at now + lag (paper 001 Eq. 2).",
+            registry=r,
+        )
+        self.scaled_down = Counter(
+            _P + "scaled_down_nodes", "Nodes removed, by reason (idle, timeout).", ["reason"], registry=r
+        )
+        self.underutilized = Gauge(
+            _P + "underutilized_batch_nodes", "Batch nodes handed to consolidation in the latest scan.", registry=r
+        )
+        self.limited = Counter(
+            _P + "limited_scans", "Scans whose plan was cut by max_nodes_per_cycle / max_nodes.", registry=r
+        )
+        self.scan_duration = Histogram(
+            _P + "scan_duration_seconds", "Time of one planning scan.", buckets=_FAST, registry=r
+        )
+        self.expander_requests = Counter(
+            _P + "expander_requests", "cluster-autoscaler BestOptions calls by outcome.", ["outcome"], registry=r
+        )
+        self.expander_duration = Histogram(
+            _P + "expander_duration_seconds", "Time to answer one BestOptions call.", buckets=_FAST, registry=r
+        )
+        self.expander_choice = Counter(
+            _P + "expander_choices", "Flavour chosen among cluster-autoscaler's options.", ["flavour"], registry=r
+        )
+
+        self._plan_labels: dict[str, set[str]] = {}
+
+    def observe(self, d: Decisions) -> None:
+        for group in NodeGroup:
+            self.unschedulable.labels(group.value).set(d.unschedulable.get(group, 0))
+            self.uncovered.labels(group.value).set(d.uncovered.get(group, 0))
+        for plan in d.plans:
+            if not plan.flavour_counts:
+                continue
+            self.plan_cost.labels(plan.group.value).set(plan.cost_per_hour)
+            for old in self._plan_labels.get(plan.group.value, set()) - set(plan.flavour_counts):
+                self.plan_nodes.remove(plan.group.value, old)
+            self._plan_labels[plan.group.value] = set(plan.flavour_counts)
+            for flavour, n in plan.flavour_counts.items():
+                self.plan_nodes.labels(plan.group.value, flavour).set(n)
+        for request in d.provision:
+            self.planned_nodes.labels(request.group.value, request.flavour.name).inc()
+        for _, lag in d.arrived:
+            self.lag.observe(lag)
+        self.timeouts.inc(len(d.cancel))
+        self.scaled_down.labels("idle").inc(len(d.delete))
+        self.unservable.set(d.unservable)
+        self.gave_up.set(d.gave_up)
+        self.provisioning.set(d.provisioning)
+        self.lag_estimate.set(d.lag_estimate)
+        self.forecast_cpu.set(d.forecast.cpu_milli / 1000)
+        self.forecast_memory.set(d.forecast.memory_bytes)
+        self.cluster_cost.set(d.nodes_cost_per_hour)
+        if d.consolidation is not None:
+            self.underutilized.set(len(d.consolidation.candidates))
+        if d.limited:
+            self.limited.inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,117 @@
+"""The shared Snapshot, plus the two pod facts the sidecar needs and the Snapshot does not keep.
+
+``extender.kube.snapshot.Snapshot`` converts pods to the core model and drops ``spec.schedulerName`` and the
+PodScheduled condition; the autoscaler needs both (which pods are *unschedulable pods of our profile*).
+``AutoscalerSnapshot`` is the same Snapshot fed by the same list+watch reflectors, recording those two
+fields on the side; nothing is duplicated, the conversion and indexing stay in extender.kube.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from extender.config import ExtenderConfig
+from extender.core.model import Node, NodeGroup, Pod, WorkloadKind
+from extender.kube.convert import Problem, pod_key
+from extender.kube.snapshot import Snapshot
+
+__all__ = ["AutoscalerSnapshot", "PendingInfo", "group_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingInfo:
+    scheduler_name: str
+    unschedulable: bool  # PodScheduled=False with reason Unschedulable: the scheduler tried and failed
+    uid: str
+
+
+def _pending_info(obj: Mapping[str, Any]) -> PendingInfo | None:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or spec.get("nodeName"):
+        return None
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    unschedulable = False
+    if isinstance(conditions, list):
+        for cond in conditions:
+            if (
+                isinstance(cond, dict)
+                and cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                unschedulable = True
+    meta = obj.get("metadata")
+    uid = meta.get("uid") if isinstance(meta, dict) else None
+    name = spec.get("schedulerName")
+    return PendingInfo(name if isinstance(name, str) and name else "default-scheduler", unschedulable, str(uid or ""))
+
+
+def group_of(pod: Pod) -> NodeGroup:
+    return NodeGroup.BATCH if pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE
+
+
+class AutoscalerSnapshot(Snapshot):
+    """Snapshot + pending-pod facts. ``on_unschedulable`` fires when a pod newly becomes unschedulable."""
+
+    def __init__(self, config: ExtenderConfig, on_unschedulable: Callable[[], None] | None = None) -> None:
+        super().__init__(config)
+        self.pending: dict[str, PendingInfo] = {}
+        self._on_unschedulable = on_unschedulable
+
+    def apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float | None = None) -> tuple[Problem, ...]:
+        problems = super().apply_pod(event_type, obj, now)
+        try:
+            key = pod_key(obj)
+        except Exception:  # the base class counted it as a conversion error already
+            return problems
+        info = None if event_type == "DELETED" or key not in self.pods else _pending_info(obj)
+        before = self.pending.pop(key, None)
+        if info is not None:
+            self.pending[key] = info
+            if info.unschedulable and (before is None or not before.unschedulable) and self._on_unschedulable:
+                self._on_unschedulable()
+        return problems
+
+    def replace_pods(
+        self, items: Iterable[Mapping[str, Any]], resource_version: str | None, now: float | None = None
+    ) -> list[tuple[str, tuple[Problem, ...]]]:
+        self.pending.clear()
+        return super().replace_pods(items, resource_version, now)
+
+    # ------------------------------------------------------------------------------------------ reads
+
+    def node_views(self) -> list[Node]:
+        """Every node with its pods (observed + assumed), by name."""
+        out = []
+        for name in sorted(self.nodes):
+            view = self.node_view(name)
+            if view is not None:
+                out.append(view)
+        return out
+
+    def accepts(self, node: str, group: NodeGroup) -> bool:
+        entry = self.nodes.get(node)
+        return entry is not None and group in entry.accepts
+
+    def unschedulable_pods(self, scheduler_names: Iterable[str]) -> list[Pod]:
+        """Pods of our scheduler profile(s) the scheduler reported Unschedulable, not being deleted."""
+        names = frozenset(scheduler_names)
+        out: list[Pod] = []
+        for key in sorted(self.pending):
+            info = self.pending[key]
+            entry = self.pods.get(key)
+            if entry is None or entry.deleting or not info.unschedulable or info.scheduler_name not in names:
+                continue
+            if entry.pod.node_name is None and key not in self.ledger:
+                out.append(entry.pod)
+        return out
+
+    def pending_uid(self, key: str) -> str:
+        info = self.pending.get(key)
+        if info is not None and info.uid:
+            return info.uid
+        entry = self.pods.get(key)
+        return entry.pod.uid if entry is not None else ""
