@@ -25,7 +25,14 @@ from extender.kube.sync_client import Kube, KubeError, http_json, scrape_metrics
 MARKER = os.environ.get("QOS_MARKER_RESOURCE") or "qos.kube-qos-extender.io/managed"
 PREFIX = "qos.kube-qos-extender.io/"
 IMAGE = "registry.invalid/pause:3.9"
-REQUIRED = ("KUBECONFIG", "EXTENDER_URL", "EXTENDER_CA", "EXTENDER_CLIENT_CERT", "EXTENDER_CLIENT_KEY", "PROMETHEUS_URL")
+REQUIRED = (
+    "KUBECONFIG",
+    "EXTENDER_URL",
+    "EXTENDER_CA",
+    "EXTENDER_CLIENT_CERT",
+    "EXTENDER_CLIENT_KEY",
+    "PROMETHEUS_URL",
+)
 FLAVOURS = {"m1.medium": ("2", "4Gi"), "m1.large": ("4", "8Gi"), "m1.xlarge": ("8", "16Gi")}
 
 Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -217,7 +224,7 @@ class Run:
         def bound() -> dict[str, str] | None:
             pods = self.pods()
             got = {n: pods[n]["spec"].get("nodeName") for n in names if n in pods}
-            return got if len(got) == len(names) and all(got.values()) else None  # type: ignore[return-value]
+            return got if len(got) == len(names) and all(got.values()) else None
 
         result: dict[str, str] = self.kube.wait(bound, f"pods {names} bound", timeout=timeout)
         return result

@@ -29,9 +29,7 @@ def test_qos_pod_is_filtered_scored_and_bound_by_the_extender(run: Run) -> None:
     for verb in VERBS:  # two feasible nodes: prioritize is called too (it is skipped for a single node)
         assert after[verb] >= before[verb] + 1, (verb, before, after)
     bind_events = [
-        e
-        for e in run.kube.events(run.ns)
-        if e["involvedObject"].get("name") == "qos-1" and e["reason"] == "Scheduled"
+        e for e in run.kube.events(run.ns) if e["involvedObject"].get("name") == "qos-1" and e["reason"] == "Scheduled"
     ]
     assert bind_events and "qos-scheduler" in (
         bind_events[0].get("reportingComponent") or bind_events[0].get("source", {}).get("component", "")

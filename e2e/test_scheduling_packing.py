@@ -27,7 +27,9 @@ def _settle(run: Run, *names: str) -> None:
 def test_services_land_by_best_fit_decreasing(run: Run) -> None:
     a, b, c = run.node("svc-a", "service"), run.node("svc-b", "service"), run.node("svc-c", "service")
     run.wait_nodes_ready()
-    run.create(run.pod("fill-a", "3", "6Gi", qos=False, node_name=a), run.pod("fill-c", "2", "4Gi", qos=False, node_name=c))
+    run.create(
+        run.pod("fill-a", "3", "6Gi", qos=False, node_name=a), run.pod("fill-c", "2", "4Gi", qos=False, node_name=c)
+    )
     _settle(run, "fill-a", "fill-c")
     # BFD: the feasible node left with the least memory (then cpu). LeastAllocated would pick svc-b each time.
     expected = [("s1", a), ("s2", c), ("s3", c)]
@@ -75,9 +77,7 @@ def test_burst_of_200_pods_never_overcommits(run: Run) -> None:
         for p in run.pods().values():
             if p["spec"].get("nodeName"):
                 bound[p["spec"]["nodeName"]].append(p["metadata"]["name"])
-            elif any(
-                c["type"] == "PodScheduled" and c["status"] == "False" for c in p["status"].get("conditions", [])
-            ):
+            elif any(c["type"] == "PodScheduled" and c["status"] == "False" for c in p["status"].get("conditions", [])):
                 unschedulable += 1
         return bound if sum(map(len, bound.values())) + unschedulable == 200 and len(bound) == 4 else None
 
