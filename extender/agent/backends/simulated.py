@@ -23,6 +23,7 @@ from extender.core.model import ANNOTATION_PREFIX
 
 __all__ = [
     "PROGRESS_ANNOTATION",
+    "STOPPED_ANNOTATION",
     "InMemoryProgressStore",
     "KubeAnnotationProgressStore",
     "ProgressStore",
