@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Run the tests marked `live` (tests/ and e2e/) against a real control plane.
-# With KUBECONFIG set, that cluster is used as it is; otherwise hack/local-up.sh brings one up on 127.0.0.1
-# under $QOS_STATE (default /tmp/qos-ci) and hack/local-down.sh removes it afterwards (logs kept on failure).
+# With KUBECONFIG set, that cluster is used as it is (it must run the extender: e2e needs EXTENDER_URL,
+# EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too); otherwise hack/local-up.sh brings the full
+# topology up on 127.0.0.1 (QOS_WITH_EXTENDER=1: the real extender, the marker managedResources, Prometheus
+# scraping it) under $QOS_STATE (default /tmp/qos-ci) and hack/local-down.sh removes it afterwards (logs kept
+# on failure). tests/test_webhook_live.py starts its own in-process extender beside it (own scheduler name).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
@@ -17,8 +20,14 @@ if [[ -z "${KUBECONFIG:-}" ]]; then
     fi
   }
   trap cleanup EXIT
-  out="$(hack/local-up.sh service:m1.medium=2 batch:m1.large=1)"
+  t0=${SECONDS}
+  out="$(QOS_WITH_EXTENDER=1 hack/local-up.sh service:m1.medium=2 batch:m1.large=1)"
+  echo "local-up with the extender: $((SECONDS - t0)) s" >&2
   while IFS= read -r line; do [[ "${line}" == *=* ]] && export "${line?}"; done <<< "${out}"
 fi
 echo "live tests against ${KUBECONFIG}" >&2
-"${PYTEST}" -m live tests e2e "$@"
+t1=${SECONDS}
+rc=0
+"${PYTEST}" -m live tests e2e "$@" || rc=$?
+echo "live tests: $((SECONDS - t1)) s (rc ${rc})" >&2
+exit "${rc}"
