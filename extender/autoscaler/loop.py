@@ -138,7 +138,7 @@ class AutoscalerLoop:
         self.lag_samples: list[float] = []
         self.last_batch_plan = -math.inf
         self.last_batch_pending: float | None = None
-        self.last_busy: dict[str, float] = {}
+        self.empty_since: dict[str, float] = {}
         self.deleting: dict[str, float] = {}
         self.underutil = reschedule.UnderutilState()
         self.attempts: dict[str, int] = {}
@@ -195,13 +195,13 @@ class AutoscalerLoop:
         for group in (NodeGroup.SERVICE, NodeGroup.BATCH):
             d.unschedulable[group] = len(by_group[group])
         # service group: every scan (sim: _htas_scale_up, first half)
-        services = self.ledger.uncovered(self._plannable(d, snap, by_group[NodeGroup.SERVICE]))
+        services = self._ledger(NodeGroup.SERVICE).uncovered(self._plannable(d, snap, by_group[NodeGroup.SERVICE]))
         d.uncovered[NodeGroup.SERVICE] = len(services)
         if services:
             plan = autoscale.plan_pods(services, self.flavours, self.s.weights)
             self._buy(d, snap, NodeGroup.SERVICE, plan, len(services), budget)
         # batch group: every cycle, sooner on a burst (sim: _htas_scale_up, second half)
-        batch = self.ledger.uncovered(self._plannable(d, snap, by_group[NodeGroup.BATCH]))
+        batch = self._ledger(NodeGroup.BATCH).uncovered(self._plannable(d, snap, by_group[NodeGroup.BATCH]))
         d.uncovered[NodeGroup.BATCH] = len(batch)
         batch_nodes = [v for v in views if v.group is NodeGroup.BATCH]
         d.lag_estimate = self.lag_estimate()
@@ -225,6 +225,13 @@ class AutoscalerLoop:
         self.attempts = {k: n for k, n in self.attempts.items() if k in live}
         return d
 
+    def _ledger(self, group: NodeGroup) -> autoscale.ProvisioningLedger:
+        """The ledger entries of one node group: a batch pod is never "covered" by room on a service node
+        being provisioned (node groups are enforced by the extender's filter), nor the reverse."""
+        return autoscale.ProvisioningLedger(
+            tuple(e for e in self.ledger.entries if self.groups.get(e.node_name) is group)
+        )
+
     def _arrivals(self, d: Decisions, present: Mapping[str, Node], now: float) -> None:
         for entry in self.ledger.entries:
             node = present.get(entry.node_name)
@@ -236,7 +243,6 @@ class AutoscalerLoop:
             del self.lag_samples[: -max(self.s.lag_window, 1)]
             self.ledger = self.ledger.arrived(entry.node_name)
             self.groups.pop(entry.node_name, None)
-            self.last_busy[entry.node_name] = now
             d.arrived.append((entry.node_name, lag))
 
     def _expire(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:
@@ -345,18 +351,19 @@ class AutoscalerLoop:
     def _scale_down(self, d: Decisions, snap: AutoscalerSnapshot, views: list[Node], now: float) -> None:
         names = {v.name for v in views}
         self.deleting = {n: t for n, t in self.deleting.items() if n in names}
-        self.last_busy = {n: t for n, t in self.last_busy.items() if n in names}
+        self.empty_since = {n: t for n, t in self.empty_since.items() if n in names}
         for v in views:
-            busy = any(not _is_daemon(p) for p in v.pods)
-            if busy or v.name not in self.last_busy:
-                self.last_busy[v.name] = now
+            if any(not _is_daemon(p) for p in v.pods):
+                self.empty_since.pop(v.name, None)
                 continue
+            # idle from the first scan that saw it empty: pods leave between scans, so this errs long
+            since = self.empty_since.setdefault(v.name, now)
             if v.name in self.deleting or (self.s.scale_down_provisioned_only and not self.owned(v)):
                 continue
-            if now - self.last_busy[v.name] >= self.s.idle_seconds and not self.s.dry_run:
+            if now - since >= self.s.idle_seconds and not self.s.dry_run:
                 self.deleting[v.name] = now
                 d.delete.append(v.name)
-                message = f"no pods for {now - self.last_busy[v.name]:.0f}s (idle period {self.s.idle_seconds:.0f}s)"
+                message = f"no pods for {now - since:.0f}s (idle period {self.s.idle_seconds:.0f}s)"
                 self._say(d, Notice("Node", "", v.name, "", "ScaleDownEmpty", message), key=str(now))
         # under-utilised batch nodes -> consolidation hand-off (sim: _htas_scale_down, second half)
         batch = [v for v in views if v.group is NodeGroup.BATCH and v.name not in self.deleting]
