@@ -380,17 +380,17 @@ class AutoscalerLoop:
         )
         if self.last_batch_pending is None:
             self.last_batch_pending = now
-        since = tuple(sorted(self.underutil.since.items()))
+        under = tuple(sorted(self.underutil.since.items()))
         if batch_pending:
             self.last_batch_pending = now
-            d.consolidation = Consolidation(now, (), (), since)
+            d.consolidation = Consolidation(now, (), (), under)
             return
         if now - self.last_batch_pending < self.s.batch_queue_quiet_seconds:
-            d.consolidation = Consolidation(now, (), (), since)
+            d.consolidation = Consolidation(now, (), (), under)
             return
         cands = reschedule.sustained_underutilized(self.underutil, now, self.s.underutil_sustain_seconds)
         plans = reschedule.consolidation_plans(batch, cands, now, self.s.batch_cycle_seconds) if cands else []
-        d.consolidation = Consolidation(now, tuple(cands), tuple(plans), since)
+        d.consolidation = Consolidation(now, tuple(cands), tuple(plans), under)
         by_name = {v.name: v for v in batch}
         for name in cands:
             started = self.underutil.since[name]
