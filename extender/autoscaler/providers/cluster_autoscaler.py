@@ -222,16 +222,22 @@ class ExpanderServer:
                 continue
             templates[group_id] = (node, _price(raw["metadata"]["annotations"], raw["metadata"]["labels"]))
         views = []
+        # CA repeats the same pending pods in every option: convert each pod once per request
+        converted: dict[tuple[str, str, str], Pod | None] = {}
         for option in request.options:
             pods: list[Pod] = []
             for msg in option.pod:
-                try:
-                    pod, _ = pod_from_k8s(
-                        pod_to_dict(msg), cfg.pod_defaults, cfg.policy.classes, cfg.scheduling.managed_resources
-                    )
-                except InvalidInputError:
-                    continue
-                pods.append(pod)
+                ident = (msg.metadata.namespace, msg.metadata.name, msg.metadata.uid)
+                if ident not in converted or not msg.metadata.name:
+                    try:
+                        converted[ident], _ = pod_from_k8s(
+                            pod_to_dict(msg), cfg.pod_defaults, cfg.policy.classes, cfg.scheduling.managed_resources
+                        )
+                    except InvalidInputError:
+                        converted[ident] = None
+                pod = converted[ident]
+                if pod is not None:
+                    pods.append(pod)
             template = templates.get(option.nodeGroupId)
             views.append(
                 OptionView(
