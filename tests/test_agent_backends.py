@@ -3,6 +3,7 @@ archives, configuration and the CLI entry."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import tarfile
@@ -232,3 +233,77 @@ async def test_simulated_migration_carries_progress_and_rolls_back_with_an_event
 
 def test_progress_annotation_name() -> None:
     assert PROGRESS_ANNOTATION == "qos.kube-qos-extender.io/progress-seconds"
+
+
+# ------------------------------------------------------------------ criu command construction (fake binary)
+FAKE_CRIU = """#!/bin/sh
+# TEST DOUBLE for argv construction only: records its arguments, writes the success line criu would log.
+echo "$@" >> "$FAKE_CRIU_LOG"
+dir=""; prev=""
+for a in "$@"; do [ "$prev" = "-D" ] && dir="$a"; prev="$a"; done
+[ -n "$dir" ] && mkdir -p "$dir" && echo "(00.01) Dumping finished successfully" > "$dir/dump.log"
+exit 0
+"""
+
+
+async def test_criu_argv_with_and_without_dirty_tracking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The incremental pre-copy path cannot run on this kernel (no soft-dirty): check what it would run."""
+    import subprocess
+
+    from extender.agent.backends.criu import CriuBackend
+    from extender.agent.config import CriuConfig
+
+    fake = tmp_path / "fake-criu"
+    fake.write_text(FAKE_CRIU)
+    fake.chmod(0o755)
+    log = tmp_path / "argv.log"
+    monkeypatch.setenv("FAKE_CRIU_LOG", str(log))
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        ref = WorkloadRef(pid=sleeper.pid)
+        for dirty in (False, True):
+            backend = CriuBackend(str(fake), CriuConfig())
+            backend._features = {"dirty_tracking": dirty, "check_ok": True}
+            base = tmp_path / f"dirty-{dirty}"
+            pre = await backend.checkpoint(ref, base / "precopy", leave_running=True)
+            fin = await backend.checkpoint(ref, base / "final", leave_running=False, parent_dir=base / "precopy")
+            assert fin.meta["parent"] == ("precopy" if dirty else None)
+            assert pre.meta["pre_dump"] is dirty
+        lines = log.read_text().splitlines()
+        assert lines[0].startswith("dump -t") and "--leave-running" in lines[0] and "--track-mem" not in lines[0]
+        assert (
+            lines[1].startswith("dump -t") and "--leave-running" not in lines[1] and "--prev-images-dir" not in lines[1]
+        )
+        assert lines[2].startswith("pre-dump -t") and "--track-mem" in lines[2] and "--leave-running" not in lines[2]
+        assert lines[3].startswith("dump -t") and "--track-mem --prev-images-dir ../precopy" in lines[3]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+async def test_quiesce_waits_for_a_criu_left_running_on_the_state_dir(tmp_path: Path) -> None:
+    """A criu child survives its agent's SIGKILL; the restarted agent waits for it before reconciling."""
+    import os
+    import subprocess
+    import time
+
+    from extender.agent.backends.criu import CriuBackend
+    from extender.agent.config import CriuConfig
+
+    state = tmp_path / "state"
+    (state / "archives").mkdir(parents=True)
+    impostor = tmp_path / "criu"  # TEST DOUBLE: a process whose argv[0] is "criu", working on our state dir
+    os.symlink("/usr/bin/python3", impostor)
+    proc = subprocess.Popen([str(impostor), "-S", "-c", "import time; time.sleep(0.4)", str(state / "archives")])
+    try:
+        await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await CriuBackend("criu", CriuConfig()).quiesce(state, timeout=5)
+        assert time.monotonic() - t0 >= 0.2
+        assert proc.poll() is not None or proc.wait(1) == 0
+        t0 = time.monotonic()
+        await CriuBackend("criu", CriuConfig()).quiesce(state, timeout=5)
+        assert time.monotonic() - t0 < 0.2, "nothing to wait for"
+    finally:
+        proc.kill()
+        proc.wait()

@@ -53,6 +53,7 @@ __all__ = ["Agent", "make_app", "run_agent", "server_ssl_context"]
 
 log = logging.getLogger("extender.agent.server")
 _STAGING_TTL_SECONDS = 3600.0
+_RETENTION_SECONDS = 7 * 86400.0
 _DONE = (DestinationState.RESTORED, DestinationState.COMMITTED)
 
 
@@ -161,14 +162,22 @@ class Agent:
                     part.unlink(missing_ok=True)
                 self._dsave(rec, new)
 
-    def gc_staging(self) -> None:
-        """Drop staging of migrations nobody finished within the TTL (a source that died and never came back)."""
+    def gc(self) -> None:
+        """Drop staging of migrations nobody finished within the TTL (a source that died and never came back),
+        and journal records of finished migrations after the retention period."""
         now = time.time()
         for rec in self.journal.all("destination"):
-            if now - float(rec.get("updated", now)) > _STAGING_TTL_SECONDS:
+            age = now - float(rec.get("updated", now))
+            state = DestinationState(rec["state"])
+            if age > _RETENTION_SECONDS and state in (DestinationState.COMMITTED, DestinationState.ABORTED):
+                self.journal.delete("destination", rec["id"])
+            elif age > _STAGING_TTL_SECONDS and self._staging(rec["id"]).exists():
                 arc.remove_path(self._staging(rec["id"]))
-                if DestinationState(rec["state"]) not in _DONE:
+                if state not in _DONE:
                     self._dsave(rec, DestinationState.ABORTED)
+        for rec in self.journal.all("source"):
+            if rec.get("outcome") and now - float(rec.get("updated", now)) > _RETENTION_SECONDS:
+                self.journal.delete("source", rec["id"])
 
 
 def _pid_alive(pid: int, identity: str | None) -> bool:
@@ -523,8 +532,9 @@ async def run_agent(config: AgentConfig, started: asyncio.Event | None = None) -
         closers.append(api)
         events = KubeEventSink(api)
     agent = Agent(config, backend, events=events)
+    await backend.quiesce(Path(config.state_dir), config.criu.command_timeout_seconds)
     agent.reconcile_destination()
-    agent.gc_staging()
+    agent.gc()
     runner = web.AppRunner(make_app(agent), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, ssl_context=server_ssl_context(config))
@@ -556,9 +566,17 @@ async def run_agent(config: AgentConfig, started: asyncio.Event | None = None) -
     agent.ready = True
     if started is not None:
         started.set()
+
+    async def gc_loop() -> None:
+        while True:
+            await asyncio.sleep(600)
+            agent.gc()
+
+    gc_task = loop.create_task(gc_loop())
     try:
         await stop.wait()
     finally:
+        gc_task.cancel()
         await runner.cleanup()
         await agent.client.close()
         await backend.close()

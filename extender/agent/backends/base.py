@@ -115,4 +115,9 @@ class Backend(Protocol):
         """Source, after the destination confirmed: make sure the original is gone."""
         ...
 
+    async def quiesce(self, state_dir: Path, timeout: float) -> None:
+        """At startup: wait for operations a previous incarnation of this agent left running (a criu child
+        survives the agent's SIGKILL) to finish, so reconciliation sees their final effect."""
+        ...
+
     async def close(self) -> None: ...

@@ -64,6 +64,19 @@ def _alive(st: ProcStat | None) -> bool:
     return st is not None and st.state not in ("Z", "X")
 
 
+def _pids() -> list[int]:
+    return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+
+
+def _is_criu_on(pid: int, needle: bytes) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    args = cmd.split(b"\0")
+    return bool(args) and os.path.basename(args[0]) == b"criu" and any(needle in a for a in args)
+
+
 def process_age_seconds(st: ProcStat) -> float:
     try:
         uptime = float(Path("/proc/uptime").read_text().split()[0])
@@ -304,6 +317,19 @@ class CriuBackend:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(ref.pid, signal.SIGKILL)
             await self.wait_pid_free(ref.pid, self.config.pid_free_timeout_seconds)
+
+    async def quiesce(self, state_dir: Path, timeout: float) -> None:
+        needle = str(state_dir.resolve()).encode()
+        deadline = time.monotonic() + timeout
+        while True:
+            busy = [pid for pid in _pids() if _is_criu_on(pid, needle)]
+            if not busy:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("criu still running on our state dir after the timeout", extra={"decision": busy})
+                return
+            log.info("waiting for a criu left running by a previous agent", extra={"decision": busy})
+            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         return None

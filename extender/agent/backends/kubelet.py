@@ -209,5 +209,8 @@ class KubeletBackend:
     async def stop(self, ref: WorkloadRef, meta: dict[str, Any]) -> None:
         return None  # the controller deletes the source pod
 
+    async def quiesce(self, state_dir: Path, timeout: float) -> None:
+        return None
+
     async def close(self) -> None:
         return None

@@ -175,5 +175,8 @@ class SimulatedBackend:
             except WorkloadNotFoundError:
                 return
 
+    async def quiesce(self, state_dir: Path, timeout: float) -> None:
+        return None
+
     async def close(self) -> None:
         return None
