@@ -307,3 +307,10 @@ async def test_quiesce_waits_for_a_criu_left_running_on_the_state_dir(tmp_path: 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_agent_command_refuses_to_start_without_mtls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from extender.cli import main
+
+    assert main(["agent", "--state-dir", str(tmp_path), "--backend", "simulated"]) == 2
+    assert "mTLS" in capsys.readouterr().err
