@@ -165,7 +165,8 @@ class Simulator:
         self.nodes: dict[str, SimNode] = {}
         self.retired: list[SimNode] = []
         self.provisioning: dict[str, SimNode] = {}
-        self.ledger = autoscale.ProvisioningLedger()
+        # One provisioning ledger per node group: a batch pod is never 'covered' by a booting service node.
+        self.ledgers = {g: autoscale.ProvisioningLedger() for g in NodeGroup}
         self.c = Counters()
         self.autoscaled = not workload.hosts
         self.qpol = qos.QosPolicy(
@@ -533,7 +534,7 @@ class Simulator:
         ready = self.now + self._lag()
         node = SimNode(name, flavour.capacity, group, flavour.name, flavour.price_per_hour, self.now, ready)
         self.provisioning[name] = node
-        self.ledger = self.ledger.add(autoscale.Provisioning(name, flavour, self.now, tuple(pods)))
+        self.ledgers[group] = self.ledgers[group].add(autoscale.Provisioning(name, flavour, self.now, tuple(pods)))
         self.c.nodes_added += 1
         self.last_scale_up = self.now
         self.push(ready, "node_ready", name)
@@ -543,7 +544,7 @@ class Simulator:
         node = self.provisioning.pop(str(name))
         node.last_busy = self.now
         self.nodes[node.name] = node
-        self.ledger = self.ledger.arrived(node.name)
+        self.ledgers[node.group] = self.ledgers[node.group].arrived(node.name)
         self.request_schedule()
 
     def _unschedulable(self, group: NodeGroup | None) -> list[Pod]:
@@ -570,7 +571,7 @@ class Simulator:
         """cluster-autoscaler: one homogeneous group; binpacking estimator adds all needed nodes at once;
         pods that fit on upcoming nodes are not counted again (CA simulates upcoming nodes)."""
         flavour = self.w.flavour(self.cfg.ca_flavour)
-        pods = self.ledger.uncovered(self._unschedulable(None))
+        pods = self.ledgers[NodeGroup.SERVICE].uncovered(self._unschedulable(None))
         if not pods:
             return
         plan = autoscale.plan_pods(pods, [flavour], self.cfg.weights)
@@ -580,12 +581,12 @@ class Simulator:
     def _htas_scale_up(self) -> None:
         """HTAS: service group every scan with the pod-packing greedy plan; batch group every autoscaling
         cycle (sooner on a burst) with the 0-bin deduction (paper 000 Alg. 3-4, 003 Alg. 7 ledger)."""
-        services = self.ledger.uncovered(self._unschedulable(NodeGroup.SERVICE))
+        services = self.ledgers[NodeGroup.SERVICE].uncovered(self._unschedulable(NodeGroup.SERVICE))
         if services:
             plan = autoscale.plan_pods(services, self.w.flavours, self.cfg.weights)
             for f, keys in plan.nodes:
                 self._provision(f, NodeGroup.SERVICE, keys)
-        batch = self.ledger.uncovered(self._unschedulable(NodeGroup.BATCH))
+        batch = self.ledgers[NodeGroup.BATCH].uncovered(self._unschedulable(NodeGroup.BATCH))
         if not batch:
             return
         due = self.now - self.last_batch_plan >= self.cfg.autoscale_cycle
