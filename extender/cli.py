@@ -39,11 +39,7 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo(_: argparse.Namespace) -> int:
-    print(
-        "make demo: the local real control plane (hack/local-up.sh) is not wired into the demo yet;\n"
-        "meanwhile the demo replays the built-in workloads through the same policy core.\n"
-    )
+def _demo_simulate() -> None:
     for workload, policies in (
         ("qos-validation1", ["qos-driven", "qos-paper", "priority"]),
         ("htas-cycle", ["htas", "k8s"]),
@@ -53,7 +49,31 @@ def _demo(_: argparse.Namespace) -> int:
         )
         _simulate(ns)
         print()
-    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """make demo: the real local control plane + extender, a sample workload and its report, then the
+    simulator's comparison of the same policy core on the paper workloads; tears the cluster down."""
+    from extender.demo import ClusterDemo, cluster_env, repo_root
+
+    rc = 0
+    if not args.simulate_only:
+        root = repo_root()
+        demo = ClusterDemo(cluster_env())
+        try:
+            values = demo.up(root)
+            rc = demo.run(values)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            print(f"qos-extender demo: {exc}", file=sys.stderr)
+            rc = 1
+        finally:
+            if args.keep:
+                print(f"kept the cluster: set -a; . {demo.env['QOS_STATE']}/env; set +a  (hack/local-down.sh to stop)")
+            else:
+                demo.down(root)
+    print("\n== simulator: the same policy core on the paper workloads (qos-validation1, htas-cycle)\n")
+    _demo_simulate()
+    return rc
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -126,7 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_autoscaler_arguments(scaler)
     scaler.set_defaults(func=_autoscaler)
 
-    demo = sub.add_parser("demo", help="the README's first command")
+    demo = sub.add_parser(
+        "demo", help="the README's first command: local cluster + extender, sample workload, report, simulator"
+    )
+    demo.add_argument("--keep", action="store_true", help="leave the demo cluster running")
+    demo.add_argument("--simulate-only", action="store_true", help="skip the cluster part (no binaries needed)")
     demo.set_defaults(func=_demo)
     return parser
 

@@ -12,7 +12,7 @@ import base64
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -131,7 +131,7 @@ class Kube:
     def create_pod(self, namespace: str, pod: Mapping[str, Any]) -> Any:
         return self.create(f"/api/v1/namespaces/{namespace}/pods", pod)
 
-    def create_pods(self, namespace: str, pods: list[Mapping[str, Any]], parallel: int = 16) -> list[Any]:
+    def create_pods(self, namespace: str, pods: Sequence[Mapping[str, Any]], parallel: int = 16) -> list[Any]:
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             return list(pool.map(lambda p: self.create_pod(namespace, p), pods))
 
