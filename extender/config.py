@@ -33,6 +33,7 @@ __all__ = [
     "MARKER_RESOURCE",
     "BindConfig",
     "ConfigError",
+    "ControllerConfig",
     "ExtenderConfig",
     "KubernetesConfig",
     "NodeGroupsConfig",
@@ -128,6 +129,28 @@ class NodeGroupsConfig:
     flavour_label: str = "node.kubernetes.io/instance-type"
 
 
+PERSISTENCE_MODES = ("annotation", "memory")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """The QoS controller inside `qos-extender serve` (issue 6): ordering by Q through scheduling gates and
+    same-priority QoS preemption through the Eviction API. Durations are in workload seconds: the controller
+    multiplies measured wall-clock durations by ``time_compression`` before the policy sees them, and divides
+    its own periods (watchdog, gate bound) by it, so a compressed replay takes the same decisions as a real one.
+    """
+
+    enabled: bool = False
+    watchdog_seconds: float = 10.0
+    gate_name: str = "qos.kube-qos-extender.io/ordering"
+    scheduler_name: str = "qos-scheduler"
+    max_gate_seconds: float = 3600.0
+    time_compression: float = 1.0
+    persistence: str = "annotation"
+    persist_interval_seconds: float = 60.0
+    pin_node: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class ExtenderConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -143,6 +166,7 @@ class ExtenderConfig:
     )
     flavours: tuple[Flavour, ...] = ()
     log_level: str = "INFO"
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
 
 
 # ---------------------------------------------------------------------------------------------- checkers
@@ -472,6 +496,43 @@ def _parse_flavours(raw: object) -> tuple[Flavour, ...]:
     return tuple(out)
 
 
+def _parse_controller(raw: object) -> ControllerConfig:
+    path = "controller"
+    c = _section(
+        raw,
+        path,
+        {
+            "enabled",
+            "watchdog_seconds",
+            "gate_name",
+            "scheduler_name",
+            "max_gate_seconds",
+            "time_compression",
+            "persistence",
+            "persist_interval_seconds",
+            "pin_node",
+        },
+    )
+    gate = _req_str(c, "gate_name", path, "qos.kube-qos-extender.io/ordering")
+    if "/" not in gate:
+        raise _fail(f"{path}.gate_name", f"{gate!r} must be a qualified name (domain/name) owned by this controller")
+    watchdog = _number(c, "watchdog_seconds", path, 10.0, minimum=0, exclusive_min=True)
+    max_gate = _number(c, "max_gate_seconds", path, 3600.0, minimum=0, exclusive_min=True)
+    if max_gate < watchdog:
+        raise _fail(f"{path}.max_gate_seconds", f"must be >= watchdog_seconds ({watchdog})")
+    return ControllerConfig(
+        enabled=_bool(c, "enabled", path, False),
+        watchdog_seconds=watchdog,
+        gate_name=gate,
+        scheduler_name=_req_str(c, "scheduler_name", path, "qos-scheduler"),
+        max_gate_seconds=max_gate,
+        time_compression=_number(c, "time_compression", path, 1.0, minimum=0, exclusive_min=True, maximum=1000.0),
+        persistence=_req_str(c, "persistence", path, "annotation", choices=PERSISTENCE_MODES),
+        persist_interval_seconds=_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),
+        pin_node=_bool(c, "pin_node", path, True),
+    )
+
+
 TOP_LEVEL = {
     "server",
     "kubernetes",
@@ -483,6 +544,7 @@ TOP_LEVEL = {
     "classes",
     "flavours",
     "logging",
+    "controller",
 }
 
 
@@ -506,6 +568,7 @@ def parse_config(raw: object, base: Path | None = None) -> ExtenderConfig:
         policy=policy,
         flavours=_parse_flavours(top.get("flavours")),
         log_level=_req_str(logging_section, "level", "logging", "INFO", choices=LOG_LEVELS),
+        controller=_parse_controller(top.get("controller")),
     )
 
 

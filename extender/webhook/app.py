@@ -23,6 +23,7 @@ from extender.config import ExtenderConfig, TlsConfig
 from extender.core.model import InvalidInputError
 from extender.kube.snapshot import Snapshot
 from extender.webhook import verbs
+from extender.webhook.admission import add_admission_route
 from extender.webhook.metrics import Metrics
 
 __all__ = ["CONFIG_KEY", "EventSink", "make_app", "make_ssl_context", "start_server"]
@@ -208,6 +209,7 @@ def make_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_route)
+    add_admission_route(app, config)  # POST /admission/mutate (issue 6): gates qos pods when the controller runs
     return app
 
 

@@ -13,6 +13,10 @@ from typing import Any
 from aiohttp import web
 
 from extender.config import ConfigError, ExtenderConfig
+from extender.controller.accounting import ACCOUNT_ANNOTATION
+from extender.controller.loop import ControllerEvents, QosController
+from extender.controller.metrics import ControllerMetrics
+from extender.controller.state import TrackingSnapshot
 from extender.kube.binder import KubeBinder
 from extender.kube.client import new_api_client
 from extender.kube.events import KubeEventSink
@@ -39,6 +43,7 @@ class Running:
     reflectors: list[Reflector]
     events: KubeEventSink | None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    controller: QosController | None = None
 
     @property
     def url(self) -> str:
@@ -63,7 +68,8 @@ async def start(config: ExtenderConfig) -> Running:
         raise ConfigError(
             f"cannot load Kubernetes credentials (kubernetes.kubeconfig, $KUBECONFIG, in-cluster): {exc}"
         ) from exc
-    snapshot = Snapshot(config)
+    # With the QoS controller the snapshot also tracks qos pods' gates and phases: one list+watch serves both.
+    snapshot = TrackingSnapshot(config, ACCOUNT_ANNOTATION) if config.controller.enabled else Snapshot(config)
     metrics = Metrics()
     events = KubeEventSink(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
     on_problems = events.report if events is not None else None
@@ -81,11 +87,20 @@ async def start(config: ExtenderConfig) -> Running:
     tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
     if events is not None:
         tasks.append(asyncio.create_task(events.run(), name="events"))
+    controller = None
+    if isinstance(snapshot, TrackingSnapshot):
+        ctl_events = (
+            ControllerEvents(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
+        )
+        controller = QosController(api_client, snapshot, config, ControllerMetrics(metrics.registry), ctl_events)
+        tasks.append(asyncio.create_task(controller.run(), name="qos-controller"))
+        if ctl_events is not None:
+            tasks.append(asyncio.create_task(ctl_events.run(), name="controller-events"))
     log.info(
         "serving",
         extra={"decision": {"host": config.server.host, "port": port, "tls": config.server.tls.enabled}},
     )
-    return Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks)
+    return Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks, controller)
 
 
 async def serve(config: ExtenderConfig) -> None:

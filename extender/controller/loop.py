@@ -1,0 +1,447 @@
+"""The QoS controller's async shell: observe -> persist -> decide -> apply, on every event and every watchdog.
+
+Runs inside `qos-extender serve` next to the verbs and shares their snapshot (``TrackingSnapshot``). Each pass:
+1. advances every request's account from its pods (``observe``) and queues a write of each changed account
+   to its owner's annotation (persistence survives restarts and leader changes);
+2. builds the World (nodes with pods bound, released-and-pinned pods on their node, victims being evicted
+   removed) and calls the pure ``decide``;
+3. applies the effects: for a release that needs victims, evict them all through the Eviction API
+   (PodDisruptionBudgets honoured: a 429 holds the release back), then remove the gate and pin the pod with
+   one JSON Patch; a gate held past ``max_gate_seconds`` is released unpinned with a Warning Event.
+Every decision leaves Events with the Q values that justified it on the pods involved.
+
+In-flight bookkeeping (until the watch shows the outcome) keeps two passes from acting twice on one pod:
+``_released`` (patched, watch still shows the gate) and ``_evicting`` (evicted, watch still shows the pod).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client as k8s
+
+from extender.config import ExtenderConfig
+from extender.controller.accounting import ACCOUNT_ANNOTATION, Account, decode_account, encode_account
+from extender.controller.decide import Decision, Evict, GatedPod, Release, Settings, World, decide
+from extender.controller.metrics import ControllerMetrics, RequestSample
+from extender.controller.observe import observe
+from extender.controller.patches import release_patch
+from extender.controller.state import TrackingSnapshot
+from extender.core.model import InvalidInputError, Node, Pod
+from extender.core.qos import availability
+from extender.kube.client import ApiError, read_json
+from extender.kube.convert import PodProblems, parse_timestamp
+from extender.kube.events import KubeEventSink
+
+__all__ = ["ControllerEvents", "QosController"]
+
+log = logging.getLogger("extender.controller")
+
+_IN_FLIGHT_SECONDS = 30.0  # how long a patch/eviction is assumed pending before the watch must show it
+_DEBOUNCE_SECONDS = 0.05  # coalesce a burst of watch events into one pass
+_CONCURRENCY = 16
+
+
+class ControllerEvents(KubeEventSink):
+    """The extender's Event sink (queue + one poster task) with free reason, type and message."""
+
+    def emit(self, pod_key: str, uid: str, reason: str, message: str, type_: str = "Normal") -> None:
+        namespace, name = pod_key.split("/", 1)
+        event = self._event(PodProblems(namespace, name, uid, ()), message)
+        event["reason"] = reason
+        event["type"] = type_
+        try:
+            self._queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    kind: str | None  # None: a bare pod (the request is the pod)
+    namespace: str
+    name: str
+
+
+def _owner(request: str) -> _Owner:
+    parts = request.split("/")
+    if len(parts) == 3:
+        return _Owner(parts[1], parts[0], parts[2])
+    return _Owner(None, parts[0], parts[1])
+
+
+class QosController:
+    def __init__(
+        self,
+        api_client: Any,
+        snapshot: TrackingSnapshot,
+        config: ExtenderConfig,
+        metrics: ControllerMetrics,
+        events: ControllerEvents | None = None,
+        clock: Callable[[], float] = time.time,
+        seed: int | None = None,
+    ) -> None:
+        self.cfg = config.controller
+        self.policy = config.policy
+        self.snapshot = snapshot
+        self.metrics = metrics
+        self.events = events
+        self.clock = clock
+        c = self.cfg.time_compression
+        self.settings = Settings(compression=c, max_gate_seconds=self.cfg.max_gate_seconds / c, pin=self.cfg.pin_node)
+        self.watchdog = self.cfg.watchdog_seconds / c
+        self.absent_grace = max(60.0, 30.0 * self.watchdog)
+        self.persist = self.cfg.persistence == "annotation"
+        self.timeout = config.kubernetes.request_timeout_seconds
+        self.rng = random.Random(seed)
+        self.core = k8s.CoreV1Api(api_client)
+        self.apps = k8s.AppsV1Api(api_client)
+        self.batch = k8s.BatchV1Api(api_client)
+        self.accounts: dict[str, Account] = {}
+        self.owner_created: dict[str, float] = {}
+        self._written: dict[str, float] = {}
+        self._dirty: set[str] = set()
+        self._evicting: dict[str, float] = {}
+        self._released: dict[str, tuple[str | None, float]] = {}
+        self._wake = asyncio.Event()
+        self._sem = asyncio.Semaphore(_CONCURRENCY)
+        self._writer_wake = asyncio.Event()
+        self._write_sem = asyncio.Semaphore(8)
+        self.passes = 0
+        self.last_decision: Decision | None = None
+        snapshot.on_change = self._wake.set
+
+    # ------------------------------------------------------------------------------------------ start
+
+    async def _list(self, fn: Callable[..., Any]) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cont: str | None = None
+        while True:
+            kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout, "limit": 500}
+            if cont:
+                kw["_continue"] = cont
+            page = await read_json(await fn(**kw))
+            items.extend(page.get("items") or [])
+            cont = (page.get("metadata") or {}).get("continue") or None
+            if not cont:
+                return items
+
+    async def load(self) -> None:
+        """Rebuild the accounts from the owners' annotations (and bare pods' own) before the first pass."""
+        if not self.persist:
+            return
+        sources = (
+            ("ReplicaSet", self.apps.list_replica_set_for_all_namespaces),
+            ("StatefulSet", self.apps.list_stateful_set_for_all_namespaces),
+            ("Job", self.batch.list_job_for_all_namespaces),
+        )
+        for kind, fn in sources:
+            try:
+                items = await self._list(fn)
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning(f"cannot list {kind}s to rebuild accounts", extra={"error": str(exc)})
+                self.metrics.accounts_loaded.labels("error").inc()
+                continue
+            for item in items:
+                meta = item.get("metadata") or {}
+                request = f"{meta.get('namespace', 'default')}/{kind}/{meta.get('name')}"
+                created = parse_timestamp(meta.get("creationTimestamp"))
+                if created is not None:
+                    self.owner_created[request] = created
+                self._load_one(request, (meta.get("annotations") or {}).get(ACCOUNT_ANNOTATION))
+        for info in self.snapshot.qos_pods.values():
+            if info.request == info.key:
+                self._load_one(info.request, info.account_text)
+        log.info("accounts rebuilt", extra={"decision": {"accounts": len(self.accounts)}})
+
+    def _load_one(self, request: str, text: object) -> None:
+        if not isinstance(text, str):
+            return
+        try:
+            acc = decode_account(text)
+        except InvalidInputError as exc:
+            log.warning("malformed account annotation ignored", extra={"pod": request, "error": str(exc)})
+            self.metrics.accounts_loaded.labels("malformed").inc()
+            return
+        self.accounts[request] = acc
+        self._written[request] = acc.since
+        self.metrics.accounts_loaded.labels("ok").inc()
+
+    async def run(self) -> None:
+        """Wait for the snapshot, rebuild accounts, then pass on every event and at least every watchdog."""
+        while not self.snapshot.ready:
+            await asyncio.sleep(0.05)
+        await self.load()
+        writer = asyncio.create_task(self._writer(), name="controller-writer")
+        rebuild = True
+        try:
+            while True:
+                try:
+                    await self.reconcile(rebuild=rebuild)
+                    rebuild = False
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("controller pass failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.watchdog)
+                await asyncio.sleep(_DEBOUNCE_SECONDS)
+                self._wake.clear()
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    # ------------------------------------------------------------------------------------------- pass
+
+    def world(self, now: float) -> World:
+        """The decision input from the snapshot and the in-flight bookkeeping."""
+        snap = self.snapshot
+        qos = snap.qos_pods
+        self._evicting = {k: t for k, t in self._evicting.items() if t > now and k in snap.pods}
+        self._released = {k: v for k, v in self._released.items() if v[1] > now and k in qos and qos[k].gated}
+        gone = set(self._evicting) | {k for k, i in qos.items() if i.deleting}
+        extra: dict[str, list[Pod]] = {}
+        for key, info in qos.items():
+            if info.node_name or info.deleting or key not in snap.pods:
+                continue
+            node = self._released[key][0] if key in self._released else (None if info.gated else info.pinned_node)
+            if node is not None:
+                extra.setdefault(node, []).append(snap.pods[key].pod)
+        nodes: list[Node] = []
+        for name in snap.nodes:
+            view = snap.node_view(name)
+            if view is None:
+                continue
+            if gone & {p.key for p in view.pods}:
+                view = view.without_pods(gone)
+            for pod in extra.get(name, []):
+                view = view.with_pod(pod)
+            nodes.append(view)
+        running = {
+            key: info.request for key, info in qos.items() if info.node_name and key not in gone and key in snap.pods
+        }
+        gated = [
+            GatedPod(
+                snap.pods[key].pod, info.request, now if info.created is None else info.created, info.node_selector
+            )
+            for key, info in qos.items()
+            if info.gated and not info.deleting and key not in self._released and key in snap.pods
+        ]
+        return World(nodes, running, gated, self.accounts, now)
+
+    async def reconcile(self, rebuild: bool = False) -> Decision:
+        started = time.perf_counter()
+        now = self.clock()
+        snap = self.snapshot
+        class_of = {k: snap.pods[k].pod.class_name for k in snap.qos_pods if k in snap.pods}
+        obs = observe(
+            self.accounts,
+            snap.qos_pods.values(),
+            class_of,
+            now,
+            rebuild=rebuild,
+            absent_grace=self.absent_grace,
+            admitted_at=self.owner_created,
+        )
+        self.accounts = obs.accounts
+        for request in obs.finished:
+            self._written.pop(request, None)
+        self._dirty |= obs.changed
+        for request in self.accounts:
+            if now - self._written.get(request, 0.0) > self.cfg.persist_interval_seconds:
+                self._dirty.add(request)
+        if self._dirty:
+            self._writer_wake.set()
+        decision = decide(self.world(now), self.policy, self.settings, self.rng)
+        self.last_decision = decision
+        self.passes += 1
+        self.metrics.passes.inc()
+        self.metrics.pass_duration.observe(time.perf_counter() - started)
+        self._sample(decision, now)
+        by_pod: dict[str, list[Evict]] = {}
+        for ev in decision.evictions:
+            by_pod.setdefault(ev.for_pod, []).append(ev)
+        await asyncio.gather(*(self._apply(rel, by_pod.get(rel.pod, []), now) for rel in decision.releases))
+        return decision
+
+    def _sample(self, decision: Decision, now: float) -> None:
+        samples = []
+        for request, acc in self.accounts.items():
+            cls = self.policy.classes.get(acc.class_name)
+            if cls is None:
+                continue
+            e, p = acc.ep(now)
+            samples.append(
+                RequestSample(
+                    acc.class_name, acc.state.value, availability(e, p), decision.q_of_request.get(request), cls.slo
+                )
+            )
+        self.metrics.set_samples(samples)
+
+    # ------------------------------------------------------------------------------------------ apply
+
+    async def _apply(self, rel: Release, victims: list[Evict], now: float) -> None:
+        async with self._sem:
+            if victims:
+                results = await asyncio.gather(*(self._evict(v) for v in victims))
+                if not all(results):
+                    return  # held back: pinning it now would leave it unschedulable; next pass decides again
+            await self._release(rel, bool(victims), now)
+
+    async def _evict(self, ev: Evict) -> bool:
+        namespace, name = ev.victim.split("/", 1)
+        body: Any = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": ev.victim_uid}} if ev.victim_uid else {},
+        }
+        try:
+            response = await self.core.create_namespaced_pod_eviction(
+                name, namespace, body, _preload_content=False, _request_timeout=self.timeout
+            )
+            await read_json(response)
+        except ApiError as exc:
+            if exc.status == 404:
+                return True  # already gone: its space is free
+            reason = "pdb" if exc.status == 429 else "error"
+            self.metrics.eviction_failures.labels(reason).inc()
+            self._event(
+                ev.for_pod,
+                "",
+                "QoSPreemptionBlocked",
+                f"could not evict {ev.victim} on {ev.node} ({exc}); Q_pending={ev.q_pending:.1f}s waits",
+                "Warning",
+            )
+            return False
+        except (OSError, TimeoutError) as exc:
+            self.metrics.eviction_failures.labels("error").inc()
+            log.warning("eviction failed", extra={"pod": ev.victim, "error": str(exc)})
+            return False
+        self._evicting[ev.victim] = self.clock() + _IN_FLIGHT_SECONDS
+        acc = self.accounts.get(ev.victim_request)
+        if acc is not None:
+            self.accounts[ev.victim_request] = acc.preempted()
+            self._dirty.add(ev.victim_request)
+            self._writer_wake.set()
+        self.metrics.preemptions.labels(ev.reason).inc()
+        rule = {"qos": "base rule", "importance": "relaxation (i)", "peer": "relaxation (ii)"}[ev.reason]
+        self._event(
+            ev.victim,
+            ev.victim_uid,
+            "QoSPreempted",
+            f"evicted for {ev.for_pod} on {ev.node}: Q_victim={ev.q_victim:.1f}s, Q_pending={ev.q_pending:.1f}s "
+            f"({rule} of paper 002 §3.3.1)",
+        )
+        self._event(
+            ev.for_pod,
+            "",
+            "QoSPreemption",
+            f"evicted {ev.victim} (Q={ev.q_victim:.1f}s) on {ev.node} to make room; own Q={ev.q_pending:.1f}s ({rule})",
+        )
+        return True
+
+    async def _release(self, rel: Release, preempted: bool, now: float) -> None:
+        info = self.snapshot.qos_pods.get(rel.pod)
+        if info is None:
+            return
+        ops = release_patch(info.spec, self.cfg.gate_name, rel.node)
+        if not ops:
+            return
+        namespace, name = rel.pod.split("/", 1)
+        try:
+            response = await self.core.patch_namespaced_pod(
+                name, namespace, ops, _preload_content=False, _request_timeout=self.timeout
+            )
+            await read_json(response)
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("gate release failed", extra={"pod": rel.pod, "error": str(exc)})
+            return
+        self._released[rel.pod] = (rel.node, self.clock() + _IN_FLIGHT_SECONDS)
+        acc = self.accounts.get(rel.request)
+        if acc is not None:
+            self.accounts[rel.request] = acc.released(now)
+        cls = self.snapshot.pods[rel.pod].pod.class_name if rel.pod in self.snapshot.pods else "unknown"
+        self.metrics.gate_wait.labels(cls).observe(rel.waited)
+        if rel.timeout:
+            self.metrics.gate_timeouts.inc()
+            self.metrics.releases.labels("timeout").inc()
+            self._event(
+                rel.pod,
+                rel.uid,
+                "QoSGateTimeout",
+                f"gate held {rel.waited:.1f}s > controller.max_gate_seconds: released unpinned (Q={rel.q:.1f}s)",
+                "Warning",
+            )
+            return
+        self.metrics.releases.labels("preemption" if preempted else "fits").inc()
+        where = f" pinned to {rel.node}" if rel.node else ""
+        self._event(
+            rel.pod,
+            rel.uid,
+            "QoSReleased",
+            f"gate released in increasing-Q order{where}: Q={rel.q:.1f}s after {rel.waited:.1f}s"
+            + (f"; preempted {', '.join(rel.victims)}" if rel.victims else ""),
+        )
+
+    def _event(self, pod: str, uid: str, reason: str, message: str, type_: str = "Normal") -> None:
+        if self.events is None:
+            return
+        if not uid and pod in self.snapshot.qos_pods:
+            uid = self.snapshot.qos_pods[pod].uid
+        self.events.emit(pod, uid, reason, message, type_)
+
+    # ----------------------------------------------------------------------------------- persistence
+
+    async def _writer(self) -> None:
+        """Write dirty accounts to their owners, a few at a time; a failed write stays dirty (retried)."""
+        while True:
+            await self._writer_wake.wait()
+            self._writer_wake.clear()
+            if not self.persist:
+                self._dirty.clear()
+                continue
+            batch, self._dirty = self._dirty, set()
+            await asyncio.gather(*(self._write_limited(r) for r in batch if r in self.accounts))
+
+    async def _write_limited(self, request: str) -> None:
+        async with self._write_sem:
+            await self._write(request)
+
+    async def _write(self, request: str) -> None:
+        acc = self.accounts[request]
+        owner = _owner(request)
+        body = {"metadata": {"annotations": {ACCOUNT_ANNOTATION: encode_account(acc)}}}
+        kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self.timeout}
+        fns: dict[str | None, Callable[..., Any]] = {
+            "ReplicaSet": self.apps.patch_namespaced_replica_set,
+            "StatefulSet": self.apps.patch_namespaced_stateful_set,
+            "Job": self.batch.patch_namespaced_job,
+            None: self.core.patch_namespaced_pod,
+        }
+        fn = fns.get(owner.kind)
+        if fn is None:
+            self.metrics.account_writes.labels("unsupported").inc()
+            self._written[request] = self.clock()  # kept in memory only; do not retry every pass
+            return
+        try:
+            await read_json(await fn(owner.name, owner.namespace, body, **kw))
+        except ApiError as exc:
+            self.metrics.account_writes.labels("error").inc()
+            if exc.status != 404:  # 404: the owner is gone, so is the request
+                self._dirty.add(request)
+            return
+        except (OSError, TimeoutError):
+            self.metrics.account_writes.labels("error").inc()
+            self._dirty.add(request)
+            return
+        self._written[request] = self.clock()
+        self.metrics.account_writes.labels("ok").inc()

@@ -1,0 +1,103 @@
+"""JSON Patches the controller and the admission webhook send (pure, unit-tested without a cluster).
+
+Both are RFC 6902 patches with a ``test`` guard where an index is involved, so a concurrent change to the pod
+makes the PATCH fail (422) instead of removing someone else's gate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["admission_patch", "escape", "pin_term", "release_patch"]
+
+Op = dict[str, Any]
+
+
+def escape(segment: str) -> str:
+    """RFC 6901 escaping of one path segment: resource and gate names contain '/'."""
+    return segment.replace("~", "~0").replace("/", "~1")
+
+
+def pin_term(node: str) -> dict[str, Any]:
+    """The node selector requirement that pins a pod to ``node``: matchFields on metadata.name, which (unlike
+    the kubernetes.io/hostname label) always equals the Node's name."""
+    return {"key": "metadata.name", "operator": "In", "values": [node]}
+
+
+def release_patch(spec: Mapping[str, Any], gate: str, node: str | None) -> list[Op]:
+    """Remove ``gate`` from spec.schedulingGates and, with ``node``, pin the pod there.
+
+    While a pod is gated its node affinity may only be tightened (mutable scheduling directives, KEP-3838):
+    absent affinity may be set; existing required terms may only gain requirements. So the pin is ADDED to
+    every existing term (a term is an OR branch: each must now also match the node), never replacing one.
+    Returns [] when the gate is not there (already released: nothing to do).
+    """
+    gates = spec.get("schedulingGates") or []
+    index = next((i for i, g in enumerate(gates) if isinstance(g, dict) and g.get("name") == gate), None)
+    if index is None:
+        return []
+    ops: list[Op] = [
+        {"op": "test", "path": f"/spec/schedulingGates/{index}/name", "value": gate},
+        {"op": "remove", "path": f"/spec/schedulingGates/{index}"},
+    ]
+    if node is None:
+        return ops
+    req = pin_term(node)
+    required = {"nodeSelectorTerms": [{"matchFields": [req]}]}
+    affinity = spec.get("affinity")
+    if not isinstance(affinity, dict):
+        ops.append({"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {_REQ: required}}})
+        return ops
+    node_aff = affinity.get("nodeAffinity")
+    if not isinstance(node_aff, dict):
+        ops.append({"op": "add", "path": "/spec/affinity/nodeAffinity", "value": {_REQ: required}})
+        return ops
+    existing = node_aff.get(_REQ)
+    terms = existing.get("nodeSelectorTerms") if isinstance(existing, dict) else None
+    if not isinstance(terms, list) or not terms:
+        ops.append({"op": "add", "path": f"/spec/affinity/nodeAffinity/{_REQ}", "value": required})
+        return ops
+    for i, term in enumerate(terms):
+        base = f"/spec/affinity/nodeAffinity/{_REQ}/nodeSelectorTerms/{i}/matchFields"
+        if isinstance(term, dict) and isinstance(term.get("matchFields"), list):
+            ops.append({"op": "add", "path": f"{base}/-", "value": req})
+        else:
+            ops.append({"op": "add", "path": base, "value": [req]})
+    return ops
+
+
+_REQ = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def admission_patch(pod: Mapping[str, Any], gate: str, marker: str | None) -> list[Op]:
+    """What the mutating webhook adds to a new qos pod: our scheduling gate (if absent) and, when a marker
+    resource is configured, ``marker: "1"`` in requests and limits of the first container (extended resources
+    need requests == limits) so kube-scheduler's global extender only sees qos pods (issue 5)."""
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        return []
+    ops: list[Op] = []
+    gates = spec.get("schedulingGates")
+    if not isinstance(gates, list) or not gates:
+        ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": gate}]})
+    elif not any(isinstance(g, dict) and g.get("name") == gate for g in gates):
+        ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": gate}})
+    containers = spec.get("containers")
+    if marker is None or not isinstance(containers, Sequence) or not containers:
+        return ops
+    first = containers[0]
+    if not isinstance(first, dict):
+        return ops
+    resources = first.get("resources")
+    base = "/spec/containers/0/resources"
+    if not isinstance(resources, dict):
+        ops.append({"op": "add", "path": base, "value": {"requests": {marker: "1"}, "limits": {marker: "1"}}})
+        return ops
+    for part in ("requests", "limits"):
+        current = resources.get(part)
+        if not isinstance(current, dict):
+            ops.append({"op": "add", "path": f"{base}/{part}", "value": {marker: "1"}})
+        elif marker not in current:
+            ops.append({"op": "add", "path": f"{base}/{part}/{escape(marker)}", "value": "1"})
+    return ops

@@ -1,0 +1,76 @@
+"""POST /admission/mutate: the mutating admission webhook that gates qos pods at creation (AdmissionReview v1).
+
+Scheduling gates can only be set when a pod is created, so ordering by Q needs this webhook: every pod with
+spec.schedulerName == controller.scheduler_name gets the gate ``controller.gate_name`` (and, when
+``scheduling.marker_resource`` is configured, that extended resource in requests and limits of its first
+container, so kube-scheduler's global extender only sees qos pods — issue 5). The controller later removes
+the gate in increasing Q.
+
+Never denies: a malformed review gets 400 (the API server then applies the failurePolicy), anything else is
+allowed, patched or not. With the controller disabled nothing is gated (a gate nobody releases would hold the
+pod forever). failurePolicy is Ignore in config/controller (the trade-off is documented there): an extender
+outage must not become a pod-creation outage; pods created meanwhile are scheduled ungated, still accounted.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from extender.config import ExtenderConfig
+from extender.controller.patches import admission_patch
+
+__all__ = ["ADMISSION_PATH", "add_admission_route", "review"]
+
+ADMISSION_PATH = "/admission/mutate"
+MARKER_RESOURCE_DEFAULT = "qos.kube-qos-extender.io/managed"
+
+
+def _marker(config: ExtenderConfig) -> str | None:
+    """scheduling.marker_resource when the config has it (issue 5), else the documented literal."""
+    marker: object = getattr(config.scheduling, "marker_resource", MARKER_RESOURCE_DEFAULT)
+    return marker if isinstance(marker, str) and marker else None
+
+
+def review(body: Mapping[str, Any], config: ExtenderConfig) -> dict[str, Any]:
+    """The AdmissionReview response for ``body``; raises ValueError on a body that is not a review."""
+    request = body.get("request") if isinstance(body, Mapping) else None
+    if not isinstance(request, Mapping) or not isinstance(request.get("uid"), str):
+        raise ValueError("not an AdmissionReview v1 with a request.uid")
+    response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+    pod = request.get("object")
+    kind = request.get("kind") or {}
+    ctl = config.controller
+    if (
+        ctl.enabled
+        and request.get("operation") == "CREATE"
+        and isinstance(kind, Mapping)
+        and kind.get("kind") == "Pod"
+        and not request.get("subResource")
+        and isinstance(pod, Mapping)
+        and isinstance(pod.get("spec"), Mapping)
+        and pod["spec"].get("schedulerName") == ctl.scheduler_name
+    ):
+        ops = admission_patch(pod, ctl.gate_name, _marker(config))
+        if ops:
+            response["patchType"] = "JSONPatch"
+            response["patch"] = base64.b64encode(orjson.dumps(ops)).decode()
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+
+
+def add_admission_route(app: web.Application, config: ExtenderConfig) -> None:
+    async def mutate(request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read())
+            answer = review(body, config)
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            return web.Response(
+                body=orjson.dumps({"Error": f"bad AdmissionReview: {exc}"}), status=400, content_type="application/json"
+            )
+        return web.Response(body=orjson.dumps(answer), content_type="application/json")
+
+    app.router.add_post(ADMISSION_PATH, mutate)
