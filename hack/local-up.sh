@@ -645,7 +645,8 @@ for spec in "${NODE_SPECS[@]}"; do
   done
 done
 if ((${#CREATED[@]})); then
-  "${KUBECTL[@]}" wait --for=condition=Ready --timeout=60s "${CREATED[@]/#/node/}" >&2 \
+  # kwok makes ~10-50 nodes Ready per second here (less on a loaded machine): scale the wait with the count.
+  "${KUBECTL[@]}" wait --for=condition=Ready --timeout="$((60 + ${#CREATED[@]} / 2))s" "${CREATED[@]/#/node/}" >&2 \
     || die "kwok nodes did not become Ready; see ${LOGS}/kwok.log"
 fi
 log "nodes: $("${KUBECTL[@]}" get nodes -l type=kwok --no-headers 2>/dev/null | wc -l) kwok node(s)"
