@@ -627,11 +627,14 @@ for spec in "${NODE_SPECS[@]}"; do
   prefix="${group}-${flavour//./-}"
   sel="qos.kube-qos-extender.io/node-group=${group},node.kubernetes.io/instance-type=${flavour},type=kwok"
   mapfile -t existing < <("${KUBECTL[@]}" get nodes -l "${sel}" -o name | sed 's|^node/||')
+  declare -A have=()
+  for n in "${existing[@]}"; do have[${n}]=1; done
   manifest=""
   for ((i = 0; i < count; i++)); do
     name="${prefix}-${i}"
     CREATED+=("${name}")
-    if printf '%s\n' "${existing[@]}" | grep -qx "${name}"; then continue; fi
+    # (not `printf | grep -q`: with pipefail, grep exiting early makes printf's SIGPIPE fail the test)
+    if [[ -n "${have[${name}]:-}" ]]; then continue; fi
     manifest+="$(node_manifest "${name}" "${group}" "${flavour}")"$'\n---\n'
   done
   if [[ -n "${manifest}" ]]; then
