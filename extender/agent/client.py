@@ -80,6 +80,7 @@ class AgentClient:
         data: Any = None,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
+        stream: bool = False,
     ) -> dict[str, Any]:
         hdrs = dict(headers or {})
         payload = data
@@ -87,7 +88,10 @@ class AgentClient:
             payload = orjson.dumps(body)
             hdrs["Content-Type"] = "application/json"
         kwargs: dict[str, Any] = {}
-        if timeout is not None:
+        if stream:  # an archive of any size: no total deadline, but a stalled peer still times out
+            idle = timeout if timeout is not None else self._timeout.total
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=idle)
+        elif timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
         try:
             async with self._s().request(method, url, data=payload, headers=hdrs, **kwargs) as resp:
@@ -131,7 +135,11 @@ class AgentClient:
             "Content-Type": "application/x-tar",
         }
         return await self.request(
-            "PUT", f"{base}/v1/migrations/{mid}/archive/{stage.value}", data=self._chunks(archive.path), headers=headers
+            "PUT",
+            f"{base}/v1/migrations/{mid}/archive/{stage.value}",
+            data=self._chunks(archive.path),
+            headers=headers,
+            stream=True,
         )
 
 
