@@ -1,0 +1,172 @@
+"""Scheduling throughput through the real kube-scheduler: qos-scheduler (with our extender) vs default-scheduler,
+same cluster, same run. Prints pods/s of each and the ratio (goal >= 0.9). Never pass/fail on time.
+
+    .venv/bin/python bench/e2e_throughput.py [--nodes 500] [--pods 2000] [--keep]
+
+Brings up its own local control plane (hack/local-up.sh, state /tmp/qos-bench, ports 54xxx) with the extender,
+`--nodes` kwok nodes (m1.xlarge, service group) and the scheduler's client rate limit raised for both profiles
+(one kube-scheduler process serves both: QOS_SCHEDULER_QPS/BURST, default 50/100 -> 2000/4000).
+
+Method: the kube-scheduler process is paused (SIGSTOP) while the pods of one phase are created, then resumed
+(SIGCONT): the time from resume until the last pod is bound measures scheduling alone, not how fast this
+script can POST pods. Each phase starts from an empty namespace (the previous phase's pods deleted and gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from extender.kube.sync_client import Kube, scrape_metrics  # noqa: E402
+
+MARKER = "qos.kube-qos-extender.io/managed"
+ENV = {
+    "QOS_STATE": "/tmp/qos-bench",
+    "QOS_APISERVER_PORT": "54443",
+    "QOS_ETCD_PORT": "54790",
+    "QOS_ETCD_PEER_PORT": "54800",
+    "QOS_SCHEDULER_PORT": "54259",
+    "QOS_CONTROLLER_MANAGER_PORT": "54257",
+    "QOS_KWOK_PORT": "54247",
+    "QOS_PROMETHEUS_PORT": "54090",
+    "EXTENDER_URL": "https://127.0.0.1:54843",
+    "QOS_SCHEDULER_QPS": "2000",
+    "QOS_SCHEDULER_BURST": "4000",
+    "QOS_WITH_EXTENDER": "1",
+}
+
+
+def pod(name: str, qos: bool) -> dict[str, Any]:
+    requests = {"cpu": "100m", "memory": "128Mi"}
+    limits: dict[str, str] = {}
+    spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0}
+    if qos:
+        requests[MARKER] = limits[MARKER] = "1"
+        spec["schedulerName"] = "qos-scheduler"
+    spec["containers"] = [
+        {"name": "c", "image": "registry.invalid/pause:3.9", "resources": {"requests": requests, "limits": limits}}
+    ]
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def bound_count(kube: Kube, ns: str) -> int:
+    items = kube.get(f"/api/v1/namespaces/{ns}/pods", fieldSelector="spec.nodeName!=")["items"]
+    return len(items)
+
+
+def cpu_seconds(state: Path, name: str) -> float:
+    """utime + stime of a component started by local-up.sh (its pid file)."""
+    pid = (state / "pids" / f"{name}.pid").read_text().strip()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+COMPONENTS = ("kube-scheduler", "qos-extender", "kube-apiserver", "etcd", "kwok")
+
+
+def phase(kube: Kube, state: Path, ns: str, n: int, qos: bool) -> float:
+    kube.ensure_namespace(ns)
+    sched_pid = int((state / "pids" / "kube-scheduler.pid").read_text())
+    os.kill(sched_pid, signal.SIGSTOP)
+    try:
+        t_create = time.monotonic()
+        kube.create_pods(ns, [pod(f"p{i:05d}", qos) for i in range(n)], parallel=32)
+        create_s = time.monotonic() - t_create
+    finally:
+        os.kill(sched_pid, signal.SIGCONT)
+    t0 = time.monotonic()
+    cpu0 = {c: cpu_seconds(state, c) for c in COMPONENTS}
+    last = 0
+    while True:
+        done = bound_count(kube, ns)
+        if done >= n:
+            break
+        if time.monotonic() - t0 > 600:
+            print(f"  {ns}: only {done}/{n} bound after 600 s", file=sys.stderr)
+            break
+        last = done
+        time.sleep(0.2)
+    elapsed = time.monotonic() - t0
+    cpu = {c: cpu_seconds(state, c) - cpu0[c] for c in COMPONENTS}
+    rate = min(done, n) / elapsed
+    print(
+        f"  {ns:<16} {n} pods created in {create_s:.1f} s (scheduler paused); bound in {elapsed:.2f} s -> "
+        f"{rate:.0f} pods/s",
+        flush=True,
+    )
+    print("    cpu seconds while binding: " + ", ".join(f"{c} {v:.1f}" for c, v in cpu.items()), flush=True)
+    del last
+    return rate
+
+
+def cleanup(kube: Kube, ns: str) -> None:
+    kube.delete_namespace(ns)
+    kube.wait(lambda: not kube.pods(ns), f"{ns} pods gone", timeout=300, interval=1.0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=500)
+    ap.add_argument("--pods", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=1, help="alternate default/qos phases this many times")
+    ap.add_argument("--keep", action="store_true", help="leave the cluster running")
+    args = ap.parse_args()
+    env = {**os.environ, **{k: os.environ.get(f"BENCH_{k}", v) for k, v in ENV.items()}}
+    env.pop("KUBECONFIG", None)
+    state = Path(env["QOS_STATE"])
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [str(ROOT / "hack" / "local-up.sh"), f"service:m1.xlarge={args.nodes}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    ).stdout
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    print(
+        f"cluster up with {args.nodes} kwok nodes in {time.monotonic() - t0:.0f} s; "
+        f"scheduler QPS/burst {env['QOS_SCHEDULER_QPS']}/{env['QOS_SCHEDULER_BURST']}",
+        flush=True,
+    )
+    kube = Kube(values["KUBECONFIG"], maxsize=32)
+    rates: dict[str, list[float]] = {"default": [], "qos": []}
+    try:
+        for r in range(args.rounds):
+            for name, qos in (("default", False), ("qos", True)):
+                ns = f"bench-{name}-{r}"
+                rates[name].append(phase(kube, state, ns, args.pods, qos))
+                cleanup(kube, ns)
+        m = scrape_metrics(
+            values["EXTENDER_METRICS_URL"],
+            values["EXTENDER_CA"],
+            values["EXTENDER_CLIENT_CERT"],
+            values["EXTENDER_CLIENT_KEY"],
+        )
+        for verb in ("filter", "prioritize", "bind"):
+            c = m.get(("qos_extender_request_duration_seconds_count", (("verb", verb),)), 0.0)
+            s = m.get(("qos_extender_request_duration_seconds_sum", (("verb", verb),)), 0.0)
+            print(f"  extender {verb:<10} {int(c):>6} calls, mean {1000 * s / c if c else 0:.2f} ms")
+    finally:
+        kube.close()
+        if not args.keep:
+            subprocess.run([str(ROOT / "hack" / "local-down.sh")], env=env, check=False)
+    d = sum(rates["default"]) / len(rates["default"])
+    q = sum(rates["qos"]) / len(rates["qos"])
+    print(
+        f"\n{args.nodes} nodes, {args.pods} pods: default-scheduler {d:.0f} pods/s, qos-scheduler {q:.0f} pods/s, "
+        f"ratio {q / d:.2f} (goal >= 0.9)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
