@@ -81,7 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
     import dataclasses
 
     from extender.config import ConfigError, load_config
-    from extender.webhook.logs import setup_logging
+    from extender.logs import setup_logging
     from extender.webhook.serve import serve
 
     try:

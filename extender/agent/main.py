@@ -34,8 +34,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
 
     from extender.agent.backends.base import BackendError
     from extender.agent.config import AgentConfigError, CriuConfig, TlsConfig, load_agent_config
-    from extender.agent.logs import setup_logging
     from extender.agent.server import run_agent
+    from extender.logs import setup_logging
 
     overrides = {
         "host": args.host,

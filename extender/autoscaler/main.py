@@ -262,7 +262,7 @@ def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_autoscaler_command(args: argparse.Namespace) -> int:
-    from extender.autoscaler.logs import setup_logging
+    from extender.logs import setup_logging
 
     try:
         config = load_config(args.config)

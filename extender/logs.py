@@ -1,4 +1,9 @@
-"""Structured logging: one JSON object per line, carrying pod, node and decision when a record has them."""
+"""Structured logging shared by every shell: one JSON object per line.
+
+A record's well-known extras (pod, node, decision, ...) become top-level keys, so a log pipeline can
+filter by pod or node without parsing messages. One formatter for the webhook, controller, sidecar and
+agent keeps their lines joinable.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,10 @@ import orjson
 
 __all__ = ["JsonFormatter", "setup_logging"]
 
-_FIELDS = ("pod", "node", "decision", "verb", "error")
+_FIELDS = (
+    "pod", "node", "decision", "verb", "error", "object",  # extender, controller, autoscaler
+    "migration", "workload", "step", "seconds",  # agent
+)  # fmt: skip
 
 
 class JsonFormatter(logging.Formatter):
