@@ -239,8 +239,15 @@ async def start_autoscaler(
     return running
 
 
-async def _serve(config: ExtenderConfig, settings: AutoscalerSettings) -> None:
-    running = await start_autoscaler(config, settings)
+async def _serve(config: ExtenderConfig, settings: AutoscalerSettings, consolidation: Any = None) -> None:
+    flow: Any = None
+    if consolidation is not None and consolidation.enabled:  # issue #8: the agent-driven consolidation flow
+        from extender.consolidation.flow import ConsolidationFlow
+
+        flow = ConsolidationFlow(consolidation)
+    running = await start_autoscaler(config, settings, handoff=flow)
+    if flow is not None:
+        await flow.start(running)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -249,6 +256,8 @@ async def _serve(config: ExtenderConfig, settings: AutoscalerSettings) -> None:
     try:
         await stop.wait()
     finally:
+        if flow is not None:
+            await flow.stop()
         await running.stop()
 
 
@@ -258,6 +267,11 @@ def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--autoscaler-config", help="autoscaler YAML (default extender/autoscaler/autoscaler.yaml)")
     parser.add_argument("--metrics-port", type=int, help="override autoscaler.metrics.port (0: any free port)")
+    parser.add_argument(
+        "--consolidation-config",
+        help="consolidation YAML (issue #8; extender/consolidation/consolidation.yaml): with `enabled: true` the "
+        "autoscaler empties under-utilised batch nodes through the node agents and deletes them",
+    )
     parser.add_argument("--check-config", action="store_true", help="validate both files, print the catalogue, exit")
 
 
@@ -267,6 +281,11 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config)
         settings = load_autoscaler_config(args.autoscaler_config, config)
+        consolidation = None
+        if getattr(args, "consolidation_config", None):
+            from extender.consolidation.config import load_consolidation_config
+
+            consolidation = load_consolidation_config(args.consolidation_config)
     except ConfigError as exc:
         print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
         return 2
@@ -282,7 +301,7 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
         return 0
     setup_logging(config.log_level)
     try:
-        asyncio.run(_serve(config, settings))
+        asyncio.run(_serve(config, settings, consolidation))
     except ConfigError as exc:
         print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
         return 2

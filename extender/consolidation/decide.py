@@ -1,0 +1,351 @@
+"""Every decision of the consolidation flow, as pure functions (no I/O, no clock: ``now`` is given).
+
+The async shell (``flow.py``) only applies what these decide: which hand-off plan to run, whether the batch
+queue has been quiet long enough, whether a node may be cordoned by us, whether the plan still holds once the
+node is cordoned (the pods on it, the room on the destinations), what the destination pod looks like, which
+agent serves a node, what to do after each migration outcome, and whether the emptied node may be deleted.
+Paper 000 §4.4 / Alg. 5: all-or-nothing per node, worst-utilised node first (``core.reschedule`` orders the
+plans); only batch pods move.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from extender.autoscaler.handoff import Consolidation
+from extender.core.model import ANNOTATION_PREFIX, Node, WorkloadKind
+from extender.core.packing import fits
+from extender.core.reschedule import MigrationPlan
+
+__all__ = [
+    "AGENT_URL_ANNOTATION",
+    "CONSOLIDATION_ANNOTATION",
+    "MIGRATED_FROM_ANNOTATION",
+    "MIGRATION_ID_ANNOTATION",
+    "MoveVerdict",
+    "NodeOutcome",
+    "after_outcome",
+    "agent_url",
+    "batch_queue_quiet",
+    "check_plan",
+    "confirm_destination",
+    "destination_manifest",
+    "destination_name",
+    "may_cordon",
+    "migration_id",
+    "object_key",
+    "plan_id",
+    "pod_blocker",
+    "removable",
+    "select_plan",
+]
+
+CONSOLIDATION_ANNOTATION = ANNOTATION_PREFIX + "consolidation"  # on a node we cordoned: the plan id
+MIGRATED_FROM_ANNOTATION = ANNOTATION_PREFIX + "migrated-from"  # on a destination pod: namespace/source pod
+MIGRATION_ID_ANNOTATION = ANNOTATION_PREFIX + "migration-id"
+AGENT_URL_ANNOTATION = ANNOTATION_PREFIX + "agent-url"  # on a node: its agent's base URL (overrides the template)
+MIGRATABLE_ANNOTATION = ANNOTATION_PREFIX + "migratable"
+PROGRESS_ANNOTATION = ANNOTATION_PREFIX + "progress-seconds"  # = agent.backends.simulated.PROGRESS_ANNOTATION
+STOPPED_ANNOTATION = ANNOTATION_PREFIX + "simulated-stopped"
+_DROP_ANNOTATIONS = (
+    PROGRESS_ANNOTATION,
+    STOPPED_ANNOTATION,
+    MIGRATION_ID_ANNOTATION,
+    "kubectl.kubernetes.io/last-applied-configuration",
+)
+_SUFFIX_RE = re.compile(r"-mv-[a-z0-9]{1,12}$")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    m = obj.get("metadata")
+    return m if isinstance(m, Mapping) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    a = _meta(obj).get("annotations")
+    return a if isinstance(a, Mapping) else {}
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a pod's JSON."""
+    m = _meta(obj)
+    return f"{m.get('namespace') or 'default'}/{m.get('name')}"
+
+
+# ------------------------------------------------------------------------------------------ which plan, when
+
+
+def batch_queue_quiet(
+    pending_batch: bool, last_pending: float | None, now: float, quiet_seconds: float
+) -> tuple[bool, float]:
+    """Has no batch pod been pending for ``quiet_seconds``? Returns (quiet, the new "last seen pending").
+
+    The clock starts at the first observation (``last_pending`` None): after a restart the flow waits a
+    full quiet period again rather than assume the queue was empty while it was not looking."""
+    last = now if pending_batch or last_pending is None else last_pending
+    return now - last >= quiet_seconds, last
+
+
+def select_plan(
+    consolidation: Consolidation,
+    *,
+    busy: frozenset[str] = frozenset(),
+    left_alone: Mapping[str, float] | None = None,
+    owned: frozenset[str] | None = None,
+    now: float,
+) -> MigrationPlan | None:
+    """The first hand-off plan worth starting: plans come worst-utilised node first (core.reschedule), so the
+    first whose source is a sustained candidate, not being consolidated, not left alone after a failed
+    attempt (until its back-off ends) and, when ``owned`` is given, one of the nodes we may remove."""
+    candidates = set(consolidation.candidates)
+    alone = left_alone or {}
+    for plan in consolidation.plans:
+        src = plan.source
+        if src not in candidates or src in busy or alone.get(src, -1.0) > now:
+            continue
+        if owned is not None and src not in owned:
+            continue
+        return plan
+    return None
+
+
+def may_cordon(node: Mapping[str, Any]) -> str | None:
+    """None if we may cordon this node; else why not (someone else cordoned it, or it is being deleted)."""
+    spec = node.get("spec")
+    if _meta(node).get("deletionTimestamp"):
+        return "the node is being deleted"
+    ours = CONSOLIDATION_ANNOTATION in _annotations(node)
+    if isinstance(spec, Mapping) and spec.get("unschedulable") is True and not ours:
+        return "the node is already cordoned by someone else (a drain or a repair): not ours to touch"
+    return None
+
+
+def pod_blocker(pod: Mapping[str, Any]) -> str | None:
+    """Why this pod cannot be moved by the flow, or None. Checked on the live object after the cordon."""
+    key = object_key(pod)
+    meta = _meta(pod)
+    if meta.get("deletionTimestamp"):
+        return f"pod {key} is being deleted"
+    if _annotations(pod).get(MIGRATABLE_ANNOTATION, "").strip().lower() == "false":
+        return f"pod {key} is annotated {MIGRATABLE_ANNOTATION}=false"
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") != "Node":
+            return (
+                f"pod {key} is controlled by {ref.get('kind')}/{ref.get('name')}: moving a controller's pod is "
+                "not implemented (its controller would replace or adopt it)"
+            )
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    if phase != "Running":
+        return f"pod {key} is {phase or 'in no phase'}, not Running"
+    return None
+
+
+def check_plan(
+    plan: MigrationPlan, nodes: Sequence[Node], live_pods: Sequence[Mapping[str, Any]] | None = None
+) -> str | None:
+    """Does the plan still hold? None if so, else the reason. ``nodes`` is the current view (the source may be
+    cordoned by us already); ``live_pods`` the source node's pods read from the API after the cordon.
+
+    Holds when: the source exists; its pods are exactly the planned ones, all batch and migratable; every
+    destination exists, is schedulable, is in the source's group, and takes its pods *cumulatively*
+    (``packing.fits`` including the moves before it) — the same guarantees ``core.reschedule`` planned with.
+    """
+    by_name = {n.name: n for n in nodes}
+    source = by_name.get(plan.source)
+    if source is None:
+        return f"node {plan.source} is gone"
+    on_node = {p.key: p for p in source.pods}
+    planned = [k for k, _ in plan.moves]
+    if live_pods is not None:
+        live = {object_key(p) for p in live_pods}
+        extra = sorted(live - set(planned))
+        if extra:
+            return f"pods not in the plan are on the node: {', '.join(extra)}"
+        for p in live_pods:
+            reason = pod_blocker(p)
+            if reason:
+                return reason
+    extra = sorted(set(on_node) - set(planned))
+    if extra:
+        return f"pods not in the plan are on the node: {', '.join(extra)}"
+    for key, dest in plan.moves:
+        pod = on_node.get(key)
+        if pod is None:
+            return f"pod {key} is no longer on {plan.source}"
+        if pod.kind is not WorkloadKind.BATCH:
+            return f"pod {key} is a {pod.kind.value} pod: only batch pods are migrated"
+        if not pod.migratable:
+            return f"pod {key} is not migratable"
+        target = by_name.get(dest)
+        if target is None:
+            return f"destination {dest} is gone"
+        if target.unschedulable:
+            return f"destination {dest} is cordoned"
+        if target.group != source.group:
+            return f"destination {dest} is not in the {source.group} group"
+        if not fits(target, pod):
+            return f"pod {key} no longer fits on {dest} (with the moves planned before it)"
+        by_name[dest] = target.with_pod(pod)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ one move
+
+
+def plan_id(source: str, token: str) -> str:
+    """The id of one consolidation of ``source`` (node annotation, prefix of its migration ids)."""
+    base = re.sub(r"[^a-z0-9-]", "-", source.lower()).strip("-") or "node"
+    return f"{base[: 50 - len(token)].rstrip('-')}-{token}"
+
+
+def migration_id(plan_id: str, index: int) -> str:
+    """An agent migration id (lowercase DNS-label-like, <= 63 chars), unique per plan and move."""
+    tail = f"-{index}"
+    base = re.sub(r"[^a-z0-9-]", "-", plan_id.lower()).strip("-") or "c"
+    return (base[: 63 - len(tail)].rstrip("-") or "c") + tail
+
+
+def destination_name(source: str, token: str) -> str:
+    """``<base>-mv-<token>``: a fresh pod name; a pod moved again keeps its base, not a chain of suffixes."""
+    base = _SUFFIX_RE.sub("", source)
+    suffix = f"-mv-{token}"
+    return base[: 253 - len(suffix)].rstrip("-.") + suffix
+
+
+def destination_manifest(
+    source: Mapping[str, Any], name: str, *, scheduler_name: str, migration: str
+) -> dict[str, Any]:
+    """The destination pod: the source's spec and metadata under a new name, not bound (our binder binds it),
+    ``schedulerName`` = one no scheduler serves (so no scheduler races our Binding), without what the API
+    server or its admission set (uid, nodeName, service-account token volume, computed priority) and without
+    the source's progress (the agent's restore writes the checkpointed one)."""
+    meta = _meta(source)
+    spec = copy.deepcopy(dict(source.get("spec") or {}))
+    for field in ("nodeName", "schedulingGates"):
+        spec.pop(field, None)
+    if spec.get("priorityClassName"):
+        spec.pop("priority", None)
+        spec.pop("preemptionPolicy", None)
+    token_volumes = {
+        v.get("name") for v in spec.get("volumes") or [] if str(v.get("name", "")).startswith("kube-api-access-")
+    }
+    if token_volumes:
+        spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in token_volumes]
+        if not spec["volumes"]:
+            del spec["volumes"]
+        for group in ("containers", "initContainers"):
+            for c in spec.get(group) or []:
+                mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") not in token_volumes]
+                if mounts:
+                    c["volumeMounts"] = mounts
+                else:
+                    c.pop("volumeMounts", None)
+    spec["schedulerName"] = scheduler_name
+    annotations = {k: v for k, v in _annotations(source).items() if k not in _DROP_ANNOTATIONS}
+    annotations[MIGRATED_FROM_ANNOTATION] = object_key(source)
+    annotations[MIGRATION_ID_ANNOTATION] = migration
+    labels = dict(meta.get("labels") or {})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": meta.get("namespace") or "default",
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def agent_url(node: Mapping[str, Any], *, port: int, scheme: str = "https") -> str | None:
+    """The node's agent: the node's ``agent-url`` annotation, else ``scheme://<InternalIP>:port`` (the agent
+    DaemonSet listens on the host network). None if neither is known."""
+    url = _annotations(node).get(AGENT_URL_ANNOTATION)
+    if url:
+        return url.rstrip("/")
+    status = node.get("status")
+    for addr in (status.get("addresses") if isinstance(status, Mapping) else None) or []:
+        if isinstance(addr, Mapping) and addr.get("type") == "InternalIP" and addr.get("address"):
+            host = str(addr["address"])
+            return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+    return None
+
+
+class MoveVerdict(StrEnum):
+    COMMIT = "commit"  # the destination confirmed: delete the source pod, next move
+    ROLL_BACK = "roll_back"  # the source runs (or never stopped): delete the destination pod, stop the plan
+    KEEP_BOTH = "keep_both"  # nobody knows where the workload runs: keep both pods for an operator, stop
+
+
+def after_outcome(outcome: str | None) -> MoveVerdict:
+    """What the flow does after the source agent's answer. ``refused`` = the agent refused to start (4xx:
+    not running, busy, bad request) or the destination pod could not be made — nothing moved; None = no
+    answer at all (the migration may or may not have happened)."""
+    if outcome == "succeeded":
+        return MoveVerdict.COMMIT
+    if outcome in ("rolled_back", "refused"):
+        return MoveVerdict.ROLL_BACK
+    return MoveVerdict.KEEP_BOTH  # in_doubt, failed, unknown: never delete a possible only copy
+
+
+def confirm_destination(pod: Mapping[str, Any] | None, node: str, record: Mapping[str, Any]) -> str | None:
+    """After a ``succeeded`` record: is the workload really at the destination? None if so, else why not.
+    The pod must exist, be bound to the planned node and not be deleted; for the simulated backend it must
+    carry the checkpointed progress and not be stopped."""
+    if pod is None:
+        return "the destination pod is gone"
+    if _meta(pod).get("deletionTimestamp"):
+        return "the destination pod is being deleted"
+    spec = pod.get("spec")
+    bound = spec.get("nodeName") if isinstance(spec, Mapping) else None
+    if bound != node:
+        return f"the destination pod is on {bound!r}, not {node!r}"
+    meta = record.get("meta")
+    if isinstance(meta, Mapping) and meta.get("simulated"):
+        ann = _annotations(pod)
+        if ann.get(STOPPED_ANNOTATION) == "true":
+            return "the destination pod is marked stopped"
+        try:
+            got = float(ann.get(PROGRESS_ANNOTATION, "nan"))
+        except ValueError:
+            return f"the destination pod's progress {ann.get(PROGRESS_ANNOTATION)!r} is not a number"
+        want = float(record.get("work_seconds") or 0.0)
+        if not abs(got - want) <= 1e-6:
+            return f"the destination pod's progress is {got}, the checkpoint had {want}"
+    return None
+
+
+def _is_daemon(pod: Mapping[str, Any]) -> bool:
+    return any(isinstance(r, Mapping) and r.get("kind") == "DaemonSet" for r in _meta(pod).get("ownerReferences") or [])
+
+
+def removable(pods_on_node: Sequence[Mapping[str, Any]]) -> str | None:
+    """May the emptied node be deleted? Only if no pod but DaemonSet pods and finished pods is left on it."""
+    left = []
+    for p in pods_on_node:
+        status = p.get("status")
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        if phase in ("Succeeded", "Failed") or _is_daemon(p):
+            continue
+        left.append(object_key(p))
+    if left:
+        return f"pods still on the node: {', '.join(sorted(left))}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOutcome:
+    """How one node's consolidation ended (for logs, Events, metrics and the tests)."""
+
+    node: str
+    plan_id: str
+    removed: bool
+    reason: str
+    moves: tuple[Mapping[str, Any], ...] = ()

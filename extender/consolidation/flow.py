@@ -1,0 +1,387 @@
+"""The consolidation flow (issue #8): the autoscaler's ``ConsolidationHandoff`` that acts.
+
+Each scan the autoscaler hands over the sustained under-utilised batch nodes and the all-or-nothing plans
+of ``core.reschedule.consolidation_plans`` (worst-utilised first), once its batch queue has been quiet. This
+shell applies what ``decide`` decides, one node at a time, in a background task (``handoff`` returns at
+once):
+
+1. pick the first plan worth starting (``select_plan``) and check the batch queue is still quiet;
+2. cordon the node (``spec.unschedulable`` + annotation ``qos.kube-qos-extender.io/consolidation=<plan>``),
+   then re-check the plan on the live pods and the current destinations (``check_plan``);
+3. for each pod: create the destination pod (same spec, new name, a schedulerName nobody serves), bind it
+   to the planned node through our binder (``KubeBinder``, UID precondition), wait until it runs, ask the
+   source node's agent to migrate (checkpoint -> verified transfer -> restore at the destination agent),
+   check the destination holds the workload (``confirm_destination``), and only then delete the source pod;
+   a rolled-back move deletes the destination pod (the source kept running) and ends the plan;
+4. all pods moved and nothing else on the node (``removable``): delete it through the provider; otherwise
+   uncordon it and leave it alone for ``left_alone_seconds``. Every step that fails says why in an Event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from kubernetes_asyncio import client as k8s
+
+from extender.agent.client import AgentClient, PeerError
+from extender.agent.config import TlsConfig
+from extender.agent.protocol import FailureKind
+from extender.autoscaler.handoff import Consolidation
+from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, Notice
+from extender.config import ConfigError
+from extender.consolidation import decide
+from extender.consolidation.config import ConsolidationSettings
+from extender.consolidation.decide import MoveVerdict, NodeOutcome
+from extender.consolidation.metrics import ConsolidationMetrics
+from extender.core.model import WorkloadKind
+from extender.core.reschedule import MigrationPlan
+from extender.kube.binder import KubeBinder
+from extender.kube.binding import BindArgs, BindError
+from extender.kube.client import ApiError, read_json
+
+if TYPE_CHECKING:
+    from extender.autoscaler.main import RunningAutoscaler
+
+__all__ = ["ConsolidationFlow"]
+
+log = logging.getLogger("extender.consolidation")
+
+
+class _Abort(Exception):
+    """The plan cannot be completed: uncordon, leave the node alone, say why."""
+
+
+class ConsolidationFlow:
+    """A ``ConsolidationHandoff`` that empties and deletes under-utilised batch nodes through the agents."""
+
+    def __init__(
+        self,
+        settings: ConsolidationSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        token: Callable[[], str] = lambda: secrets.token_hex(3),
+    ) -> None:
+        self.s = settings
+        self._clock = clock
+        self._token = token
+        self.latest: Consolidation | None = None
+        self.left_alone: dict[str, float] = {}
+        self.busy: set[str] = set()
+        self.outcomes: list[NodeOutcome] = []
+        self.metrics = ConsolidationMetrics()
+        self._wake = asyncio.Event()
+        self._last_pending: float | None = None
+        self._done_at = -math.inf
+        self._task: asyncio.Task[None] | None = None
+        self._running: RunningAutoscaler | None = None
+        self._client: AgentClient | None = None
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def handoff(self, consolidation: Consolidation) -> None:
+        self.latest = consolidation
+        self._wake.set()
+
+    async def start(self, running: RunningAutoscaler) -> None:
+        """Attach to a started autoscaler (its API client, provider, snapshot, Events, /metrics registry)."""
+        if running.provider is None:
+            raise ConfigError(
+                "consolidation needs a provider that deletes nodes (kwok); with cluster-autoscaler, CA removes them"
+            )
+        self._running = running
+        self.metrics = ConsolidationMetrics(running.metrics.registry)
+        self._core = k8s.CoreV1Api(running.api_client)
+        self._binder = KubeBinder(running.api_client, running.config.bind)
+        tls = TlsConfig(self.s.cert_file, self.s.key_file, self.s.ca_file)
+        self._client = AgentClient(tls, timeout_seconds=self.s.migration_timeout_seconds)
+        self._task = asyncio.create_task(self._run(), name="consolidation")
+        log.info("consolidation flow started", extra={"decision": {"provisioned_only": self.s.provisioned_only}})
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._client is not None:
+            await self._client.close()
+
+    @property
+    def r(self) -> RunningAutoscaler:
+        assert self._running is not None, "ConsolidationFlow.start() first"
+        return self._running
+
+    # ------------------------------------------------------------------------------------------ the loop
+
+    def _pending_batch(self) -> bool:
+        snap = self.r.snapshot
+        names = frozenset(self.r.settings.scheduler_names)
+        return any(
+            e.pod.kind is WorkloadKind.BATCH
+            and e.pod.node_name is None
+            and (info := snap.pending.get(k)) is not None
+            and info.scheduler_name in names
+            for k, e in snap.pods.items()
+        )
+
+    def _owned(self) -> frozenset[str] | None:
+        if not self.s.provisioned_only:
+            return None
+        return frozenset(
+            name
+            for name, entry in self.r.snapshot.nodes.items()
+            if entry.node.labels.get(PROVISIONED_BY_LABEL) == PROVISIONED_BY_VALUE
+        )
+
+    async def _run(self) -> None:
+        quiet_for = self.s.batch_queue_quiet_seconds
+        if quiet_for is None:
+            quiet_for = self.r.settings.batch_queue_quiet_seconds
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            c = self.latest
+            now = self._clock()
+            quiet, self._last_pending = decide.batch_queue_quiet(
+                self._pending_batch(), self._last_pending, now, quiet_for
+            )
+            if c is None or c.at <= self._done_at or not quiet:
+                continue  # a hand-off from before the last consolidation ended is stale: wait for a new scan
+            plan = decide.select_plan(
+                c, busy=frozenset(self.busy), left_alone=self.left_alone, owned=self._owned(), now=now
+            )
+            if plan is None:
+                continue
+            try:
+                outcome = await self.consolidate(plan)
+            except Exception:  # a bug must not stop the flow; consolidate() already uncordoned
+                log.exception("consolidation failed", extra={"node": plan.source})
+            else:
+                self.outcomes.append(outcome)
+            self._done_at = self._clock()
+
+    # ------------------------------------------------------------------------------------------ one node
+
+    def _say(self, kind: str, namespace: str, name: str, uid: str, reason: str, message: str, warning: bool) -> None:
+        log.info(message, extra={"decision": {"object": f"{kind}/{namespace}/{name}", "reason": reason}})
+        if self.r.events is not None:
+            self.r.events.emit(Notice(kind, namespace, name, uid, reason, message, warning))
+
+    async def _node(self, name: str) -> dict[str, Any] | None:
+        try:
+            node: dict[str, Any] = await read_json(await self._core.read_node(name, _preload_content=False))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return node
+
+    async def _pods_on(self, node: str) -> list[dict[str, Any]]:
+        raw = await read_json(
+            await self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _preload_content=False)
+        )
+        items: list[dict[str, Any]] = raw.get("items", [])
+        return items
+
+    async def _cordon(self, node: str, plan_id: str | None) -> None:
+        body = {
+            "metadata": {"annotations": {decide.CONSOLIDATION_ANNOTATION: plan_id}},
+            "spec": {"unschedulable": plan_id is not None},
+        }
+        await read_json(await self._core.patch_node(node, body, _preload_content=False))
+
+    async def consolidate(self, plan: MigrationPlan) -> NodeOutcome:
+        """Empty ``plan.source`` through the agents and delete it, or leave it uncordoned with an Event."""
+        source = plan.source
+        plan_id = decide.plan_id(source, self._token())
+        node = await self._node(source)
+        if node is None:
+            self.metrics.plans.labels("skipped").inc()
+            return NodeOutcome(source, plan_id, False, "the node is gone")
+        why = decide.may_cordon(node)
+        if why is not None:
+            self.metrics.plans.labels("skipped").inc()
+            self.left_alone[source] = self._clock() + self.s.left_alone_seconds
+            self._say("Node", "", source, "", "ConsolidationSkipped", why, True)
+            return NodeOutcome(source, plan_id, False, why)
+        self.busy.add(source)
+        self.metrics.in_progress.inc()
+        moves: list[Mapping[str, Any]] = []
+        cordoned = False
+        try:
+            await self._cordon(source, plan_id)
+            cordoned = True
+            summary = ", ".join(f"{k} -> {d}" for k, d in plan.moves)
+            self._say("Node", "", source, "", "ConsolidationStarted", f"cordoned; moving: {summary}", False)
+            live = [p for p in await self._pods_on(source) if not _finished(p)]
+            why = decide.check_plan(plan, self.r.snapshot.node_views(), [p for p in live if not _daemon(p)])
+            if why is not None:
+                raise _Abort(why)
+            by_key = {decide.object_key(p): p for p in live}
+            for i, (key, dest) in enumerate(plan.moves, start=1):
+                move = await self._move(decide.migration_id(plan_id, i), by_key[key], source, dest)
+                moves.append(move)
+                if move["verdict"] is not MoveVerdict.COMMIT:
+                    raise _Abort(f"moving {key} to {dest}: {move['outcome']}: {move['reason']}")
+            why = decide.removable(await self._pods_on(source))
+            if why is not None:
+                raise _Abort(why)
+            assert self.r.provider is not None
+            await self.r.provider.delete(source)
+            self.metrics.nodes_removed.inc()
+            self.metrics.plans.labels("removed").inc()
+            preserved = sum(float((m.get("record") or {}).get("work_seconds") or 0.0) for m in moves)
+            message = f"emptied by {len(moves)} migration(s) ({preserved:.1f}s of work preserved) and deleted"
+            self._say("Node", "", source, "", "ConsolidatedNodeRemoved", message, False)
+            return NodeOutcome(source, plan_id, True, message, tuple(moves))
+        except (_Abort, ApiError, OSError, TimeoutError) as exc:
+            reason = str(exc) if isinstance(exc, _Abort) else f"{type(exc).__name__}: {exc}"
+            if cordoned:
+                with contextlib.suppress(ApiError, OSError, TimeoutError):
+                    await self._cordon(source, None)
+            self.left_alone[source] = self._clock() + self.s.left_alone_seconds
+            self.metrics.plans.labels("aborted").inc()
+            message = (
+                f"consolidation stopped after {sum(1 for m in moves if m['verdict'] is MoveVerdict.COMMIT)} of "
+                f"{len(plan.moves)} move(s): {reason}; uncordoned and left alone for {self.s.left_alone_seconds:.0f}s"
+            )
+            self._say("Node", "", source, "", "ConsolidationAborted", message, True)
+            return NodeOutcome(source, plan_id, False, reason, tuple(moves))
+        finally:
+            self.busy.discard(source)
+            self.metrics.in_progress.dec()
+
+    # ------------------------------------------------------------------------------------------ one pod
+
+    async def _move(self, mid: str, src: dict[str, Any], source: str, dest: str) -> dict[str, Any]:
+        t0 = time.monotonic()
+        meta = src["metadata"]
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid", "")
+        dname = decide.destination_name(name, self._token())
+        result: dict[str, Any] = {"id": mid, "pod": f"{ns}/{name}", "destination_pod": f"{ns}/{dname}", "node": dest}
+        record: dict[str, Any] | None = None
+        created = False
+        try:
+            urls = {n: decide.agent_url(await self._node(n) or {}, port=self.s.agent_port, scheme=self.s.agent_scheme)
+                    for n in (source, dest)}  # fmt: skip
+            missing = [n for n, u in urls.items() if u is None]
+            if missing:
+                raise _Refused(f"no agent address for node(s) {', '.join(missing)} (annotation or InternalIP)")
+            manifest: Any = decide.destination_manifest(
+                src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid
+            )
+            made = await read_json(await self._core.create_namespaced_pod(ns, manifest, _preload_content=False))
+            created = True
+            try:
+                await self._binder.bind(BindArgs(ns, dname, made["metadata"]["uid"], dest))
+            except BindError as exc:
+                raise _Refused(f"binding the destination pod: {exc}") from None
+            await self._wait_running(ns, dname)
+            record = await self._migrate(mid, urls[source], urls[dest], ns, name, dname)
+            outcome = str(record.get("outcome")) if record is not None else "unknown"
+            reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
+        except _Refused as exc:
+            outcome, reason = "refused", str(exc)
+        except (ApiError, OSError, TimeoutError) as exc:
+            outcome, reason = "refused", f"{type(exc).__name__}: {exc}"
+        verdict = decide.after_outcome(outcome)
+        if verdict is MoveVerdict.COMMIT:
+            assert record is not None
+            why = decide.confirm_destination(await self._pod(ns, dname), dest, record)
+            if why is not None:
+                verdict, outcome, reason = MoveVerdict.KEEP_BOTH, "unconfirmed", why
+        if verdict is MoveVerdict.COMMIT:
+            await self._delete_pod(ns, name)
+        elif verdict is MoveVerdict.ROLL_BACK:
+            if created:
+                await self._delete_pod(ns, dname)
+            self._say("Pod", ns, name, uid, "ConsolidationMoveRolledBack",
+                      f"not moved to {dest}: {reason}; it keeps running on {source}", True)  # fmt: skip
+        else:
+            self._say("Pod", ns, name, uid, "ConsolidationMoveInDoubt",
+                      f"moving to {dest} as {dname} ended {outcome}: {reason}; both pods kept for an operator",
+                      True)  # fmt: skip
+        seconds = time.monotonic() - t0
+        self.metrics.observe_move(outcome, record, seconds)
+        result.update(outcome=outcome, reason=reason, verdict=verdict, record=record, seconds=round(seconds, 4))
+        log.info(
+            "pod move ended",
+            extra={"decision": {k: v for k, v in result.items() if k != "record"} | {"verdict": verdict.value}},
+        )
+        return result
+
+    async def _migrate(
+        self, mid: str, source_url: str | None, dest_url: str | None, ns: str, name: str, dname: str
+    ) -> dict[str, Any] | None:
+        """POST the migration to the source agent; an unanswered POST is repeated with the same id (the agent
+        answers the recorded outcome, or 409 while it is still running it). None: never learned the outcome."""
+        assert self._client is not None and source_url and dest_url
+        body = {
+            "id": mid,
+            "workload": {"namespace": ns, "pod": name},
+            "destination": {"url": dest_url, "workload": {"namespace": ns, "pod": dname}},
+        }
+        for attempt in range(self.s.request_attempts):
+            try:
+                return await self._client.request("POST", f"{source_url}/v1/migrations", body)
+            except PeerError as exc:
+                in_progress = exc.status == 409 and attempt > 0
+                if exc.kind is FailureKind.REFUSED and not in_progress:
+                    raise _Refused(f"source agent refused: {exc.reason}") from None
+                log.warning("migration request unanswered", extra={"migration": mid, "error": exc.reason})
+                await asyncio.sleep(min(5.0, 0.5 * 2**attempt))
+        return None
+
+    async def _pod(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            pod: dict[str, Any] = await read_json(
+                await self._core.read_namespaced_pod(name, ns, _preload_content=False)
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return pod
+
+    async def _wait_running(self, ns: str, name: str) -> None:
+        deadline = time.monotonic() + self.s.destination_ready_timeout_seconds
+        while True:
+            pod = await self._pod(ns, name)
+            phase = ((pod or {}).get("status") or {}).get("phase")
+            if phase == "Running":
+                return
+            if pod is None or phase in ("Succeeded", "Failed"):
+                raise _Refused(f"destination pod {ns}/{name} is {phase or 'gone'}")
+            if time.monotonic() > deadline:
+                raise _Refused(
+                    f"destination pod {ns}/{name} not Running after {self.s.destination_ready_timeout_seconds:.0f}s"
+                )
+            await asyncio.sleep(0.1)
+
+    async def _delete_pod(self, ns: str, name: str) -> None:
+        try:
+            await read_json(
+                await self._core.delete_namespaced_pod(name, ns, grace_period_seconds=0, _preload_content=False)
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+
+class _Refused(Exception):
+    """The move never started (or its destination pod could not be made): nothing moved."""
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed")
+
+
+def _daemon(pod: Mapping[str, Any]) -> bool:
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("kind") == "DaemonSet" for r in refs)
