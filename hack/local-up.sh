@@ -27,7 +27,7 @@
 #                                (see hack/README.md); default qos.kube-qos-extender.io/managed when the real
 #                                extender is started, else unset (empty: every pod reaches the extender)
 #   QOS_EXTENDER_WEIGHT=5        extender prioritize weight (score 0..10 x weight x 10; see README)
-#   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=5s
+#   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=5s QOS_EXTENDER_NODE_CACHE=true (nodeCacheCapable)
 #   QOS_MANIFESTS_DIR=hack/manifests   every *.yaml there is applied once the apiserver is ready, after
 #                                ${VAR} substitution (QOS_CA_BUNDLE = base64 CA, EXTENDER_URL, EXTENDER_HOST,
 #                                EXTENDER_PORT, QOS_STATE and any exported variable); config/base's
@@ -58,6 +58,7 @@ else
   QOS_EXTENDER_MANAGED_RESOURCE="${QOS_EXTENDER_MANAGED_RESOURCE:-}"
 fi
 QOS_EXTENDER_WEIGHT="${QOS_EXTENDER_WEIGHT:-5}"
+QOS_EXTENDER_NODE_CACHE="${QOS_EXTENDER_NODE_CACHE:-true}"
 QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
 QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-5s}"
 QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
@@ -367,7 +368,7 @@ extenders:
   preemptVerb: preempt
   bindVerb: bind
   weight: ${QOS_EXTENDER_WEIGHT}
-  nodeCacheCapable: true
+  nodeCacheCapable: ${QOS_EXTENDER_NODE_CACHE}
   enableHTTPS: true
   tlsConfig:
     caFile: ${CERTS}/ca.crt

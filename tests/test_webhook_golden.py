@@ -13,7 +13,7 @@ from extender.core import packing
 from extender.core.model import InvalidInputError
 from extender.kube.convert import CLASS_KEY
 from extender.webhook import verbs
-from tests.golden.replay import FULL_LOG, NODECACHE_LOG, Step, load_log, node_objects, replay
+from tests.golden.replay import FULL_LOG, NODECACHE_LOG, V135_LOGS, Step, load_log, node_objects, replay
 
 CONFIG = ExtenderConfig()
 
@@ -241,3 +241,102 @@ def test_malformed_pod_in_golden_body_is_input_error() -> None:
     req["Pod"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
     with pytest.raises(InvalidInputError, match="cpu"):
         verbs.filter_nodes(req, step.snapshot, CONFIG, step.now)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# v1.35.8 recapture (tests/golden/capture.sh): the pinned kube-scheduler talking to this extender, pods carrying
+# the routing marker (managedResources), both nodeCacheCapable modes. Each record holds the real extender's answer.
+
+V135_IDS = ["v1.35.8-nodeCacheCapable=true", "v1.35.8-nodeCacheCapable=false"]
+
+
+def test_v135_capture_is_what_origin_says() -> None:
+    cache, full = (load_log(p) for p in V135_LOGS)
+    for log in (cache, full):
+        assert {e["verb"] for e in log} == {"filter", "prioritize", "preempt", "bind"}
+        for e in log:
+            pod = e["request"].get("Pod")
+            if pod is not None:  # every pod that reached the extender requested the marker
+                requests = pod["spec"]["containers"][0]["resources"]["requests"]
+                assert requests.get(CONFIG.scheduling.marker_resource) == "1"
+    assert all(e["request"].get("Nodes") is None for e in cache if e["verb"] in ("filter", "prioritize"))
+    assert all(e["request"].get("NodeNames") is None for e in full if e["verb"] in ("filter", "prioritize"))
+    assert all("NodeNameToMetaVictims" in e["request"] for e in cache if e["verb"] == "preempt")
+    assert all(e["request"].get("NodeNameToVictims") for e in full if e["verb"] == "preempt")
+
+
+@pytest.mark.parametrize("path", V135_LOGS, ids=V135_IDS)
+def test_v135_filter_and_prioritize_answer_as_recorded(path: Any) -> None:
+    """Replayed state, today's code: the same answers the extender gave the real scheduler. The one exception
+    is a recorded race (nodeCacheCapable=false, filter 5): the preemption victim's deletion had not reached the
+    extender's watch yet, so it answered 'insufficient cpu' and kube-scheduler retried (filter 6). The replay
+    applies the deletion at once, so there the node passes."""
+    checked = 0
+    for step in replay(path, CONFIG):
+        if step.verb not in ("filter", "prioritize"):
+            continue
+        fn = verbs.filter_nodes if step.verb == "filter" else verbs.prioritize
+        got = fn(step.request, step.snapshot, CONFIG, step.now).body
+        want = step.event["response"]
+        if step.verb == "filter" and (want["FailedNodes"] or want["FailedAndUnresolvableNodes"]):
+            assert set(want["FailedNodes"]) <= set(_input_names(step.request))
+            assert got["FailedNodes"] == {} and got["FailedAndUnresolvableNodes"] == {}
+            continue
+        assert got == want, (step.verb, step.event["seq"])
+        checked += 1
+    assert checked >= 6
+
+
+@pytest.mark.parametrize("path", V135_LOGS, ids=V135_IDS)
+def test_v135_prioritize_packs_the_busier_node(path: Any) -> None:
+    """low-1 (3 CPU) next to pod-a (0.5 CPU) on node-1: BFD ranks node-1 first, the two empty nodes tie."""
+    step = _step(path, "prioritize", 2)
+    scores = {h["Host"]: h["Score"] for h in verbs.prioritize(step.request, step.snapshot, CONFIG, step.now).body}
+    assert scores["node-1"] == 10 and scores["node-2"] == scores["node-3"] < 10
+
+
+@pytest.mark.parametrize("path", V135_LOGS, ids=V135_IDS)
+def test_v135_preempt_keeps_bronze_victims_for_gold_and_only_given_uids(path: Any) -> None:
+    step = _step(path, "preempt", 1)
+    req = step.request
+    got = verbs.preempt(req, step.snapshot, CONFIG, step.now).body["NodeNameToMetaVictims"]
+    if req.get("NodeNameToMetaVictims"):
+        given = {n: {p["UID"] for p in v["Pods"]} for n, v in req["NodeNameToMetaVictims"].items()}
+    else:
+        given = {n: {p["metadata"]["uid"] for p in v["Pods"]} for n, v in req["NodeNameToVictims"].items()}
+    assert got and set(got) <= set(given)
+    for node, victims in got.items():
+        assert {p["UID"] for p in victims["Pods"]} <= given[node]
+    assert got == step.event["response"]["NodeNameToMetaVictims"]
+    # The same victims marked gold are protected from a gold preemptor (same class: run quantum, no relaxation).
+    golden = copy.deepcopy(req)
+    for node in given:
+        for uid in given[node]:
+            key = step.snapshot.key_for_uid(uid)
+            assert key is not None
+            entry = step.snapshot.pods[key]
+            obj = {
+                "metadata": {
+                    "name": entry.pod.name,
+                    "namespace": entry.pod.namespace,
+                    "uid": uid,
+                    "annotations": {CLASS_KEY: "gold"},
+                },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "c", "resources": {"requests": {"cpu": "3", "memory": "256Mi"}}}],
+                },
+                "status": {"phase": "Running"},
+            }
+            step.snapshot.apply_pod("MODIFIED", obj, now=step.now)
+    assert verbs.preempt(golden, step.snapshot, CONFIG, step.now).body["NodeNameToMetaVictims"] == {}
+
+
+@pytest.mark.parametrize("path", V135_LOGS, ids=V135_IDS)
+def test_v135_bind_bodies_parse(path: Any) -> None:
+    binds = [e for e in load_log(path) if e["verb"] == "bind"]
+    assert len(binds) == 5
+    for event in binds:
+        args = verbs.parse_bind_args(event["request"])
+        assert args.node == event["request"]["Node"] and args.uid == event["request"]["PodUID"]
+        assert event["response"] == {"Error": ""}

@@ -29,7 +29,15 @@ def load_log(path: Path) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def node_objects() -> list[dict[str, Any]]:
+# Recaptured from the pinned kube-scheduler by tests/golden/capture.sh (ORIGIN.md): nodes.json beside each log.
+V135_DIR = GOLDEN / "v1.35.8"
+V135_LOGS = (V135_DIR / "nodecache-true" / "requests.log", V135_DIR / "nodecache-false" / "requests.log")
+
+
+def node_objects(path: Path | None = None) -> list[dict[str, Any]]:
+    if path is not None and (path.parent / "nodes.json").is_file():
+        recorded: list[dict[str, Any]] = orjson.loads((path.parent / "nodes.json").read_bytes())
+        return recorded
     for event in load_log(FULL_LOG):
         nodes = event["request"].get("Nodes")
         if event["verb"] == "filter" and nodes and len(nodes["items"]) == 3:
@@ -74,7 +82,7 @@ def replay(path: Path, config: ExtenderConfig, *, watch_confirms: bool = True) -
     events = load_log(path)
     t0 = events[0]["t"] - 1
     snap = Snapshot(config)
-    snap.replace_nodes(node_objects(), "1", now=t0)
+    snap.replace_nodes(node_objects(path), "1", now=t0)
     snap.replace_pods([], "1", now=t0)
     pods: dict[str, dict[str, Any]] = {}
     unconfirmed: list[dict[str, Any]] = []
