@@ -298,6 +298,7 @@ class Watcher:
         self.pods: dict[str, dict[str, Any]] = {}
         self.rv: str | None = None
         self.started_pods = 0
+        self.victims = 0  # Running pods deleted (preemption victims: evictions or kube-scheduler preemption)
 
     def _apply(self, kind: str, pod: dict[str, Any], now: float) -> None:
         meta = pod.get("metadata") or {}
@@ -307,6 +308,10 @@ class Watcher:
         gates = [g.get("name") for g in (pod.get("spec") or {}).get("schedulingGates") or []]
         phase = (pod.get("status") or {}).get("phase")
         running = kind != "DELETED" and phase == "Running" and meta.get("deletionTimestamp") is None
+        prev_running = name in self.pods and (self.pods[name].get("status") or {}).get("phase") == "Running"
+        prev_deleting = name in self.pods and (self.pods[name].get("metadata") or {}).get("deletionTimestamp")
+        if prev_running and not prev_deleting and (kind == "DELETED" or meta.get("deletionTimestamp")):
+            self.victims += 1
         if kind == "DELETED":
             self.pods.pop(name, None)
         else:
@@ -318,7 +323,6 @@ class Watcher:
                 self.ungated_at[name] = now
             if prev is None and self.gate not in gates:
                 self.ungated_at.setdefault(name, now)  # created ungated (priority run, or webhook down)
-            prev_running = prev is not None and (prev.get("status") or {}).get("phase") == "Running"
             if running and not prev_running:
                 self.started_pods += 1
                 if name in self.ungated_at:
@@ -506,9 +510,7 @@ async def run_policy(
     ]
     stats, penalty = summarize_classes(triples, DEFAULT_CLASSES)
     busy = sum(t.e for t in tracks.values()) * 0.375
-    preemptions = int(metric_sum(metrics_text, "qos_controller_preemptions_total")) if metrics_text else None
-    if policy == "priority":
-        preemptions = max(0, watcher.started_pods - len(tracks))  # every restart follows a preemption
+    preemptions = watcher.victims  # measured on the pod watch, for both policies alike
     alpha = sorted(watcher.alpha)
     diffs = [
         abs(e / (e + p) - per_request[name]) for name, (e, p, _) in accounts.items() if e + p > 0 and name in tracks
@@ -546,6 +548,7 @@ async def run_policy(
             "median_workload": statistics.median(alpha) * compression if alpha else None,
         },
         "gated_at_end": len(gated_left),
+        "controller_preemptions": metric_sum(metrics_text, "qos_controller_preemptions_total") if extender else None,
         "gate_timeouts": metric_sum(metrics_text, "qos_controller_gate_timeouts_total") if metrics_text else None,
         "controller_vs_measured_max_abs_diff": max(diffs) if diffs else None,
         "controller_accounts": len(accounts),

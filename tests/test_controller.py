@@ -1,0 +1,387 @@
+"""QoS controller without a cluster: accounting, observation, the pure decision pass, release patches.
+
+The decision pass is checked against the rules it must obey (paper 002 Algorithm 1 and §3.3.1 as implemented
+by extender.core.qos): increasing-Q order, no victim below its margin except by the importance relaxations,
+the same-class overhead cap, pinning, the gate bound, and agreement with the simulator's call pattern.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extender.controller.accounting import Account, RequestState, decode_account, encode_account
+from extender.controller.decide import GatedPod, Settings, World, decide
+from extender.controller.observe import observe
+from extender.controller.patches import admission_patch, release_patch
+from extender.controller.state import PodInfo, pod_info
+from extender.core import qos
+from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources
+
+GATE = "qos.kube-qos-extender.io/ordering"
+SLOT = Resources.request(375, 384 * 2**20, 1)
+HOST = Resources(3750, 3840 * 2**20, 110)
+POLICY = qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0)
+
+
+def pod(name: str, cls: str, node: str | None = None) -> Pod:
+    return Pod(name, SLOT, request_id=f"default/ReplicaSet/{name}", class_name=cls, node_name=node)
+
+
+def running_acc(cls: str, e: float, p: float, now: float, run: float = 1000.0, **kw: Any) -> Account:
+    return Account(e, p, RequestState.RUNNING, now, 0.0, cls, run_started=now - run, **kw)
+
+
+def pending_acc(cls: str, e: float, p: float, now: float) -> Account:
+    return Account(e, p, RequestState.PENDING, now, 0.0, cls)
+
+
+def full_node(name: str, members: list[tuple[str, str]]) -> Node:
+    return Node(name, HOST, pods=tuple(pod(n, c, name) for n, c in members))
+
+
+# ------------------------------------------------------------------------------------------- accounting
+
+
+def test_account_folds_time_into_the_state_it_was_in() -> None:
+    acc = Account.admit("silver", 100.0)
+    acc = acc.transition(RequestState.RUNNING, 110.0)  # 10 s pending
+    acc = acc.transition(RequestState.PENDING, 140.0)  # 30 s running
+    assert acc.ep(150.0) == (30.0, 20.0)
+    assert acc.availability(150.0) == pytest.approx(0.6)
+    assert acc.starts == 1
+
+
+def test_restart_after_preemption_records_allocation_overhead() -> None:
+    acc = Account.admit("gold", 0.0).transition(RequestState.RUNNING, 1.0)
+    acc = acc.preempted().transition(RequestState.PENDING, 50.0).released(60.0)
+    acc = acc.transition(RequestState.RUNNING, 62.5)
+    assert acc.preemptions == 1
+    assert acc.overhead == pytest.approx(2.5)  # release -> Running of the restart (Eq. 8 alpha^1)
+
+
+def test_transition_never_runs_time_backwards() -> None:
+    acc = Account.admit("bronze", 100.0)
+    moved = acc.transition(RequestState.RUNNING, 90.0)
+    assert moved.since == 100.0
+    assert moved.ep(100.0) == (0.0, 0.0)
+
+
+def test_account_annotation_round_trip_and_rejects_garbage() -> None:
+    acc = Account(12.5, 3.25, RequestState.RUNNING, 1000.0, 900.0, "silver", 2, 1.5, 3, 990.0, None)
+    assert decode_account(encode_account(acc)) == acc
+    for bad in ("nope", "{}", '{"v":1,"e":-1,"p":0,"state":"running","since":1,"admitted":1,"class":"x"}'):
+        with pytest.raises(InvalidInputError):
+            decode_account(bad)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 100)), max_size=30))
+def test_e_plus_p_is_elapsed_time(steps: list[tuple[bool, float]]) -> None:
+    acc = Account.admit("silver", 0.0)
+    t = 0.0
+    for running, dt in steps:
+        t += dt
+        acc = acc.transition(RequestState.RUNNING if running else RequestState.PENDING, t)
+    e, p = acc.ep(t + 1.0)
+    assert e + p == pytest.approx(t + 1.0)
+
+
+# ------------------------------------------------------------------------------------------- observation
+
+
+def info(
+    name: str, running: bool, created: float, *, request: str | None = None, since: float | None = None
+) -> PodInfo:
+    return PodInfo(
+        key=f"default/{name}",
+        uid=name,
+        request=request or f"default/ReplicaSet/{name}",
+        owner_kind="ReplicaSet",
+        owner_name=name,
+        gated=not running,
+        phase="Running" if running else "Pending",
+        running=running,
+        deleting=False,
+        node_name="n1" if running else None,
+        created=created,
+        running_since=since,
+        pinned_node=None,
+        spec={},
+    )
+
+
+def test_observe_admits_and_tracks_transitions() -> None:
+    obs = observe({}, [info("a", False, 10.0)], {"default/a": "gold"}, 12.0)
+    acc = obs.accounts["default/ReplicaSet/a"]
+    assert acc.state is RequestState.PENDING and acc.ep(12.0) == (0.0, 2.0) and acc.class_name == "gold"
+    obs = observe(obs.accounts, [info("a", True, 10.0)], {"default/a": "gold"}, 15.0)
+    assert obs.accounts["default/ReplicaSet/a"].ep(20.0) == (5.0, 5.0)
+    assert obs.changed == {"default/ReplicaSet/a"}
+
+
+def test_rebuild_dates_missed_transitions_from_pod_timestamps() -> None:
+    """After a restart, a request stored as pending whose pod has been Running since t=30 gets its e from 30,
+    not from the restart time: nothing is lost beyond the timestamps' granularity, nothing resets."""
+    stored = {"default/ReplicaSet/a": Account(100.0, 10.0, RequestState.PENDING, 20.0, 0.0, "silver")}
+    obs = observe(stored, [info("a", True, 25.0, since=30.0)], {}, 60.0, rebuild=True)
+    assert obs.accounts["default/ReplicaSet/a"].ep(60.0) == (130.0, 20.0)
+    plain = observe(stored, [info("a", True, 25.0, since=30.0)], {}, 60.0, rebuild=False)
+    assert plain.accounts["default/ReplicaSet/a"].ep(60.0) == (100.0, 50.0)
+
+
+def test_vanished_pod_makes_the_request_pending_then_finished() -> None:
+    stored = {"r": Account(10.0, 0.0, RequestState.RUNNING, 10.0, 0.0, "gold", run_started=0.0)}
+    obs = observe(stored, [], {}, 20.0, absent_grace=100.0)
+    assert obs.accounts["r"].state is RequestState.PENDING and obs.accounts["r"].ep(20.0) == (20.0, 0.0)
+    later = observe(obs.accounts, [], {}, 200.0, absent_grace=100.0)
+    assert "r" not in later.accounts and later.finished == {"r"}
+
+
+def test_pod_info_reads_gate_owner_phase_and_pin() -> None:
+    obj = {
+        "metadata": {
+            "name": "p",
+            "namespace": "ns",
+            "uid": "u1",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs", "controller": True}],
+        },
+        "spec": {
+            "schedulingGates": [{"name": GATE}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n7"]}]}
+                        ]
+                    }
+                }
+            },
+        },
+        "status": {"phase": "Pending"},
+    }
+    got = pod_info(obj, GATE, "x")
+    assert (got.request, got.gated, got.running, got.pinned_node) == ("ns/ReplicaSet/rs", True, False, "n7")
+
+
+# ----------------------------------------------------------------------------------------------- decide
+
+
+def world(nodes: list[Node], accounts: dict[str, Account], gated: list[GatedPod], now: float = 5000.0) -> World:
+    running = {p.key: p.request_id for n in nodes for p in n.pods if p.request_id in accounts}
+    return World(nodes, running, gated, accounts, now)
+
+
+def gate(name: str, cls: str, since: float = 4990.0) -> GatedPod:
+    return GatedPod(pod(name, cls), f"default/ReplicaSet/{name}", since)
+
+
+def test_free_space_releases_in_increasing_q_and_pins() -> None:
+    now = 5000.0
+    node = full_node("n1", [(f"x{i}", "bronze") for i in range(9)])  # one slot left
+    accounts = {f"default/ReplicaSet/x{i}": running_acc("bronze", 100, 100, now, run=10.0) for i in range(9)}
+    accounts["default/ReplicaSet/a"] = pending_acc("gold", 100, 50, now)  # Q = 100 - 150 - 2 < 0
+    accounts["default/ReplicaSet/b"] = pending_acc("bronze", 100, 10, now)  # Q = 200 - 110 - 2 > 0
+    d = decide(world([node], accounts, [gate("b", "bronze"), gate("a", "gold")]), POLICY, Settings(), random.Random(1))
+    assert d.order == ("default/a", "default/b")
+    assert [(r.pod, r.node) for r in d.releases] == [("default/a", "n1")]  # b does not fit any more
+    assert not d.evictions
+
+
+def test_preemption_follows_the_qos_rules_and_reports_why() -> None:
+    now = 5000.0
+    members = [(f"v{i}", "bronze") for i in range(10)]
+    node = full_node("n1", members)
+    accounts = {f"default/ReplicaSet/v{i}": running_acc("bronze", 1000.0 + i, 0.0, now) for i in range(10)}
+    accounts["default/ReplicaSet/g"] = pending_acc("gold", 100.0, 20.0, now)
+    d = decide(world([node], accounts, [gate("g", "gold")]), POLICY, Settings(), random.Random(1))
+    assert len(d.evictions) == 1
+    ev = d.evictions[0]
+    assert ev.victim == "default/v9"  # largest Q goes first
+    assert ev.for_pod == "default/g" and ev.reason == "qos" and ev.q_victim > ev.q_pending
+    assert d.releases[0].node == "n1" and d.releases[0].victims == ("default/v9",)
+
+
+def test_no_victim_below_its_margin_for_a_less_important_class() -> None:
+    now = 5000.0
+    node = full_node("n1", [(f"g{i}", "gold") for i in range(10)])
+    accounts = {f"default/ReplicaSet/g{i}": running_acc("gold", 1000.0, 0.0, now) for i in range(10)}  # Q = -2
+    accounts["default/ReplicaSet/b"] = pending_acc("bronze", 10.0, 1000.0, now)  # violating badly
+    d = decide(world([node], accounts, [gate("b", "bronze")]), POLICY, Settings(), random.Random(1))
+    assert not d.evictions and not d.releases
+
+
+def test_overhead_cap_protects_a_same_class_victim() -> None:
+    now = 5000.0
+    node = full_node("n1", [(f"s{i}", "silver") for i in range(10)])
+    accounts = {
+        f"default/ReplicaSet/s{i}": running_acc("silver", 1000.0, 0.0, now, preemptions=3, overhead=200.0)
+        for i in range(10)
+    }  # O = 0.2 > 1 - 0.9
+    accounts["default/ReplicaSet/p"] = pending_acc("silver", 10.0, 500.0, now)
+    d = decide(world([node], accounts, [gate("p", "silver")]), POLICY, Settings(), random.Random(1))
+    assert not d.evictions
+
+
+def test_gate_held_too_long_is_released_unpinned() -> None:
+    node = full_node("n1", [(f"g{i}", "gold") for i in range(10)])
+    accounts = {f"default/ReplicaSet/g{i}": running_acc("gold", 1000.0, 0.0, 5000.0) for i in range(10)}
+    d = decide(
+        world([node], accounts, [gate("b", "bronze", since=0.0)]),
+        POLICY,
+        Settings(max_gate_seconds=600.0),
+        random.Random(1),
+    )
+    assert [(r.pod, r.node, r.timeout) for r in d.releases] == [("default/b", None, True)]
+
+
+def test_compression_scales_measured_time_only() -> None:
+    """A replay 10x faster takes the decision of the real-time replay: Q is computed in workload seconds."""
+    now = 500.0
+    node = full_node("n1", [(f"v{i}", "bronze") for i in range(10)])
+    fast = {f"default/ReplicaSet/v{i}": running_acc("bronze", 100.0 + i / 10, 0.0, now, run=100.0) for i in range(10)}
+    fast["default/ReplicaSet/g"] = pending_acc("gold", 10.0, 2.0, now)
+    slow = {
+        k: Account(a.e * 10, a.p * 10, a.state, now, 0.0, a.class_name, run_started=now - 1000.0)
+        for k, a in fast.items()
+    }
+    d_fast = decide(
+        world([node], fast, [gate("g", "gold", 490.0)], now), POLICY, Settings(compression=10.0), random.Random(3)
+    )
+    d_slow = decide(world([node], slow, [gate("g", "gold", 490.0)], now), POLICY, Settings(), random.Random(3))
+    assert [e.victim for e in d_fast.evictions] == [e.victim for e in d_slow.evictions]
+    assert d_fast.q_of_request == pytest.approx(d_slow.q_of_request)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["gold", "silver", "bronze"]), st.floats(0, 3000), st.floats(0, 3000)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.lists(
+        st.tuples(st.sampled_from(["gold", "silver", "bronze"]), st.floats(0, 3000), st.floats(0, 3000)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.integers(0, 2**16),
+)
+def test_decision_respects_capacity_and_eligibility(
+    running: list[tuple[str, float, float]], pending: list[tuple[str, float, float]], seed: int
+) -> None:
+    """Whatever the state: every victim is allowed by may_preempt for the pod it is evicted for, no node is
+    over-committed after the effects, a pod is released at most once and releases follow increasing Q."""
+    now = 10_000.0
+    nodes: list[Node] = []
+    accounts: dict[str, Account] = {}
+    for i, (cls, e, p) in enumerate(running):
+        accounts[f"default/ReplicaSet/r{i}"] = running_acc(cls, e, p, now, run=e)
+    for n in range(3):
+        members = [(f"r{i}", running[i][0]) for i in range(len(running)) if i % 3 == n][:10]
+        nodes.append(full_node(f"n{n}", members))
+    gated = []
+    for j, (cls, e, p) in enumerate(pending):
+        accounts[f"default/ReplicaSet/w{j}"] = pending_acc(cls, e, p, now)
+        gated.append(gate(f"w{j}", cls))
+    w = world(nodes, accounts, gated, now)
+    d = decide(w, POLICY, Settings(max_gate_seconds=1e9), random.Random(seed))
+    released = [r.pod for r in d.releases]
+    assert len(released) == len(set(released))
+    assert [r.pod for r in d.releases] == [k for k in d.order if k in released]
+    victims = {e.victim for e in d.evictions}
+    assert len(victims) == len(d.evictions)
+    for ev in d.evictions:
+        v_req = w.running[ev.victim]
+        v_pod = next(p for n in nodes for p in n.pods if p.key == ev.victim)
+        v_inst = qos.Instance(v_pod, *accounts[v_req].ep(now), current_run_seconds=accounts[v_req].current_run(now))
+        p_req = ev.for_pod.replace("default/", "default/ReplicaSet/")
+        p_pod = next(g.pod for g in gated if g.pod.key == ev.for_pod)
+        p_inst = qos.Instance(p_pod, *accounts[p_req].ep(now))
+        assert qos.may_preempt(v_inst, p_inst, POLICY)
+    load = {n.name: len(n.pods) for n in nodes}
+    for ev in d.evictions:
+        load[ev.node] -= 1
+    for r in d.releases:
+        assert r.node is not None
+        load[r.node] += 1
+    assert all(v <= 10 for v in load.values())
+
+
+# ---------------------------------------------------------------------------------------------- patches
+
+
+def test_release_patch_removes_only_our_gate_and_pins() -> None:
+    spec = {"schedulingGates": [{"name": "other/gate"}, {"name": GATE}]}
+    ops = release_patch(spec, GATE, "n3")
+    assert ops[0] == {"op": "test", "path": "/spec/schedulingGates/1/name", "value": GATE}
+    assert ops[1] == {"op": "remove", "path": "/spec/schedulingGates/1"}
+    assert ops[2]["path"] == "/spec/affinity"
+    assert release_patch({"schedulingGates": []}, GATE, "n3") == []
+
+
+def test_release_patch_tightens_existing_affinity_terms() -> None:
+    spec = {
+        "schedulingGates": [{"name": GATE}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["x"]}]},
+                    ]
+                }
+            }
+        },
+    }
+    ops = release_patch(spec, GATE, "n1")
+    base = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+    assert [o["path"] for o in ops[2:]] == [f"{base}/0/matchFields", f"{base}/1/matchFields/-"]
+
+
+def test_admission_patch_adds_gate_and_marker_once() -> None:
+    p = {"spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}
+    ops = admission_patch(p, GATE, "qos.kube-qos-extender.io/managed")
+    assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]} in ops
+    assert {
+        "op": "add",
+        "path": "/spec/containers/0/resources/requests/qos.kube-qos-extender.io~1managed",
+        "value": "1",
+    } in ops
+    assert {
+        "op": "add",
+        "path": "/spec/containers/0/resources/limits",
+        "value": {"qos.kube-qos-extender.io/managed": "1"},
+    } in ops
+    done = {
+        "spec": {
+            "schedulingGates": [{"name": GATE}],
+            "containers": [{"resources": {"requests": {"m/x": "1"}, "limits": {"m/x": "1"}}}],
+        }
+    }
+    assert admission_patch(done, GATE, "m/x") == []
+    assert admission_patch(p, GATE, None) == [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
+
+
+# ----------------------------------------------------------------------------------------------- config
+
+
+def test_controller_config_defaults_and_errors() -> None:
+    from extender.config import ConfigError, parse_config
+
+    cfg = parse_config({"controller": {"enabled": True, "time_compression": 6}})
+    assert cfg.controller.enabled and cfg.controller.time_compression == 6.0
+    assert cfg.controller.watchdog_seconds == 10.0 and cfg.controller.gate_name == GATE
+    for bad, message in (
+        ({"controller": {"watchdog_seconds": 0}}, "controller.watchdog_seconds"),
+        ({"controller": {"gate_name": "nodomain"}}, "controller.gate_name"),
+        ({"controller": {"persistence": "etcd"}}, "controller.persistence"),
+        ({"controller": {"max_gate_seconds": 1, "watchdog_seconds": 5}}, "controller.max_gate_seconds"),
+        ({"controller": {"bogus": 1}}, "controller.bogus"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_config(bad)

@@ -1,0 +1,165 @@
+"""The QoS controller against a real kube-apiserver + kube-scheduler + kwok (hack/local-up.sh): a gated pod is
+released pinned to a host with an Event and a persisted account; a pod no node can hold is released after
+``max_gate_seconds`` with a Warning Event and counted; a restart rebuilds the account instead of resetting it.
+
+Pods are created already gated (what the admission webhook would do), so this test does not depend on the
+webhook's URL; e2e/test_qos_controller.py covers the webhook path. FAILS without KUBECONFIG.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from extender.config import ControllerConfig, ExtenderConfig, KubernetesConfig, ServerConfig
+from extender.controller.accounting import ACCOUNT_ANNOTATION, decode_account
+from extender.kube.client import ApiError, new_api_client, read_json
+from extender.webhook.serve import Running, start
+
+pytestmark = [pytest.mark.live]
+
+GATE = "qos.kube-qos-extender.io/ordering"
+
+
+def _kubeconfig() -> str:
+    path = os.environ.get("KUBECONFIG", "")
+    if not path or not Path(path).is_file():
+        pytest.fail("live tests need KUBECONFIG of a real kube-apiserver (hack/local-up.sh)", pytrace=False)
+    return path
+
+
+async def _eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = await check()
+        if got:
+            return got
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _config(kubeconfig: str) -> ExtenderConfig:
+    base = ExtenderConfig()
+    return dataclasses.replace(
+        base,
+        server=ServerConfig(host="127.0.0.1", port=0),
+        kubernetes=KubernetesConfig(kubeconfig=kubeconfig),
+        controller=ControllerConfig(enabled=True, watchdog_seconds=0.5, max_gate_seconds=3.0),
+    )
+
+
+def _pod(name: str, run: str, cpu: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"qos.kube-qos-extender.io/class": "silver"}},
+        "spec": {
+            "schedulerName": "qos-scheduler",
+            "schedulingGates": [{"name": GATE}],
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {"ctl-live": run},
+            "containers": [
+                {"name": "c", "image": "registry.invalid/pause:3.10", "resources": {"requests": {"cpu": cpu}}}
+            ],
+        },
+    }
+
+
+async def test_release_pin_timeout_and_rebuild() -> None:
+    kubeconfig = _kubeconfig()
+    run = f"ctl-{uuid.uuid4().hex[:6]}"
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    core = k8s.CoreV1Api(api)
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": run,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"type": "kwok", "ctl-live": run},
+        },
+        "status": {
+            "allocatable": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+            "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+        },
+    }
+    running: Running | None = None
+    try:
+        await read_json(await core.create_node(node, _preload_content=False))
+        await read_json(await core.create_namespace({"metadata": {"name": run}}, _preload_content=False))
+        running = await start(_config(kubeconfig))
+        await read_json(await core.create_namespaced_pod(run, _pod("fits", run, "500m"), _preload_content=False))
+        await read_json(await core.create_namespaced_pod(run, _pod("huge", run, "64"), _preload_content=False))
+
+        async def get(name: str) -> dict[str, Any]:
+            body: dict[str, Any] = await read_json(await core.read_namespaced_pod(name, run, _preload_content=False))
+            return body
+
+        async def released_and_running() -> dict[str, Any] | None:
+            p = await get("fits")
+            ok = not p["spec"].get("schedulingGates") and p["status"].get("phase") == "Running"
+            return p if ok else None
+
+        fits = await _eventually(released_and_running, "the fitting pod to be released and Running")
+        terms = fits["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [run]  # pinned to the chosen host
+        assert fits["spec"]["nodeName"] == run
+
+        async def huge_released() -> bool:
+            return not (await get("huge"))["spec"].get("schedulingGates")
+
+        await _eventually(huge_released, "the gate of the unplaceable pod to time out", timeout=20)
+
+        async def events() -> set[str]:
+            page = await read_json(await core.list_namespaced_event(run, _preload_content=False))
+            return {e["reason"] for e in page["items"]}
+
+        await _eventually(
+            lambda: _has(events, {"QoSReleased", "QoSGateTimeout"}), "QoSReleased and QoSGateTimeout Events"
+        )
+        assert running.controller is not None
+        assert running.controller.metrics.gate_timeouts._value.get() == 1
+
+        async def account() -> Any:
+            text = (await get("fits"))["metadata"].get("annotations", {}).get(ACCOUNT_ANNOTATION)
+            return decode_account(text) if text else None
+
+        acc = await _eventually(account, "the account annotation on the bare pod")
+        assert acc.state.value == "running" and acc.class_name == "silver"
+
+        # restart: the new process rebuilds the account from the annotation; e keeps growing from where it was
+        await running.stop()
+        await asyncio.sleep(1.0)
+        running = await start(_config(kubeconfig))
+        ctl = running.controller
+        assert ctl is not None
+        await _eventually(lambda: _passes(ctl), "the restarted controller's first pass")
+        rebuilt = ctl.accounts[f"{run}/fits"]
+        e, p = rebuilt.ep(time.time())
+        assert e >= acc.ep(time.time())[0] - 0.5 and p == pytest.approx(acc.p, abs=0.5)
+    finally:
+        if running is not None:
+            await running.stop()
+        with contextlib.suppress(ApiError):
+            await read_json(await core.delete_namespace(run, _preload_content=False))
+        with contextlib.suppress(ApiError):
+            await read_json(await core.delete_node(run, _preload_content=False))
+        await api.close()
+
+
+async def _has(fn: Callable[[], Awaitable[set[str]]], wanted: set[str]) -> bool:
+    return wanted <= await fn()
+
+
+async def _passes(ctl: Any) -> bool:
+    return bool(ctl.passes > 0)
