@@ -161,6 +161,15 @@ async def ensure_webhook(api: Any, extender_url: str, ca_file: str) -> None:
         await read_json(await adm.create_mutating_webhook_configuration(doc, _preload_content=False))
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 def deployment(spec: RequestSpec, policy: str, namespace: str) -> dict[str, Any]:
     name = _name(spec)
     pod_spec: dict[str, Any] = {
@@ -418,7 +427,10 @@ async def run_policy(
     state = Path(os.environ.get("QOS_STATE", "/tmp/qos-local"))
     url = os.environ.get("EXTENDER_URL", "https://127.0.0.1:8443").rstrip("/")
     ca = str(state / "certs" / "ca.crt")
-    port = int(url.rsplit(":", 1)[1])
+    # Our own extender on a free port: with QOS_WITH_EXTENDER=1 local-up's extender already holds EXTENDER_URL.
+    # The webhook is pointed at ours for the run and back at EXTENDER_URL afterwards.
+    port = free_port()
+    own_url = f"https://127.0.0.1:{port}"
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     workload = qos_validation1()
     namespace = f"qv-{policy.split('-')[0]}-{uuid.uuid4().hex[:5]}"
@@ -434,9 +446,9 @@ async def run_policy(
             )
         )
         if policy == "qos-driven":
-            await ensure_webhook(api, url, ca)
+            await ensure_webhook(api, own_url, ca)
             extender = Extender(
-                extender_config(state, port, compression, kubeconfig), url, state / "logs" / "qv-extender.log"
+                extender_config(state, port, compression, kubeconfig), own_url, state / "logs" / "qv-extender.log"
             )
             await extender.start(ca)
         tracks = {_name(r): ReqTrack(r) for r in workload.requests}
@@ -499,6 +511,8 @@ async def run_policy(
                 await watcher_task
         if extender is not None:
             extender.stop()
+            with contextlib.suppress(ApiError, OSError):
+                await ensure_webhook(api, url, ca)
         await delete_namespace(api, namespace)
         await api.close()
 

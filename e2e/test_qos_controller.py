@@ -6,8 +6,10 @@ minutes per policy instead of ten), so the bounds are looser than the issue's ta
 policy is off: a controller that orders by FIFO or never preempts leaves bronze at 0 and silver far below,
 and a priority run that does not starve bronze means the reference is not the reference.
 
-Needs the cluster of hack/local-up.sh (KUBECONFIG, EXTENDER_URL, QOS_STATE with its certs); the extender is
-started by the benchmark on EXTENDER_URL's port (do not run another one there). FAILS without a cluster.
+Needs the cluster of hack/local-up.sh (KUBECONFIG, EXTENDER_URL, QOS_STATE with its certs). The benchmark
+starts its own extender (controller enabled) on a free port and points the admission webhook at it for the
+run, back at EXTENDER_URL afterwards; a local-up extender (QOS_WITH_EXTENDER=1) is not disturbed, because the
+workload requests no marker resource. FAILS without a cluster.
 """
 
 from __future__ import annotations
