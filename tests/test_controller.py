@@ -385,3 +385,27 @@ def test_controller_config_defaults_and_errors() -> None:
     ):
         with pytest.raises(ConfigError, match=message):
             parse_config(bad)
+
+
+def test_metrics_expose_current_sli_distributions() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from extender.controller.metrics import ControllerMetrics, RequestSample
+
+    reg = CollectorRegistry()
+    m = ControllerMetrics(reg)
+    m.set_samples(
+        [
+            RequestSample("gold", "running", 1.0, -2.0, 1.0),
+            RequestSample("bronze", "pending", 0.3, -40.0, 0.5),
+            RequestSample("bronze", "running", 0.6, 30.0, 0.5),
+        ]
+    )
+    m.preemptions.labels("importance").inc()
+    text = generate_latest(reg).decode()
+    assert 'qos_controller_slo_fulfillment{class="bronze"} 0.5' in text
+    assert 'qos_controller_request_availability_bucket{class="bronze",le="0.5"} 1.0' in text
+    assert 'qos_controller_request_q_seconds_bucket{class="bronze",le="+Inf",state="pending"} 1.0' in text
+    assert 'qos_controller_preemptions_total{reason="importance"} 1.0' in text
+    m.set_samples([])  # requests finished: the distributions empty out instead of accumulating
+    assert "qos_controller_slo_fulfillment{" not in generate_latest(reg).decode()
