@@ -286,3 +286,35 @@ def test_config_defaults_off_and_strict(tmp_path: Path) -> None:
     assert s.left_alone_seconds == 10.0 and s.batch_queue_quiet_seconds == 0.0
     default = Path(__file__).resolve().parents[1] / "extender" / "consolidation" / "consolidation.yaml"
     assert load_consolidation_config(default) == ConsolidationSettings()
+
+
+def test_cli_consolidation_config_errors_exit_2_and_the_default_file_checks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from extender.autoscaler.main import run_autoscaler_command
+    from extender.cli import build_parser
+
+    bad = tmp_path / "c.yaml"
+    bad.write_text("consolidation: {enabled: true}\n")
+    args = build_parser().parse_args(["autoscaler", "--consolidation-config", str(bad), "--check-config"])
+    assert run_autoscaler_command(args) == 2
+    assert "consolidation.agent: cert_file" in capsys.readouterr().err
+    default = Path(__file__).resolve().parents[1] / "extender" / "consolidation" / "consolidation.yaml"
+    args = build_parser().parse_args(["autoscaler", "--consolidation-config", str(default), "--check-config"])
+    assert run_autoscaler_command(args) == 0
+
+
+def test_decide_is_pure() -> None:
+    """Decisions import no I/O framework and read no clock (the shell passes ``now``)."""
+    import ast
+
+    path = Path(__file__).resolve().parents[1] / "extender" / "consolidation" / "decide.py"
+    imported: set[str] = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            imported.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom) and n.module:
+            imported.add(n.module)
+    banned = {"asyncio", "aiohttp", "kubernetes_asyncio", "time", "socket", "subprocess", "prometheus_client"}
+    assert not imported & banned, imported & banned
+    assert not [m for m in imported if m.startswith(("extender.kube", "extender.agent"))]

@@ -240,10 +240,10 @@ class ConsolidationFlow:
             message = f"emptied by {len(moves)} migration(s) ({preserved:.1f}s of work preserved) and deleted"
             self._say("Node", "", source, "", "ConsolidatedNodeRemoved", message, False)
             return NodeOutcome(source, plan_id, True, message, tuple(moves))
-        except (_Abort, ApiError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # any failure (API, network, a bug): the node must not stay cordoned
             reason = str(exc) if isinstance(exc, _Abort) else f"{type(exc).__name__}: {exc}"
             if cordoned:
-                with contextlib.suppress(ApiError, OSError, TimeoutError):
+                with contextlib.suppress(Exception):
                     await self._cordon(source, None)
             self.left_alone[source] = self._clock() + self.s.left_alone_seconds
             self.metrics.plans.labels("aborted").inc()
@@ -288,7 +288,7 @@ class ConsolidationFlow:
             reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
         except _Refused as exc:
             outcome, reason = "refused", str(exc)
-        except (ApiError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # API/network errors before the agent was asked: nothing moved
             outcome, reason = "refused", f"{type(exc).__name__}: {exc}"
         verdict = decide.after_outcome(outcome)
         if verdict is MoveVerdict.COMMIT:
