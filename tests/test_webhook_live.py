@@ -34,7 +34,8 @@ from extender.webhook.serve import Running, start
 
 pytestmark = [pytest.mark.live]
 
-SCHEDULER = "qos-live-nobody"  # no scheduler serves it: pods stay pending until our bind
+SCHEDULER = "qos-live-nobody"
+LIVE_COMPONENT = "qos-extender-live-test"  # no scheduler serves it: pods stay pending until our bind
 RUN = ""  # set per test by the live_env fixture: fresh namespace and node names each time
 NS = ""
 NODES: list[str] = []
@@ -131,7 +132,9 @@ async def live_env() -> AsyncIterator[Live]:
     config = dataclasses.replace(
         ExtenderConfig(),
         server=ServerConfig(port=0),
-        kubernetes=KubernetesConfig(kubeconfig=kubeconfig, watch_timeout_seconds=30),
+        # Own event component: hack/local-up.sh's extender (QOS_WITH_EXTENDER=1) watches the same pods and
+        # reports the same malformed annotations; the event test must find this extender's Event.
+        kubernetes=KubernetesConfig(kubeconfig=kubeconfig, watch_timeout_seconds=30, event_component=LIVE_COMPONENT),
     )
     try:
         api = await new_api_client(config.kubernetes)
@@ -261,6 +264,7 @@ async def test_live_malformed_annotations_get_an_event(live_env: Live) -> None:
         events = await read_json(await env.core.list_namespaced_event(NS, _preload_content=False))
         return any(
             e.get("reason") == EVENT_REASON
+            and e.get("reportingComponent") == LIVE_COMPONENT
             and e["involvedObject"]["name"] == "bad-annotations"
             and "platinum" in e.get("message", "")
             for e in events.get("items", [])
