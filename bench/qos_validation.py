@@ -562,8 +562,12 @@ async def run_policy(
             "median_workload": statistics.median(alpha) * compression if alpha else None,
         },
         "gated_at_end": len(gated_left),
-        "controller_preemptions": metric_sum(metrics_text, "qos_controller_preemptions_total") if extender else None,
-        "gate_timeouts": metric_sum(metrics_text, "qos_controller_gate_timeouts_total") if metrics_text else None,
+        "controller_preemptions": metric_sum(metrics_text, "qos_extender_controller_preemptions_total")
+        if extender
+        else None,
+        "gate_timeouts": metric_sum(metrics_text, "qos_extender_controller_gate_timeouts_total")
+        if metrics_text
+        else None,
         "controller_vs_measured_max_abs_diff": max(diffs) if diffs else None,
         "controller_accounts": len(accounts),
         "zero_availability_requests": sum(a == 0.0 for a in per_request.values()),

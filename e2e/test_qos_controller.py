@@ -59,7 +59,7 @@ def _cls(run: dict[str, Any], name: str) -> dict[str, float]:
     return stats
 
 
-def test_qos_controller_meets_the_classes(runs: dict[str, dict[str, Any]]) -> None:
+def test_qos_extender_controller_meets_the_classes(runs: dict[str, dict[str, Any]]) -> None:
     run = runs["qos"]
     gold, silver, bronze = _cls(run, "gold"), _cls(run, "silver"), _cls(run, "bronze")
     summary = {

@@ -403,9 +403,9 @@ def test_metrics_expose_current_sli_distributions() -> None:
     )
     m.preemptions.labels("importance").inc()
     text = generate_latest(reg).decode()
-    assert 'qos_controller_slo_fulfillment{class="bronze"} 0.5' in text
-    assert 'qos_controller_request_availability_bucket{class="bronze",le="0.5"} 1.0' in text
-    assert 'qos_controller_request_q_seconds_bucket{class="bronze",le="+Inf",state="pending"} 1.0' in text
-    assert 'qos_controller_preemptions_total{reason="importance"} 1.0' in text
+    assert 'qos_extender_controller_slo_fulfillment{class="bronze"} 0.5' in text
+    assert 'qos_extender_controller_request_availability_bucket{class="bronze",le="0.5"} 1.0' in text
+    assert 'qos_extender_controller_request_q_seconds_bucket{class="bronze",le="+Inf",state="pending"} 1.0' in text
+    assert 'qos_extender_controller_preemptions_total{reason="importance"} 1.0' in text
     m.set_samples([])  # requests finished: the distributions empty out instead of accumulating
-    assert "qos_controller_slo_fulfillment{" not in generate_latest(reg).decode()
+    assert "qos_extender_controller_slo_fulfillment{" not in generate_latest(reg).decode()

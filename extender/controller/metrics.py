@@ -1,4 +1,4 @@
-"""Prometheus metrics of the QoS controller (prefix ``qos_controller_``), in the extender's registry.
+"""Prometheus metrics of the QoS controller (prefix ``qos_extender_controller_``), in the extender's registry.
 
 Counters and the gate-wait histogram are updated as things happen. The SLI distributions (availability per
 class, SLO fulfilment, Q of pending and running requests) describe the CURRENT state of every live request,
@@ -58,28 +58,30 @@ class _SliCollector(Collector):
             if s.q is not None:
                 q_by.setdefault((s.class_name, s.state), []).append(s.q)
         yield _histogram(
-            "qos_controller_request_availability",
+            "qos_extender_controller_request_availability",
             "Current availability e/(e+p) of every live request, by class (not cumulative: recomputed each pass).",
             ["class"],
             by_class,
             AVAILABILITY_BUCKETS,
         )
         yield _histogram(
-            "qos_controller_request_q_seconds",
+            "qos_extender_controller_request_q_seconds",
             "Current QoS metric Q (TTV when >= 0, recoverability when < 0; workload seconds) by class and state.",
             ["class", "state"],
             q_by,
             Q_BUCKETS,
         )
         g = GaugeMetricFamily(
-            "qos_controller_slo_fulfillment",
+            "qos_extender_controller_slo_fulfillment",
             "Share of live requests of the class at or above its SLO.",
             labels=["class"],
         )
         for name, flags in sorted(ok.items()):
             g.add_metric([name], sum(flags) / len(flags))
         yield g
-        n = GaugeMetricFamily("qos_controller_requests", "Live requests by class and state.", labels=["class", "state"])
+        n = GaugeMetricFamily(
+            "qos_extender_controller_requests", "Live requests by class and state.", labels=["class", "state"]
+        )
         counts: dict[tuple[str, str], int] = {}
         for s in self.samples:
             counts[(s.class_name, s.state)] = counts.get((s.class_name, s.state), 0) + 1
@@ -92,51 +94,53 @@ class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.preemptions = Counter(
-            "qos_controller_preemptions",
+            "qos_extender_controller_preemptions",
             "Evictions for QoS preemption, by the rule that allowed them: qos (base rule, victim above its safety "
             "margin), importance (relaxation i), peer (relaxation ii).",
             ["reason"],
             registry=r,
         )
         self.eviction_failures = Counter(
-            "qos_controller_eviction_failures",
+            "qos_extender_controller_eviction_failures",
             "Evictions refused (pdb: 429 from a PodDisruptionBudget; error: anything else); the pod waits.",
             ["reason"],
             registry=r,
         )
         self.releases = Counter(
-            "qos_controller_releases",
+            "qos_extender_controller_releases",
             "Scheduling gates removed: fits (free space), preemption (after evictions), timeout (max_gate_seconds).",
             ["reason"],
             registry=r,
         )
         self.gate_timeouts = Counter(
-            "qos_controller_gate_timeouts",
+            "qos_extender_controller_gate_timeouts",
             "Gates held longer than controller.max_gate_seconds and released.",
             registry=r,
         )
         self.gate_wait = Histogram(
-            "qos_controller_gate_wait_seconds",
+            "qos_extender_controller_gate_wait_seconds",
             "Wall-clock time a pod spent behind the ordering gate before release.",
             ["class"],
             buckets=GATE_BUCKETS,
             registry=r,
         )
-        self.passes = Counter("qos_controller_passes", "Controller passes (event-driven or watchdog).", registry=r)
+        self.passes = Counter(
+            "qos_extender_controller_passes", "Controller passes (event-driven or watchdog).", registry=r
+        )
         self.pass_duration = Histogram(
-            "qos_controller_pass_duration_seconds",
+            "qos_extender_controller_pass_duration_seconds",
             "Time of one decision pass (observe, decide), API calls excluded.",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r,
         )
         self.account_writes = Counter(
-            "qos_controller_account_writes",
+            "qos_extender_controller_account_writes",
             "Writes of SLI accounts to owner annotations, by outcome (ok, error, unsupported owner).",
             ["outcome"],
             registry=r,
         )
         self.accounts_loaded = Counter(
-            "qos_controller_accounts_loaded",
+            "qos_extender_controller_accounts_loaded",
             "Accounts rebuilt from annotations at start, by outcome.",
             ["outcome"],
             registry=r,
