@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from enum import StrEnum
 
@@ -371,31 +371,11 @@ class Node:
 
     def with_pod(self, pod: Pod) -> Node:
         """A copy with ``pod`` added: decisions simulate placements without mutating the snapshot."""
-        return Node(
-            self.name,
-            self.allocatable,
-            self.capacity,
-            self.labels,
-            self.group,
-            self.flavour,
-            (*self.pods, pod),
-            self.unschedulable,
-            self.created_at,
-        )
+        return replace(self, pods=(*self.pods, pod))
 
     def without_pods(self, keys: Iterable[str]) -> Node:
         gone = set(keys)
-        return Node(
-            self.name,
-            self.allocatable,
-            self.capacity,
-            self.labels,
-            self.group,
-            self.flavour,
-            tuple(p for p in self.pods if p.key not in gone),
-            self.unschedulable,
-            self.created_at,
-        )
+        return replace(self, pods=tuple(p for p in self.pods if p.key not in gone))
 
     def utilization(self) -> float:
         """max(cpu, memory) requested / allocatable, as cluster-autoscaler's scale-down threshold uses."""

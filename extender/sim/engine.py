@@ -383,9 +383,14 @@ class Simulator:
         self.request_schedule()
 
     def _on_started(self, payload: object) -> None:
+        self._run(payload, State.ALLOCATING)
+
+    def _run(self, payload: object, expected: State) -> None:
+        """An allocation or a migration finished: the instance runs from now and completes when its
+        remaining work is done (its node's cached view changes: the pod now has a start time)."""
         rid, version = cast(tuple[str, int], payload)
         r = self.reqs[rid]
-        if r.version != version or r.state is not State.ALLOCATING:
+        if r.version != version or r.state is not expected:
             return
         r.fold(self.now)
         r.state = State.RUNNING
@@ -682,14 +687,7 @@ class Simulator:
             self.push(self.now + seconds, "migrated", (r.spec.request_id, r.version))
 
     def _on_migrated(self, payload: object) -> None:
-        rid, version = cast(tuple[str, int], payload)
-        r = self.reqs[rid]
-        if r.version != version or r.state is not State.MIGRATING:
-            return
-        r.fold(self.now)
-        r.state = State.RUNNING
-        r.run_started = self.now
-        self.push(self.now + max(0.0, r.spec.duration - r.work), "complete", (rid, r.version))
+        self._run(payload, State.MIGRATING)
 
     # ---- results -------------------------------------------------------------------------------------
 
