@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -35,6 +33,7 @@ from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
 from extender.config import ExtenderConfig, KubernetesConfig
 from extender.core.model import Flavour, Resources
 from extender.kube.client import ApiError, new_api_client, read_json
+from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
 
@@ -45,17 +44,6 @@ FLAVOURS = (
     Flavour("e2e.mem", Resources(1000, 8 * GI, 110), 0.12),
 )
 IDLE = 8.0
-
-
-def _kubeconfig() -> str:
-    path = os.environ.get("KUBECONFIG", "")
-    if not path or not Path(path).is_file():
-        pytest.fail(
-            "live tests need a real kube-apiserver: set KUBECONFIG (hack/local-up.sh prints it); "
-            f"KUBECONFIG is {path or 'unset'}",
-            pytrace=False,
-        )
-    return path
 
 
 def _pod(name: str, cpu: str, memory: str, kind: str, runtime: int | None = None) -> dict[str, Any]:
@@ -93,7 +81,7 @@ async def _until(what: str, timeout: float, check: Callable[[], Awaitable[bool]]
 
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[Any, str]]:
-    kubeconfig = _kubeconfig()
+    kubeconfig = require_kubeconfig()
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     core = k8s.CoreV1Api(api)
     ns = f"qos-as-e2e-{uuid.uuid4().hex[:6]}"
@@ -134,7 +122,7 @@ async def test_burst_scale_up_ledger_and_idle_scale_down(cluster: tuple[Any, str
     ]
     assert not usable, "start from an empty cluster: hack/local-up.sh with no node arguments"
 
-    config = ExtenderConfig(kubernetes=KubernetesConfig(kubeconfig=_kubeconfig(), watch_timeout_seconds=60))
+    config = ExtenderConfig(kubernetes=KubernetesConfig(kubeconfig=require_kubeconfig(), watch_timeout_seconds=60))
     settings = AutoscalerSettings(
         scheduler_names=("default-scheduler",),
         flavours=FLAVOURS,

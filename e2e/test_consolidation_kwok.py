@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -50,6 +49,7 @@ from extender.consolidation.config import ConsolidationSettings
 from extender.consolidation.flow import ConsolidationFlow
 from extender.core.model import Flavour, Resources
 from extender.kube.client import ApiError, new_api_client, read_json
+from tests.live import require_kubeconfig
 from tests.test_agent_support import Pki, make_pki, serve_in_process
 
 pytestmark = [pytest.mark.live]
@@ -57,17 +57,6 @@ pytestmark = [pytest.mark.live]
 GI = 2**30
 FLAVOUR = Flavour("e2e.large", Resources(4000, 8 * GI, 110), 0.20)
 PREFIX = "qos.kube-qos-extender.io/"
-
-
-def _kubeconfig() -> str:
-    path = os.environ.get("KUBECONFIG", "")
-    if not path or not Path(path).is_file():
-        pytest.fail(
-            "live tests need a real kube-apiserver: set KUBECONFIG (hack/local-up.sh prints it); "
-            f"KUBECONFIG is {path or 'unset'}",
-            pytrace=False,
-        )
-    return path
 
 
 async def _until(what: str, timeout: float, check: Callable[[], Awaitable[Any]], every: float = 0.2) -> Any:
@@ -169,7 +158,7 @@ class World:
 
 @pytest.fixture
 async def world() -> AsyncIterator[World]:
-    api = await new_api_client(KubernetesConfig(kubeconfig=_kubeconfig()))
+    api = await new_api_client(KubernetesConfig(kubeconfig=require_kubeconfig()))
     core = k8s.CoreV1Api(api)
     run = f"e2e-c8-{uuid.uuid4().hex[:5]}"
     body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": run}}
@@ -244,7 +233,7 @@ async def test_underutilised_batch_node_is_emptied_through_the_agents_and_delete
         t_setup = time.monotonic() - t0
 
         # ---- the autoscaler with the flow as its hand-off
-        config = ExtenderConfig(kubernetes=KubernetesConfig(kubeconfig=_kubeconfig(), watch_timeout_seconds=60))
+        config = ExtenderConfig(kubernetes=KubernetesConfig(kubeconfig=require_kubeconfig(), watch_timeout_seconds=60))
         settings = AutoscalerSettings(
             scheduler_names=("default-scheduler",),
             flavours=(FLAVOUR,),

@@ -8,7 +8,6 @@ Pods use a schedulerName nobody serves: they stay pending, only their annotation
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,26 +29,15 @@ from extender.agent.events import KubeEventSink
 from extender.agent.server import Agent
 from extender.config import KubernetesConfig
 from extender.kube.client import new_api_client
+from tests.live import require_kubeconfig
 from tests.test_agent_support import Pki, make_pki, serve_in_process
 
 pytestmark = [pytest.mark.live]
 
 
-def _kubeconfig() -> str:
-    path = os.environ.get("KUBECONFIG", "")
-    if not path or not Path(path.split(os.pathsep)[0]).is_file():
-        pytest.fail(
-            "live tests need a real kube-apiserver: set KUBECONFIG to its kubeconfig "
-            '(e.g. `set -a; eval "$(hack/local-up.sh)"; set +a`). '
-            f"KUBECONFIG is {path or 'unset'}.",
-            pytrace=False,
-        )
-    return path.split(os.pathsep)[0]
-
-
 @pytest.fixture
 async def api() -> AsyncIterator[Any]:
-    client = await new_api_client(KubernetesConfig(kubeconfig=_kubeconfig()))
+    client = await new_api_client(KubernetesConfig(kubeconfig=require_kubeconfig()))
     yield client
     await client.close()
 

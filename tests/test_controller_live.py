@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,17 +23,11 @@ from extender.config import ControllerConfig, ExtenderConfig, KubernetesConfig, 
 from extender.controller.accounting import ACCOUNT_ANNOTATION, decode_account
 from extender.kube.client import ApiError, new_api_client, read_json
 from extender.webhook.serve import Running, start
+from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
 
 GATE = "qos.kube-qos-extender.io/ordering"
-
-
-def _kubeconfig() -> str:
-    path = os.environ.get("KUBECONFIG", "")
-    if not path or not Path(path).is_file():
-        pytest.fail("live tests need KUBECONFIG of a real kube-apiserver (hack/local-up.sh)", pytrace=False)
-    return path
 
 
 async def _eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 30.0) -> Any:
@@ -76,7 +68,7 @@ def _pod(name: str, run: str, cpu: str) -> dict[str, Any]:
 
 
 async def test_release_pin_timeout_and_rebuild() -> None:
-    kubeconfig = _kubeconfig()
+    kubeconfig = require_kubeconfig()
     run = f"ctl-{uuid.uuid4().hex[:6]}"
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     core = k8s.CoreV1Api(api)

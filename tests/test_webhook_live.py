@@ -13,11 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -31,6 +29,7 @@ from extender.kube.events import EVENT_REASON
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import node_reflector
 from extender.webhook.serve import Running, start
+from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
 
@@ -45,18 +44,6 @@ def _new_run() -> None:
     global RUN, NS, NODES
     RUN = NS = f"qos-live-{uuid.uuid4().hex[:6]}"
     NODES[:] = [f"{RUN}-svc-1", f"{RUN}-svc-2", f"{RUN}-batch-1"]
-
-
-def _kubeconfig() -> str:
-    path = os.environ.get("KUBECONFIG", "")
-    if not path or not Path(path.split(os.pathsep)[0]).is_file():
-        pytest.fail(
-            "live tests need a real kube-apiserver: set KUBECONFIG to its kubeconfig "
-            '(e.g. `set -a; eval "$(hack/local-up.sh)"; set +a`). '
-            f"KUBECONFIG is {path or 'unset'}.",
-            pytrace=False,
-        )
-    return path.split(os.pathsep)[0]
 
 
 async def _eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20.0) -> None:
@@ -127,7 +114,7 @@ class Live:
 
 @pytest.fixture
 async def live_env() -> AsyncIterator[Live]:
-    kubeconfig = _kubeconfig()
+    kubeconfig = require_kubeconfig()
     _new_run()
     config = dataclasses.replace(
         ExtenderConfig(),
