@@ -33,6 +33,7 @@ from extender.core.model import (
 from extender.sim.workloads import RequestSpec, Workload
 
 POLICIES = ("qos-driven", "qos-paper", "priority", "htas", "k8s")
+PREEMPTIVE = ("qos-driven", "qos-paper", "priority")  # fixed hosts, ordered queue, preemption
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,8 +414,9 @@ class Simulator:
         self.request_schedule()
 
     def _on_tick(self, _: object) -> None:
-        period = self.cfg.watchdog if self.policy in ("qos-driven", "qos-paper", "priority") else None
-        period = period or self.cfg.scheduling_cycle
+        # Preemptive policies rerun on the watchdog, the others on the scheduling cycle; scale-down checks ride
+        # on the same tick, so it is never slower than cluster-autoscaler's scan.
+        period = self.cfg.watchdog if self.policy in PREEMPTIVE else self.cfg.scheduling_cycle
         self.request_schedule()
         if self.autoscaled and self.policy == "k8s":
             self._ca_scale_down()
@@ -444,7 +446,7 @@ class Simulator:
         pending = self._pending()
         if not pending:
             return
-        if self.policy in ("qos-driven", "qos-paper", "priority"):
+        if self.policy in PREEMPTIVE:
             self._schedule_preemptive(pending)
         else:
             self._schedule_plain(pending)
