@@ -236,6 +236,10 @@ class Extender:
         self.cfg_path = Path(tempfile.mkstemp(prefix="qv-extender-", suffix=".yaml")[1])
         self.cfg_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cpu_before = 0.0  # CPU seconds of earlier (killed) processes
+
+    def cpu(self) -> float:
+        return self.cpu_before + (cpu_seconds(self.proc.pid) if self.proc is not None else 0.0)
 
     async def start(self, ca: str) -> None:
         log = self.log_path.open("ab")
@@ -262,6 +266,7 @@ class Extender:
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.cpu_before += cpu_seconds(self.proc.pid)
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
 
@@ -279,6 +284,24 @@ class Extender:
         ctx = ssl.create_default_context(cafile=ca)
         async with aiohttp.ClientSession() as session, session.get(f"{self.url}/metrics", ssl=ctx) as r:
             return await r.text()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (0 when it is gone): where the run's CPU went."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def component_cpu(state: Path) -> dict[str, float]:
+    """CPU seconds so far of every component hack/local-up.sh started (its pid files)."""
+    out: dict[str, float] = {}
+    for f in sorted((state / "pids").glob("*.pid")):
+        with contextlib.suppress(OSError, ValueError):
+            out[f.stem] = cpu_seconds(int(f.read_text().strip()))
+    return out
 
 
 def metric_sum(text: str, name: str) -> float:
@@ -454,6 +477,8 @@ async def run_policy(
         tracks = {_name(r): ReqTrack(r) for r in workload.requests}
         watcher = Watcher(api, namespace, tracks, "qos.kube-qos-extender.io/ordering")
         watcher_task = asyncio.create_task(watcher.run())
+        cpu0 = component_cpu(state)
+        bench_cpu0 = cpu_seconds(os.getpid())
         t0 = time.time()
         end = t0 + horizon / compression
         killed: dict[str, float] = {}
@@ -499,6 +524,11 @@ async def run_policy(
         await chaos_task
         accounts = await read_accounts(api, namespace) if policy == "qos-driven" else {}
         metrics_text = await extender.metrics(ca) if extender is not None else ""
+        cpu1 = component_cpu(state)
+        cpu = {k: round(v - cpu0.get(k, 0.0), 1) for k, v in cpu1.items() if k != "qos-extender"}
+        cpu["bench"] = round(cpu_seconds(os.getpid()) - bench_cpu0, 1)
+        if extender is not None:
+            cpu["bench-extender"] = round(extender.cpu(), 1)
         gated_left = [
             name
             for name, p in watcher.pods.items()
@@ -569,6 +599,14 @@ async def run_policy(
         if metrics_text
         else None,
         "controller_vs_measured_max_abs_diff": max(diffs) if diffs else None,
+        "controller_passes": metric_sum(metrics_text, "qos_extender_controller_passes_total") if extender else None,
+        "controller_pass_seconds": metric_sum(metrics_text, "qos_extender_controller_pass_duration_seconds_sum")
+        if extender
+        else None,
+        "controller_account_writes": metric_sum(metrics_text, "qos_extender_controller_account_writes_total")
+        if extender
+        else None,
+        "cpu_seconds": cpu,
         "controller_accounts": len(accounts),
         "zero_availability_requests": sum(a == 0.0 for a in per_request.values()),
         "restart": killed or None,

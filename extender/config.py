@@ -148,6 +148,7 @@ class ControllerConfig:
     time_compression: float = 1.0
     persistence: str = "annotation"
     persist_interval_seconds: float = 60.0
+    persist_min_interval_seconds: float = 2.0
     pin_node: bool = True
 
 
@@ -510,6 +511,7 @@ def _parse_controller(raw: object) -> ControllerConfig:
             "time_compression",
             "persistence",
             "persist_interval_seconds",
+            "persist_min_interval_seconds",
             "pin_node",
         },
     )
@@ -529,6 +531,7 @@ def _parse_controller(raw: object) -> ControllerConfig:
         time_compression=_number(c, "time_compression", path, 1.0, minimum=0, exclusive_min=True, maximum=1000.0),
         persistence=_req_str(c, "persistence", path, "annotation", choices=PERSISTENCE_MODES),
         persist_interval_seconds=_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),
+        persist_min_interval_seconds=_number(c, "persist_min_interval_seconds", path, 2.0, minimum=0),
         pin_node=_bool(c, "pin_node", path, True),
     )
 

@@ -75,7 +75,8 @@ def test_every_option_is_in_the_default_file_with_a_comment() -> None:
         "flavours.[].price_per_hour", "logging", "logging.level",
         "controller", "controller.enabled", "controller.watchdog_seconds", "controller.gate_name",
         "controller.scheduler_name", "controller.max_gate_seconds", "controller.time_compression",
-        "controller.persistence", "controller.persist_interval_seconds", "controller.pin_node",
+        "controller.persistence", "controller.persist_interval_seconds",
+        "controller.persist_min_interval_seconds", "controller.pin_node",
     }  # fmt: skip
     assert present == known
     lines = text.splitlines()

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.controller.accounting import Account, RequestState, decode_account, encode_account
+from extender.controller.accounting import Account, RequestState, decode_account, due_writes, encode_account
 from extender.controller.decide import GatedPod, Settings, World, decide
 from extender.controller.observe import observe
 from extender.controller.patches import admission_patch, release_patch
@@ -409,3 +409,16 @@ def test_metrics_expose_current_sli_distributions() -> None:
     assert 'qos_extender_controller_preemptions_total{reason="importance"} 1.0' in text
     m.set_samples([])  # requests finished: the distributions empty out instead of accumulating
     assert "qos_extender_controller_slo_fulfillment{" not in generate_latest(reg).decode()
+
+
+def test_due_writes_coalesces_per_account_and_never_drops() -> None:
+    written = {"ns/ReplicaSet/a": 100.0, "ns/ReplicaSet/b": 98.5}
+    dirty = {"ns/ReplicaSet/a", "ns/ReplicaSet/b", "ns/ReplicaSet/new"}
+    now_batch, next_due = due_writes(dirty, written, 101.0, 2.0)
+    # b was written 2.5 s ago and the new one never: both due; a (1 s ago) waits until 102.
+    assert now_batch == {"ns/ReplicaSet/b", "ns/ReplicaSet/new"}
+    assert next_due == 102.0
+    assert due_writes({"ns/ReplicaSet/a"}, written, 102.0, 2.0) == ({"ns/ReplicaSet/a"}, None)
+    # interval 0: everything dirty is written at once (the pre-coalescing behaviour)
+    assert due_writes(dirty, written, 100.0, 0.0) == (dirty, None)
+    assert due_writes(set(), written, 100.0, 2.0) == (set(), None)

@@ -13,7 +13,7 @@ and was not written; the shell then estimates that transition from the pods' own
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -22,7 +22,7 @@ import orjson
 
 from extender.core.model import InvalidInputError
 
-__all__ = ["ACCOUNT_ANNOTATION", "Account", "RequestState", "decode_account", "encode_account"]
+__all__ = ["ACCOUNT_ANNOTATION", "Account", "RequestState", "decode_account", "due_writes", "encode_account"]
 
 ACCOUNT_ANNOTATION = "qos.kube-qos-extender.io/sli"
 _VERSION = 1
@@ -172,3 +172,27 @@ def decode_account(text: str) -> Account:
         run_started=run_started,
         released_at=released_at,
     )
+
+
+def due_writes(
+    dirty: Iterable[str], written: Mapping[str, float], now: float, min_interval: float
+) -> tuple[set[str], float | None]:
+    """Which dirty accounts to write now, and when the next held-back one falls due (None: none held back).
+
+    Why coalesce: one preemption changes two accounts three or four times within a second (victim preempted;
+    preemptor released, then Running), and every write is a PATCH fanned out to every ReplicaSet watcher. At
+    paper 002's scale that was 43 writes/s and the API server's largest CPU consumer, which in turn delayed
+    the releases the policy depends on. Writing each account at most once per ``min_interval`` keeps the last
+    state (nothing dirty is ever dropped, only delayed); a crash loses at most ``min_interval`` of transitions,
+    which the rebuild dates from the pods' own timestamps like any other missed transition.
+    """
+    now_batch: set[str] = set()
+    next_due: float | None = None
+    for request in dirty:
+        last = written.get(request)
+        due = now if last is None else last + min_interval
+        if due <= now:
+            now_batch.add(request)
+        elif next_due is None or due < next_due:
+            next_due = due
+    return now_batch, next_due

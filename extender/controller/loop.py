@@ -28,7 +28,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from extender.config import ExtenderConfig
-from extender.controller.accounting import ACCOUNT_ANNOTATION, Account, decode_account, encode_account
+from extender.controller.accounting import ACCOUNT_ANNOTATION, Account, decode_account, due_writes, encode_account
 from extender.controller.decide import Decision, Evict, GatedPod, Release, Settings, World, decide
 from extender.controller.metrics import ControllerMetrics, RequestSample
 from extender.controller.observe import observe
@@ -402,15 +402,26 @@ class QosController:
     # ----------------------------------------------------------------------------------- persistence
 
     async def _writer(self) -> None:
-        """Write dirty accounts to their owners, a few at a time; a failed write stays dirty (retried)."""
+        """Write dirty accounts to their owners, a few at a time, each at most once per
+        ``persist_min_interval_seconds`` (``due_writes``); a failed write stays dirty (retried)."""
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
         while True:
             await self._writer_wake.wait()
             self._writer_wake.clear()
             if not self.persist:
                 self._dirty.clear()
                 continue
-            batch, self._dirty = self._dirty, set()
-            await asyncio.gather(*(self._write_limited(r) for r in batch if r in self.accounts))
+            self._dirty &= set(self.accounts)
+            batch, next_due = due_writes(
+                self._dirty, self._written, self.clock(), self.cfg.persist_min_interval_seconds
+            )
+            self._dirty -= batch
+            await asyncio.gather(*(self._write_limited(r) for r in batch))
+            if timer is not None:
+                timer.cancel()
+            if next_due is not None:
+                timer = loop.call_later(max(0.0, next_due - self.clock()), self._writer_wake.set)
 
     async def _write_limited(self, request: str) -> None:
         async with self._write_sem:
