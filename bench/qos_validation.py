@@ -11,7 +11,9 @@ seconds, i.e. they are scaled by 1/c in wall time. c = 6 runs one policy in 10 m
 Policies:
 * ``qos-driven``: schedulerName qos-scheduler, no PriorityClass; `qos-extender serve` (started here, killed and
   restarted with ``--kill-at``) gates the pods at admission, releases them in increasing Q pinned to a host
-  and evicts victims with the Eviction API.
+  and evicts victims with the Eviction API. It is a controller instance of its own (controller.instance = the
+  run's namespace, labelled for it, with its own webhook configuration and Lease), so a local-up extender
+  running the default controller instance never touches the run's pods.
 * ``priority``: schedulerName default-scheduler with PriorityClasses qos-gold/-silver/-bronze (1000/500/100):
   kube-scheduler's own priority preemption, the paper's reference (§4.1.2). No extender involved.
 
@@ -145,20 +147,32 @@ async def ensure_nodes(api: Any, count: int = 20) -> list[str]:
     raise RuntimeError("kwok nodes did not become Ready within 60 s (is kwok running?)")
 
 
-async def ensure_webhook(api: Any, extender_url: str, ca_file: str) -> None:
-    """Apply hack/manifests/qos-controller-webhook.yaml (local-up does too; this makes the bench standalone)."""
+INSTANCE_LABEL = "qos.kube-qos-extender.io/controller"
+
+
+async def ensure_webhook(api: Any, extender_url: str, ca_file: str, instance: str) -> str:
+    """The run's own admission webhook: hack/manifests/qos-controller-webhook.yaml renamed for ``instance`` and
+    scoped to namespaces labelled qos.kube-qos-extender.io/controller=<instance> (the default webhook skips
+    those), so a local-up extender with its own controller never gates, accounts or evicts this run's pods.
+    Returns the configuration's name (delete it afterwards)."""
     env = {"EXTENDER_URL": extender_url, "QOS_CA_BUNDLE": base64.b64encode(Path(ca_file).read_bytes()).decode()}
     doc = yaml.safe_load(string.Template(WEBHOOK_MANIFEST.read_text()).safe_substitute(env))
+    name = f"{doc['metadata']['name']}-{instance}"
+    doc["metadata"]["name"] = name
+    for hook in doc["webhooks"]:
+        hook["name"] = f"{instance}.{hook['name']}"
+        hook["namespaceSelector"] = {"matchLabels": {INSTANCE_LABEL: instance}}
     adm = k8s.AdmissionregistrationV1Api(api)
-    name = doc["metadata"]["name"]
-    try:
-        current = await read_json(await adm.read_mutating_webhook_configuration(name, _preload_content=False))
-        doc["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        await read_json(await adm.replace_mutating_webhook_configuration(name, doc, _preload_content=False))
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-        await read_json(await adm.create_mutating_webhook_configuration(doc, _preload_content=False))
+    with contextlib.suppress(ApiError):
+        await read_json(await adm.delete_mutating_webhook_configuration(name, _preload_content=False))
+    await read_json(await adm.create_mutating_webhook_configuration(doc, _preload_content=False))
+    return name
+
+
+async def delete_webhook(api: Any, name: str) -> None:
+    adm = k8s.AdmissionregistrationV1Api(api)
+    with contextlib.suppress(ApiError):
+        await read_json(await adm.delete_mutating_webhook_configuration(name, _preload_content=False))
 
 
 def free_port() -> int:
@@ -209,7 +223,7 @@ def deployment(spec: RequestSpec, policy: str, namespace: str) -> dict[str, Any]
     }
 
 
-def extender_config(state: Path, port: int, compression: float, kubeconfig: str) -> dict[str, Any]:
+def extender_config(state: Path, port: int, compression: float, kubeconfig: str, instance: str) -> dict[str, Any]:
     certs = state / "certs"
     return {
         "server": {
@@ -222,7 +236,17 @@ def extender_config(state: Path, port: int, compression: float, kubeconfig: str)
         # No marker: this bench runs kube-scheduler without the extender entry (QOS_WITH_EXTENDER=0), so nodes
         # would have to advertise the marker resource.
         "scheduling": {"marker_resource": None},
-        "controller": {"enabled": True, "time_compression": compression, "watchdog_seconds": 10},
+        # host_score least-allocated: paper 002's prototype and the simulator's qos-driven policy. Leader election
+        # on, with a fixed identity: the SIGKILLed extender comes back as the same candidate (a container restart
+        # in its pod) and takes its Lease back at once, as in a cluster.
+        "controller": {
+            "enabled": True,
+            "time_compression": compression,
+            "watchdog_seconds": 10,
+            "instance": instance,
+            "host_score": "least-allocated",
+            "leader_election": {"enabled": True, "lease_namespace": "kube-system", "identity": f"{instance}-0"},
+        },
         "logging": {"level": "WARNING"},
     }
 
@@ -448,30 +472,35 @@ async def run_policy(
     """One policy over validation 1; returns a report run (simulator schema + measured extras)."""
     kubeconfig = os.environ["KUBECONFIG"]
     state = Path(os.environ.get("QOS_STATE", "/tmp/qos-local"))
-    url = os.environ.get("EXTENDER_URL", "https://127.0.0.1:8443").rstrip("/")
     ca = str(state / "certs" / "ca.crt")
-    # Our own extender on a free port: with QOS_WITH_EXTENDER=1 local-up's extender already holds EXTENDER_URL.
-    # The webhook is pointed at ours for the run and back at EXTENDER_URL afterwards.
+    # Our own extender on a free port (local-up's may hold EXTENDER_URL), with a webhook configuration of its own
+    # for the run's namespace, deleted afterwards.
     port = free_port()
     own_url = f"https://127.0.0.1:{port}"
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     workload = qos_validation1()
     namespace = f"qv-{policy.split('-')[0]}-{uuid.uuid4().hex[:5]}"
+    instance = namespace  # one controller instance per run: its webhook, pods and Lease
     extender: Extender | None = None
     watcher_task: asyncio.Task[None] | None = None
+    webhook: str | None = None
     try:
         await ensure_nodes(api)
         core = k8s.CoreV1Api(api)
         apps = k8s.AppsV1Api(api)
+        labels = {INSTANCE_LABEL: instance}
         await read_json(
             await core.create_namespace(
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, _preload_content=False
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}},
+                _preload_content=False,
             )
         )
         if policy == "qos-driven":
-            await ensure_webhook(api, own_url, ca)
+            webhook = await ensure_webhook(api, own_url, ca, instance)
             extender = Extender(
-                extender_config(state, port, compression, kubeconfig), own_url, state / "logs" / "qv-extender.log"
+                extender_config(state, port, compression, kubeconfig, instance),
+                own_url,
+                state / "logs" / "qv-extender.log",
             )
             await extender.start(ca)
         tracks = {_name(r): ReqTrack(r) for r in workload.requests}
@@ -539,11 +568,17 @@ async def run_policy(
             watcher_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher_task
+        if webhook is not None:
+            await delete_webhook(api, webhook)
         if extender is not None:
             extender.stop()
-            with contextlib.suppress(ApiError, OSError):
-                await ensure_webhook(api, url, ca)
         await delete_namespace(api, namespace)
+        with contextlib.suppress(ApiError):
+            await read_json(
+                await k8s.CoordinationV1Api(api).delete_namespaced_lease(
+                    f"kube-qos-extender-{instance}", "kube-system", _preload_content=False
+                )
+            )
         await api.close()
 
     wall = now - t0

@@ -7,9 +7,10 @@ policy is off: a controller that orders by FIFO or never preempts leaves bronze 
 and a priority run that does not starve bronze means the reference is not the reference.
 
 Needs the cluster of hack/local-up.sh (KUBECONFIG, EXTENDER_URL, QOS_STATE with its certs). The benchmark
-starts its own extender (controller enabled) on a free port and points the admission webhook at it for the
-run, back at EXTENDER_URL afterwards; a local-up extender (QOS_WITH_EXTENDER=1) is not disturbed, because the
-workload requests no marker resource. FAILS without a cluster.
+starts its own extender on a free port as a controller instance of its own (its namespace labelled
+qos.kube-qos-extender.io/controller, its own webhook configuration and Lease), so local-up's extender and its
+default controller instance never gate, account or evict the run's pods (and the workload requests no marker
+resource, so no verb is called for them). FAILS without a cluster.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ silently falls back to a default changes placement decisions without anyone noti
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,23 @@ PERSISTENCE_MODES = ("annotation", "memory")
 
 
 @dataclass(frozen=True, slots=True)
+class LeaderElectionConfig:
+    """One controller acts per instance: a coordination.k8s.io Lease (client-go's algorithm). Disabled only
+    where a single process is guaranteed (tests, the benchmark's own extender)."""
+
+    enabled: bool = True
+    lease_name: str | None = None  # None: kube-qos-extender-<controller.instance>
+    lease_namespace: str = "kube-system"
+    identity: str | None = None  # None: $POD_NAME, else the host name
+    lease_duration_seconds: int = 15  # the Lease API holds whole seconds
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+
+
+HOST_SCORES = ("profile", "least-allocated")
+
+
+@dataclass(frozen=True, slots=True)
 class ControllerConfig:
     """The QoS controller inside `qos-extender serve` (issue 6): ordering by Q through scheduling gates and
     same-priority QoS preemption through the Eviction API. Durations are in workload seconds: the controller
@@ -150,6 +168,13 @@ class ControllerConfig:
     persist_interval_seconds: float = 60.0
     persist_min_interval_seconds: float = 2.0
     pin_node: bool = True
+    instance: str = "default"
+    host_score: str = "profile"
+    leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
+
+    @property
+    def lease_name(self) -> str:
+        return self.leader_election.lease_name or f"kube-qos-extender-{self.instance}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,6 +538,9 @@ def _parse_controller(raw: object) -> ControllerConfig:
             "persist_interval_seconds",
             "persist_min_interval_seconds",
             "pin_node",
+            "instance",
+            "host_score",
+            "leader_election",
         },
     )
     gate = _req_str(c, "gate_name", path, "qos.kube-qos-extender.io/ordering")
@@ -533,6 +561,54 @@ def _parse_controller(raw: object) -> ControllerConfig:
         persist_interval_seconds=_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),
         persist_min_interval_seconds=_number(c, "persist_min_interval_seconds", path, 2.0, minimum=0),
         pin_node=_bool(c, "pin_node", path, True),
+        instance=_instance_name(c, path),
+        host_score=_req_str(c, "host_score", path, "profile", choices=HOST_SCORES),
+        leader_election=_parse_leader_election(c.get("leader_election"), f"{path}.leader_election"),
+    )
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+def _instance_name(c: dict[str, Any], path: str) -> str:
+    """A DNS label: it becomes a Lease name suffix, an annotation and a namespace label value."""
+    name = _req_str(c, "instance", path, "default")
+    if not _DNS_LABEL.match(name):
+        raise _fail(f"{path}.instance", f"{name!r} must be a lowercase DNS label of at most 40 characters")
+    return name
+
+
+def _parse_leader_election(raw: object, path: str) -> LeaderElectionConfig:
+    le = _section(
+        raw,
+        path,
+        {
+            "enabled",
+            "lease_name",
+            "lease_namespace",
+            "identity",
+            "lease_duration_seconds",
+            "renew_deadline_seconds",
+            "retry_period_seconds",
+        },
+    )
+    duration = _int(le, "lease_duration_seconds", path, 15, minimum=2, maximum=3600)
+    renew = _number(le, "renew_deadline_seconds", path, 10.0, minimum=1)
+    retry = _number(le, "retry_period_seconds", path, 2.0, minimum=1)
+    # client-go's (and kubernetes-asyncio's) invariants: a renewal must fit in the deadline with jitter,
+    # and the deadline must end before another candidate may take the lease.
+    if duration <= renew:
+        raise _fail(f"{path}.renew_deadline_seconds", f"must be < lease_duration_seconds ({duration})")
+    if renew <= 1.2 * retry:
+        raise _fail(f"{path}.retry_period_seconds", f"must be < renew_deadline_seconds / 1.2 ({renew / 1.2:.2f})")
+    return LeaderElectionConfig(
+        enabled=_bool(le, "enabled", path, True),
+        lease_name=_str(le, "lease_name", path, None),
+        lease_namespace=_req_str(le, "lease_namespace", path, "kube-system"),
+        identity=_str(le, "identity", path, None),
+        lease_duration_seconds=duration,
+        renew_deadline_seconds=renew,
+        retry_period_seconds=retry,
     )
 
 

@@ -21,6 +21,9 @@
 #                                0: bring your own (hack/smoke-test.sh's stub)
 #   QOS_EXTENDER_CONFIG=config/extender.yaml   base of the generated extender config (server/tls/kubeconfig
 #                                are overridden); QOS_PYTHON=.venv/bin/python runs it
+#   QOS_WITH_CONTROLLER=1        the started extender also runs the QoS controller (controller.enabled, instance
+#                                "default", Lease kube-system/kube-qos-extender-default): qos-scheduler pods are
+#                                gated by the admission webhook (hack/manifests) and released in increasing Q
 #   EXTENDER_URL=https://127.0.0.1:8443   extender urlPrefix (verbs filter/prioritize/preempt/bind)
 #   EXTENDER_METRICS_URL=$EXTENDER_URL/metrics
 #   QOS_EXTENDER_MANAGED_RESOURCE   the extender is only called for pods requesting that extended resource
@@ -52,6 +55,7 @@ EXTENDER_METRICS_URL="${EXTENDER_METRICS_URL:-${EXTENDER_URL}/metrics}"
 QOS_START_EXTENDER="${QOS_START_EXTENDER:-${QOS_WITH_EXTENDER}}"
 if [[ "${QOS_START_EXTENDER}" == 1 ]]; then QOS_WITH_EXTENDER=1; fi
 QOS_MARKER_RESOURCE=qos.kube-qos-extender.io/managed
+QOS_WITH_CONTROLLER="${QOS_WITH_CONTROLLER:-1}"
 if [[ "${QOS_START_EXTENDER}" == 1 ]]; then
   QOS_EXTENDER_MANAGED_RESOURCE="${QOS_EXTENDER_MANAGED_RESOURCE-${QOS_MARKER_RESOURCE}}"
 else
@@ -568,6 +572,9 @@ doc.setdefault("server", {}).update(
 )
 doc.setdefault("kubernetes", {})["kubeconfig"] = "${KCFG}/qos-extender.kubeconfig"
 doc.setdefault("scheduling", {})["marker_resource"] = "${QOS_MARKER_RESOURCE}"
+ctl = doc.setdefault("controller", {})
+ctl["enabled"] = "${QOS_WITH_CONTROLLER}" == "1"
+ctl.setdefault("leader_election", {})["lease_namespace"] = "kube-system"
 yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
 PY
   { cat "${CONF}/extender.yaml"
@@ -670,6 +677,7 @@ log "nodes: $("${KUBECTL[@]}" get nodes -l type=kwok --no-headers 2>/dev/null | 
   echo "QOS_BIN_DIR=${BIN_DIR}"
   echo "QOS_WITH_EXTENDER=${QOS_WITH_EXTENDER}"
   echo "QOS_START_EXTENDER=${QOS_START_EXTENDER}"
+  echo "QOS_WITH_CONTROLLER=${QOS_WITH_CONTROLLER}"
   echo "QOS_MARKER_RESOURCE=${QOS_EXTENDER_MANAGED_RESOURCE}"
   echo "QOS_SCHEDULER_URL=https://${HOST}:${SCHEDULER_PORT}"
 } > "${QOS_STATE}/env"

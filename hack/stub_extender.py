@@ -72,8 +72,11 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/metrics":
             with LOCK:
                 lines = [f'stub_extender_calls_total{{verb="{v}"}} {n}' for v, n in sorted(CALLS.items())]
-            self._send(200, ("\n".join(["# TYPE stub_extender_calls_total counter", *lines]) + "\n").encode(),
-                       "text/plain; version=0.0.4")
+            self._send(
+                200,
+                ("\n".join(["# TYPE stub_extender_calls_total counter", *lines]) + "\n").encode(),
+                "text/plain; version=0.0.4",
+            )
         elif self.path in ("/healthz", "/readyz"):
             self._send(200, b"ok", "text/plain")
         else:
@@ -85,8 +88,13 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             CALLS[verb] += 1
         if verb == "filter":
-            result: object = {"Nodes": None, "NodeNames": args.get("NodeNames"), "FailedNodes": {},
-                              "FailedAndUnresolvableNodes": {}, "Error": ""}
+            result: object = {
+                "Nodes": None,
+                "NodeNames": args.get("NodeNames"),
+                "FailedNodes": {},
+                "FailedAndUnresolvableNodes": {},
+                "Error": "",
+            }
         elif verb == "prioritize":
             result = [{"Host": n, "Score": 0} for n in (args.get("NodeNames") or [])]
         elif verb == "preempt":

@@ -49,26 +49,48 @@ def patch_of(answer: dict[str, Any]) -> list[dict[str, Any]]:
     return ops
 
 
-def test_qos_pod_gets_gate_and_marker() -> None:
+MARKER = "qos.kube-qos-extender.io/managed"
+INSTANCE = {"op": "add", "path": "/metadata/annotations", "value": {"qos.kube-qos-extender.io/controller": "default"}}
+MARKED = {
+    "op": "add",
+    "path": "/spec/containers/0/resources",
+    "value": {"requests": {MARKER: "1"}, "limits": {MARKER: "1"}},
+}
+
+
+def test_qos_pod_gets_gate_instance_and_marker() -> None:
+    assert ON.scheduling.marker_resource == MARKER
     ops = patch_of(review(admission(qos_pod()), ON))
-    assert {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]} in ops
-    marker = getattr(ON.scheduling, "marker_resource", "qos.kube-qos-extender.io/managed")
-    if marker:
-        assert any(o["path"] == "/spec/containers/0/resources" for o in ops)
+    assert ops == [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}, INSTANCE, MARKED]
 
 
-def test_other_pods_updates_and_disabled_controller_pass_unchanged() -> None:
+def test_other_pods_and_updates_pass_unchanged() -> None:
     assert patch_of(review(admission(qos_pod("default-scheduler")), ON)) == []
     assert patch_of(review(admission(qos_pod(), "UPDATE"), ON)) == []
-    assert patch_of(review(admission(qos_pod()), ExtenderConfig())) == []
+
+
+def test_disabled_controller_still_routes_but_never_gates() -> None:
+    assert patch_of(review(admission(qos_pod()), ExtenderConfig())) == [MARKED]
+    off = ExtenderConfig(scheduling=dataclasses.replace(ExtenderConfig().scheduling, marker_resource=None))
+    assert patch_of(review(admission(qos_pod()), off)) == []
 
 
 def test_no_marker_when_configured_off() -> None:
-    cfg = ON
-    if hasattr(cfg.scheduling, "marker_resource"):
-        cfg = dataclasses.replace(cfg, scheduling=dataclasses.replace(cfg.scheduling, marker_resource=None))
-        ops = patch_of(review(admission(qos_pod()), cfg))
-        assert ops == [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
+    cfg = dataclasses.replace(ON, scheduling=dataclasses.replace(ON.scheduling, marker_resource=None))
+    ops = patch_of(review(admission(qos_pod()), cfg))
+    assert ops == [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}, INSTANCE]
+
+
+def test_instance_annotation_is_set_or_replaced() -> None:
+    cfg = dataclasses.replace(ON, controller=dataclasses.replace(ON.controller, instance="canary"))
+    pod = qos_pod()
+    pod["metadata"]["annotations"] = {"a": "b", "qos.kube-qos-extender.io/controller": "default"}
+    ops = patch_of(review(admission(pod), cfg))
+    assert {
+        "op": "add",
+        "path": "/metadata/annotations/qos.kube-qos-extender.io~1controller",
+        "value": "canary",
+    } in ops
 
 
 async def _client() -> TestClient[web.Request, web.Application]:

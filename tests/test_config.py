@@ -76,7 +76,11 @@ def test_every_option_is_in_the_default_file_with_a_comment() -> None:
         "controller", "controller.enabled", "controller.watchdog_seconds", "controller.gate_name",
         "controller.scheduler_name", "controller.max_gate_seconds", "controller.time_compression",
         "controller.persistence", "controller.persist_interval_seconds",
-        "controller.persist_min_interval_seconds", "controller.pin_node",
+        "controller.persist_min_interval_seconds", "controller.pin_node", "controller.host_score",
+        "controller.instance", "controller.leader_election", "controller.leader_election.enabled",
+        "controller.leader_election.lease_name", "controller.leader_election.lease_namespace",
+        "controller.leader_election.identity", "controller.leader_election.lease_duration_seconds",
+        "controller.leader_election.renew_deadline_seconds", "controller.leader_election.retry_period_seconds",
     }  # fmt: skip
     assert present == known
     lines = text.splitlines()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from extender.controller.accounting import Account, RequestState, decode_account, due_writes, encode_account
 from extender.controller.decide import GatedPod, Settings, World, decide
 from extender.controller.observe import observe
-from extender.controller.patches import admission_patch, release_patch
+from extender.controller.patches import INSTANCE_ANNOTATION, admission_patch, owned_by, release_patch
 from extender.controller.state import PodInfo, pod_info
 from extender.core import qos
 from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources
@@ -376,12 +376,23 @@ def test_controller_config_defaults_and_errors() -> None:
     cfg = parse_config({"controller": {"enabled": True, "time_compression": 6}})
     assert cfg.controller.enabled and cfg.controller.time_compression == 6.0
     assert cfg.controller.watchdog_seconds == 10.0 and cfg.controller.gate_name == GATE
+    assert cfg.controller.leader_election.enabled and cfg.controller.lease_name == "kube-qos-extender-default"
+    canary = parse_config({"controller": {"instance": "canary", "leader_election": {"lease_namespace": "ops"}}})
+    assert canary.controller.lease_name == "kube-qos-extender-canary"
+    assert canary.controller.leader_election.lease_namespace == "ops"
     for bad, message in (
         ({"controller": {"watchdog_seconds": 0}}, "controller.watchdog_seconds"),
         ({"controller": {"gate_name": "nodomain"}}, "controller.gate_name"),
         ({"controller": {"persistence": "etcd"}}, "controller.persistence"),
         ({"controller": {"max_gate_seconds": 1, "watchdog_seconds": 5}}, "controller.max_gate_seconds"),
         ({"controller": {"bogus": 1}}, "controller.bogus"),
+        ({"controller": {"instance": "Canary_1"}}, "controller.instance"),
+        ({"controller": {"host_score": "random"}}, "controller.host_score"),
+        ({"controller": {"leader_election": {"renew_deadline_seconds": 15}}}, "renew_deadline_seconds"),
+        ({"controller": {"leader_election": {"retry_period_seconds": 9}}}, "retry_period_seconds"),
+        ({"controller": {"leader_election": {"lease_duration_seconds": 1}}}, "lease_duration_seconds"),
+        ({"controller": {"leader_election": {"lease_duration_seconds": 15.5}}}, "lease_duration_seconds"),
+        ({"controller": {"leader_election": {"leases": 1}}}, "controller.leader_election.leases"),
     ):
         with pytest.raises(ConfigError, match=message):
             parse_config(bad)
@@ -422,3 +433,24 @@ def test_due_writes_coalesces_per_account_and_never_drops() -> None:
     # interval 0: everything dirty is written at once (the pre-coalescing behaviour)
     assert due_writes(dirty, written, 100.0, 0.0) == (dirty, None)
     assert due_writes(set(), written, 100.0, 2.0) == (set(), None)
+
+
+def test_pods_belong_to_the_instance_named_in_their_annotation() -> None:
+    assert owned_by({INSTANCE_ANNOTATION: "default"}, "default")
+    assert owned_by(None, "default") and owned_by({}, "default")  # created while no webhook answered
+    assert not owned_by({}, "canary")
+    assert owned_by({INSTANCE_ANNOTATION: "canary"}, "canary")
+    assert not owned_by({INSTANCE_ANNOTATION: "canary"}, "default")
+
+
+def test_host_score_profile_packs_where_least_allocated_spreads() -> None:
+    now = 5000.0
+    fuller = full_node("n-full", [(f"x{i}", "bronze") for i in range(6)])
+    empty = Node("n-empty", HOST)
+    accounts = {f"default/ReplicaSet/x{i}": running_acc("bronze", 100, 0, now) for i in range(6)}
+    accounts["default/ReplicaSet/a"] = pending_acc("silver", 100, 10, now)
+    w = world([empty, fuller], accounts, [gate("a", "silver")])
+    spread = decide(w, POLICY, Settings(host_score="least-allocated"), random.Random(1))
+    packed = decide(w, POLICY, Settings(host_score="profile", profile="cost"), random.Random(1))
+    assert [r.node for r in spread.releases] == ["n-empty"]
+    assert [r.node for r in packed.releases] == ["n-full"]  # BFD: the tightest node that fits

@@ -1,6 +1,7 @@
 """The QoS controller against a real kube-apiserver + kube-scheduler + kwok (hack/local-up.sh): a gated pod is
 released pinned to a host with an Event and a persisted account; a pod no node can hold is released after
-``max_gate_seconds`` with a Warning Event and counted; a restart rebuilds the account instead of resetting it.
+``max_gate_seconds`` with a Warning Event and counted; a restart rebuilds the account instead of resetting it;
+a second replica stands by while the first holds the Lease and takes over, with the same account, when it dies.
 
 Pods are created already gated (what the admission webhook would do), so this test does not depend on the
 webhook's URL; e2e/test_qos_controller.py covers the webhook path. FAILS without KUBECONFIG.
@@ -19,8 +20,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from extender.config import ControllerConfig, ExtenderConfig, KubernetesConfig, ServerConfig
+from extender.config import ControllerConfig, ExtenderConfig, KubernetesConfig, LeaderElectionConfig, ServerConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION, decode_account
+from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.kube.client import ApiError, new_api_client, read_json
 from extender.webhook.serve import Running, start
 from tests.live import require_kubeconfig
@@ -40,13 +42,24 @@ async def _eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: f
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def _config(kubeconfig: str) -> ExtenderConfig:
+def _config(kubeconfig: str, run: str, identity: str) -> ExtenderConfig:
+    """A controller instance of its own (``run``), so local-up's default controller never competes for these
+    pods; leader election on with a short lease, so the standby takeover fits in the test."""
     base = ExtenderConfig()
+    election = LeaderElectionConfig(
+        lease_namespace="kube-system",
+        identity=identity,
+        lease_duration_seconds=4,
+        renew_deadline_seconds=3.0,
+        retry_period_seconds=1.0,
+    )
     return dataclasses.replace(
         base,
         server=ServerConfig(host="127.0.0.1", port=0),
         kubernetes=KubernetesConfig(kubeconfig=kubeconfig),
-        controller=ControllerConfig(enabled=True, watchdog_seconds=0.5, max_gate_seconds=3.0),
+        controller=ControllerConfig(
+            enabled=True, watchdog_seconds=0.5, max_gate_seconds=3.0, instance=run, leader_election=election
+        ),
     )
 
 
@@ -54,7 +67,10 @@ def _pod(name: str, run: str, cpu: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "annotations": {"qos.kube-qos-extender.io/class": "silver"}},
+        "metadata": {
+            "name": name,
+            "annotations": {"qos.kube-qos-extender.io/class": "silver", INSTANCE_ANNOTATION: run},
+        },
         "spec": {
             "schedulerName": "qos-scheduler",
             "schedulingGates": [{"name": GATE}],
@@ -88,8 +104,9 @@ async def test_release_pin_timeout_and_rebuild() -> None:
     running: Running | None = None
     try:
         await read_json(await core.create_node(node, _preload_content=False))
-        await read_json(await core.create_namespace({"metadata": {"name": run}}, _preload_content=False))
-        running = await start(_config(kubeconfig))
+        namespace = {"metadata": {"name": run, "labels": {INSTANCE_ANNOTATION: run}}}  # skipped by local-up's webhook
+        await read_json(await core.create_namespace(namespace, _preload_content=False))
+        running = await start(_config(kubeconfig, run, "a"))
         await read_json(await core.create_namespaced_pod(run, _pod("fits", run, "500m"), _preload_content=False))
         await read_json(await core.create_namespaced_pod(run, _pod("huge", run, "64"), _preload_content=False))
 
@@ -129,19 +146,40 @@ async def test_release_pin_timeout_and_rebuild() -> None:
         acc = await _eventually(account, "the account annotation on the bare pod")
         assert acc.state.value == "running" and acc.class_name == "silver"
 
-        # restart: the new process rebuilds the account from the annotation; e keeps growing from where it was
+        # restart: the same identity takes its Lease back at once; the new process rebuilds the account from the
+        # annotation and e keeps growing from where it was
         await running.stop()
         await asyncio.sleep(1.0)
-        running = await start(_config(kubeconfig))
-        ctl = running.controller
-        assert ctl is not None
+        running = await start(_config(kubeconfig, run, "a"))
+        ctl = await _eventually(lambda: _controller(running), "the restarted replica to lead again", timeout=3.0)
         await _eventually(lambda: _passes(ctl), "the restarted controller's first pass")
         rebuilt = ctl.accounts[f"{run}/fits"]
         e, p = rebuilt.ep(time.time())
         assert e >= acc.ep(time.time())[0] - 0.5 and p == pytest.approx(acc.p, abs=0.5)
+
+        # a second replica stands by (no controller, leader gauge 0) while "a" renews the Lease ...
+        standby = await start(_config(kubeconfig, run, "b"))
+        await asyncio.sleep(6.0)  # longer than the lease: "a" keeps renewing it
+        assert standby.controller is None and running.controller is not None
+        assert _leader_gauge(standby) == 0 and _leader_gauge(running) == 1
+        # ... and takes over when "a" dies without releasing it, rebuilding the same account
+        await running.stop()
+        running = standby
+        ctl = await _eventually(lambda: _controller(standby), "the standby to take over the Lease", timeout=15.0)
+        await _eventually(lambda: _passes(ctl), "the new leader's first pass")
+        took_over = ctl.accounts[f"{run}/fits"]
+        assert took_over.ep(time.time())[0] >= e - 0.5 and took_over.state.value == "running"
+        assert _leader_gauge(standby) == 1
     finally:
         if running is not None:
             await running.stop()
+        with contextlib.suppress(ApiError):
+            coordination = k8s.CoordinationV1Api(api)
+            await read_json(
+                await coordination.delete_namespaced_lease(
+                    f"kube-qos-extender-{run}", "kube-system", _preload_content=False
+                )
+            )
         with contextlib.suppress(ApiError):
             await read_json(await core.delete_namespace(run, _preload_content=False))
         with contextlib.suppress(ApiError):
@@ -155,3 +193,13 @@ async def _has(fn: Callable[[], Awaitable[set[str]]], wanted: set[str]) -> bool:
 
 async def _passes(ctl: Any) -> bool:
     return bool(ctl.passes > 0)
+
+
+async def _controller(running: Running) -> Any:
+    return running.controller
+
+
+def _leader_gauge(running: Running) -> float:
+    value = running.metrics.registry.get_sample_value("qos_extender_controller_leader")
+    assert value is not None
+    return value

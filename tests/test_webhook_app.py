@@ -375,7 +375,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-async def test_tls_requires_a_client_certificate_signed_by_the_ca(pki: Path) -> None:
+async def test_tls_requires_a_ca_signed_client_certificate_except_for_admission_and_health(pki: Path) -> None:
     tls = TlsConfig(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
     config = dataclasses.replace(CONFIG, server=ServerConfig(port=0, tls=tls))
     assert make_ssl_context(tls) is not None
@@ -394,9 +394,25 @@ async def test_tls_requires_a_client_certificate_signed_by_the_ca(pki: Path) -> 
             async with session.post(url, data=body, ssl=client_ctx("client")) as resp:
                 assert resp.status == 200
                 assert (await resp.json())["NodeNames"] == ["node-1", "node-2", "node-3"]
-            for cert in (None, "rogue"):
+            # no certificate: the verbs and /metrics refuse (403, JSON); health and admission answer
+            async with session.post(url, data=body, ssl=client_ctx(None)) as resp:
+                assert resp.status == 403
+                assert "requires a client certificate" in (await resp.json())["Error"]
+            async with session.get(f"https://127.0.0.1:{port}/metrics", ssl=client_ctx(None)) as resp:
+                assert resp.status == 403
+            async with session.get(f"https://127.0.0.1:{port}/readyz", ssl=client_ctx(None)) as resp:
+                assert resp.status == 200
+            review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": "u"}}
+            async with session.post(
+                f"https://127.0.0.1:{port}/admission/mutate", data=orjson.dumps(review), ssl=client_ctx(None)
+            ) as resp:
+                assert resp.status == 200 and (await resp.json())["response"] == {"uid": "u", "allowed": True}
+            # a certificate the CA did not sign fails the handshake on every path
+            for path in ("filter", "admission/mutate", "healthz"):
                 with pytest.raises(aiohttp.ClientError):
-                    async with session.post(url, data=body, ssl=client_ctx(cert)) as resp:
+                    async with session.post(
+                        f"https://127.0.0.1:{port}/{path}", data=body, ssl=client_ctx("rogue")
+                    ) as resp:
                         await resp.read()
             with pytest.raises(aiohttp.ClientError):  # plain HTTP to a TLS port
                 async with session.post(f"http://127.0.0.1:{port}/filter", data=body) as resp:

@@ -58,9 +58,16 @@ class World:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """host_score "least-allocated": kube-scheduler's default resource scores (paper 002's prototype, the
+    simulator); "profile": ``packing.score_nodes(profile, ...)``, the prioritize verb's own score, so a pod
+    the controller pins lands where the extender would have placed it."""
+
     compression: float = 1.0
     max_gate_seconds: float = 3600.0  # real seconds (already divided by the compression)
     pin: bool = True
+    host_score: str = "least-allocated"
+    profile: str = "cost"
+    cycle_seconds: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +182,14 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
         feasible = [o for o in options if o.feasible]
         if not feasible:
             continue
-        scores = {o.node: packing.k8s_default_score(nodes[o.node], inst.pod) for o in feasible}
+        scores: dict[str, float]
+        if settings.host_score == "profile":
+            ranked = packing.score_nodes(
+                settings.profile, [nodes[o.node] for o in feasible], inst.pod, now, settings.cycle_seconds
+            )
+            scores = {name: float(v) for name, v in ranked.items()}
+        else:
+            scores = {o.node: packing.k8s_default_score(nodes[o.node], inst.pod) for o in feasible}
         best = qos.rank_hosts(feasible, scores)
         if best is None:
             continue

@@ -95,7 +95,14 @@ class QosController:
         self.events = events
         self.clock = clock
         c = self.cfg.time_compression
-        self.settings = Settings(compression=c, max_gate_seconds=self.cfg.max_gate_seconds / c, pin=self.cfg.pin_node)
+        self.settings = Settings(
+            compression=c,
+            max_gate_seconds=self.cfg.max_gate_seconds / c,
+            pin=self.cfg.pin_node,
+            host_score=self.cfg.host_score,
+            profile=config.scheduling.profile,
+            cycle_seconds=config.scheduling.scaling_cycle_seconds,
+        )
         self.watchdog = self.cfg.watchdog_seconds / c
         self.absent_grace = max(60.0, 30.0 * self.watchdog)
         self.persist = self.cfg.persistence == "annotation"

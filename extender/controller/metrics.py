@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -143,6 +143,12 @@ class ControllerMetrics:
             "qos_extender_controller_accounts_loaded",
             "Accounts rebuilt from annotations at start, by outcome.",
             ["outcome"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "qos_extender_controller_leader",
+            "1 while this replica holds the controller's Lease (or runs without leader election), else 0. "
+            "Exactly one replica per controller instance should report 1.",
             registry=r,
         )
         self._sli = _SliCollector()

@@ -9,9 +9,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["admission_patch", "escape", "pin_term", "release_patch"]
+__all__ = ["INSTANCE_ANNOTATION", "admission_patch", "escape", "owned_by", "pin_term", "release_patch"]
+
+# The controller instance that gated a pod and owns its ordering (controller.instance). Pods without it (created
+# while no webhook answered) belong to the instance named "default".
+INSTANCE_ANNOTATION = "qos.kube-qos-extender.io/controller"
+DEFAULT_INSTANCE = "default"
 
 Op = dict[str, Any]
+
+
+def owned_by(annotations: object, instance: str) -> bool:
+    """Whether a pod with these annotations is managed by controller ``instance``."""
+    value = annotations.get(INSTANCE_ANNOTATION) if isinstance(annotations, Mapping) else None
+    if not isinstance(value, str) or not value:
+        return instance == DEFAULT_INSTANCE
+    return value == instance
 
 
 def escape(segment: str) -> str:
@@ -70,19 +83,34 @@ def release_patch(spec: Mapping[str, Any], gate: str, node: str | None) -> list[
 _REQ = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-def admission_patch(pod: Mapping[str, Any], gate: str, marker: str | None) -> list[Op]:
-    """What the mutating webhook adds to a new qos pod: our scheduling gate (if absent) and, when a marker
-    resource is configured, ``marker: "1"`` in requests and limits of the first container (extended resources
-    need requests == limits) so kube-scheduler's global extender only sees qos pods (issue 5)."""
+def admission_patch(
+    pod: Mapping[str, Any], gate: str | None, marker: str | None, instance: str | None = None
+) -> list[Op]:
+    """What the mutating webhook adds to a new qos pod: our scheduling gate (if absent; None: the controller
+    is off, nothing is gated), the annotation naming the controller ``instance`` that owns the pod (so two
+    controllers on one cluster never act on each other's pods) and, when a marker resource is configured,
+    ``marker: "1"`` in requests and limits of the first container (extended resources need requests ==
+    limits) so kube-scheduler's global extender only sees qos pods (issue 5)."""
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         return []
     ops: list[Op] = []
     gates = spec.get("schedulingGates")
-    if not isinstance(gates, list) or not gates:
+    if gate is None:
+        pass
+    elif not isinstance(gates, list) or not gates:
         ops.append({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": gate}]})
     elif not any(isinstance(g, dict) and g.get("name") == gate for g in gates):
         ops.append({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": gate}})
+    if instance is not None:
+        meta = pod.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, dict) else None
+        if not isinstance(meta, dict):
+            ops.append({"op": "add", "path": "/metadata", "value": {"annotations": {INSTANCE_ANNOTATION: instance}}})
+        elif not isinstance(annotations, dict):
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": {INSTANCE_ANNOTATION: instance}})
+        elif annotations.get(INSTANCE_ANNOTATION) != instance:
+            ops.append({"op": "add", "path": f"/metadata/annotations/{escape(INSTANCE_ANNOTATION)}", "value": instance})
     containers = spec.get("containers")
     if marker is None or not isinstance(containers, Sequence) or not containers:
         return ops

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.config import ExtenderConfig
+from extender.controller.patches import owned_by
 from extender.kube.convert import Problem, is_terminal, parse_timestamp, pod_key
 from extender.kube.snapshot import Snapshot
 
@@ -104,7 +105,9 @@ def pod_info(obj: Mapping[str, Any], gate: str, account_annotation: str) -> PodI
 
 
 class TrackingSnapshot(Snapshot):
-    """A Snapshot that also keeps ``PodInfo`` for pods of ``scheduler_name`` and calls ``on_change``."""
+    """A Snapshot that also keeps ``PodInfo`` for the pods of ``scheduler_name`` that this controller instance
+    owns (``patches.owned_by``), and calls ``on_change``. Pods of other instances stay in the base snapshot:
+    they occupy nodes like any pod, but are never accounted, released or chosen as victims here."""
 
     def __init__(self, config: ExtenderConfig, account_annotation: str) -> None:
         super().__init__(config)
@@ -112,6 +115,7 @@ class TrackingSnapshot(Snapshot):
         self.on_change: Callable[[], None] | None = None
         self._scheduler = config.controller.scheduler_name
         self._gate = config.controller.gate_name
+        self._instance = config.controller.instance
         self._annotation = account_annotation
 
     def _changed(self) -> None:
@@ -134,6 +138,7 @@ class TrackingSnapshot(Snapshot):
             or is_terminal(obj)
             or not isinstance(spec, dict)
             or spec.get("schedulerName") != self._scheduler
+            or not owned_by((obj.get("metadata") or {}).get("annotations"), self._instance)
         ):
             if self.qos_pods.pop(key, None) is not None:
                 self._changed()

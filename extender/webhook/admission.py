@@ -8,8 +8,10 @@ the gate in increasing Q.
 
 Never denies: a malformed review gets 400 (the API server then applies the failurePolicy), anything else is
 allowed, patched or not. With the controller disabled nothing is gated (a gate nobody releases would hold the
-pod forever). failurePolicy is Ignore in config/controller (the trade-off is documented there): an extender
-outage must not become a pod-creation outage; pods created meanwhile are scheduled ungated, still accounted.
+pod forever) but the marker is still added: routing to the extender does not depend on the controller. Gated
+pods are annotated with ``controller.instance``: that instance alone accounts, releases and evicts them.
+failurePolicy is Ignore in config/controller (the trade-off is documented there): an extender outage must not
+become a pod-creation outage; pods created meanwhile are scheduled ungated, still accounted.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def review(body: Mapping[str, Any], config: ExtenderConfig) -> dict[str, Any]:
     pod = request.get("object")
     kind = request.get("kind") or {}
     ctl = config.controller
+    marker = _marker(config)
     if (
-        ctl.enabled
+        (ctl.enabled or marker is not None)
         and request.get("operation") == "CREATE"
         and isinstance(kind, Mapping)
         and kind.get("kind") == "Pod"
@@ -55,7 +58,10 @@ def review(body: Mapping[str, Any], config: ExtenderConfig) -> dict[str, Any]:
         and isinstance(pod.get("spec"), Mapping)
         and pod["spec"].get("schedulerName") == ctl.scheduler_name
     ):
-        ops = admission_patch(pod, ctl.gate_name, _marker(config))
+        if ctl.enabled:
+            ops = admission_patch(pod, ctl.gate_name, marker, ctl.instance)
+        else:
+            ops = admission_patch(pod, None, marker)
         if ops:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(orjson.dumps(ops)).decode()

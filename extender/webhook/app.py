@@ -23,7 +23,7 @@ from extender.config import ExtenderConfig, TlsConfig
 from extender.core.model import InvalidInputError
 from extender.kube.snapshot import Snapshot
 from extender.webhook import verbs
-from extender.webhook.admission import add_admission_route
+from extender.webhook.admission import ADMISSION_PATH, add_admission_route
 from extender.webhook.metrics import Metrics
 
 __all__ = ["CONFIG_KEY", "EventSink", "make_app", "make_ssl_context", "start_server"]
@@ -200,7 +200,19 @@ def make_app(
                 response.headers["Allow"] = exc.headers["Allow"]
             return response
 
-    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[json_errors])
+    @web.middleware
+    async def client_certificate(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        transport = request.transport
+        if request.path not in ANONYMOUS_PATHS and not (transport and transport.get_extra_info("peercert")):
+            return _error(403, f"{request.path} requires a client certificate signed by server.tls.client_ca_file")
+        return await handler(request)
+
+    middlewares = [json_errors]
+    if config.server.tls.client_ca_file is not None:
+        middlewares.append(client_certificate)
+    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
     app[SNAPSHOT_KEY] = snapshot
     app[METRICS_KEY] = metrics
@@ -213,15 +225,24 @@ def make_app(
     return app
 
 
+# With a client CA, these paths also answer clients without a certificate (a certificate that IS presented must
+# still be signed by the CA, or the handshake fails). The API server calls the admission webhook, and managed
+# control planes cannot give it a client certificate; kubelet probes health. None of them changes the cluster:
+# an admission answer only shapes the pod the API server asked about. The verbs (bind writes Bindings) and
+# /metrics require a certificate.
+ANONYMOUS_PATHS = frozenset({"/healthz", "/readyz", ADMISSION_PATH})
+
+
 def make_ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
-    """Server TLS; with a client CA, every client must present a certificate it signed (CERT_REQUIRED)."""
+    """Server TLS; with a client CA, a presented client certificate must be signed by it (CERT_OPTIONAL, so
+    ANONYMOUS_PATHS stay reachable) and every other path refuses a client without one (403)."""
     if tls.cert_file is None or tls.key_file is None:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(tls.cert_file, tls.key_file)
     if tls.client_ca_file is not None:
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = ssl.CERT_OPTIONAL
         ctx.load_verify_locations(cafile=tls.client_ca_file)
     return ctx
 

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from extender.config import ConfigError, ExtenderConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION
+from extender.controller.leader import Leadership
 from extender.controller.loop import ControllerEvents, QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
@@ -43,7 +44,8 @@ class Running:
     reflectors: list[Reflector]
     events: KubeEventSink | None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    controller: QosController | None = None
+    controller: QosController | None = None  # the current term's controller (None: standby or disabled)
+    leadership: Leadership | None = None
 
     @property
     def url(self) -> str:
@@ -87,20 +89,39 @@ async def start(config: ExtenderConfig) -> Running:
     tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
     if events is not None:
         tasks.append(asyncio.create_task(events.run(), name="events"))
-    controller = None
+    running = Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks)
     if isinstance(snapshot, TrackingSnapshot):
         ctl_events = (
             ControllerEvents(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
         )
-        controller = QosController(api_client, snapshot, config, ControllerMetrics(metrics.registry), ctl_events)
-        tasks.append(asyncio.create_task(controller.run(), name="qos-controller"))
+        ctl_metrics = ControllerMetrics(metrics.registry)
+
+        async def lead() -> None:
+            # A fresh controller per term: it rebuilds every account from the owners' annotations, so a leader
+            # change is exactly a restart (nothing in memory carries over from an earlier term).
+            running.controller = QosController(api_client, snapshot, config, ctl_metrics, ctl_events)
+            try:
+                await running.controller.run()
+            finally:
+                running.controller = None
+                ctl_metrics.set_samples([])
+
+        election = config.controller.leader_election
+        if election.enabled:
+            running.leadership = Leadership(
+                api_client, election, config.controller.lease_name, lead, lambda on: ctl_metrics.leader.set(int(on))
+            )
+            tasks.append(asyncio.create_task(running.leadership.run(), name="qos-controller-election"))
+        else:
+            ctl_metrics.leader.set(1)
+            tasks.append(asyncio.create_task(lead(), name="qos-controller"))
         if ctl_events is not None:
             tasks.append(asyncio.create_task(ctl_events.run(), name="controller-events"))
     log.info(
         "serving",
         extra={"decision": {"host": config.server.host, "port": port, "tls": config.server.tls.enabled}},
     )
-    return Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks, controller)
+    return running
 
 
 async def serve(config: ExtenderConfig) -> None:
