@@ -174,8 +174,10 @@ class Run:
         node_name: str | None = None,
         select_run: bool = True,
         labels: dict[str, str] | None = None,
+        marker: bool = True,
     ) -> dict[str, Any]:
-        """A pod for the qos-scheduler (with the routing marker) or, with qos=False, the default-scheduler."""
+        """A pod for the qos-scheduler (with the routing marker unless marker=False: then only the admission
+        webhook can add it) or, with qos=False, the default-scheduler."""
         ann: dict[str, str] = {}
         if kind:
             ann[f"{PREFIX}kind"] = kind
@@ -185,7 +187,7 @@ class Run:
             ann[f"{PREFIX}class"] = cls
         requests: dict[str, str] = {"cpu": cpu, "memory": memory}
         limits: dict[str, str] = {}
-        if qos:
+        if qos and marker:
             requests[MARKER] = limits[MARKER] = "1"
         spec: dict[str, Any] = {
             "terminationGracePeriodSeconds": 0,

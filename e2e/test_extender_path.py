@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e.conftest import Cluster, Run, counter, eventually
+from e2e.conftest import MARKER, Cluster, Run, counter, eventually
 
 pytestmark = [pytest.mark.live]
 
@@ -34,6 +34,36 @@ def test_qos_pod_is_filtered_scored_and_bound_by_the_extender(run: Run) -> None:
     assert bind_events and "qos-scheduler" in (
         bind_events[0].get("reportingComponent") or bind_events[0].get("source", {}).get("component", "")
     ), bind_events
+
+
+def test_admission_gates_and_marks_and_the_controller_releases(run: Run) -> None:
+    """The real API server calls the admission webhook without a client certificate: the pod comes out gated,
+    annotated for the default controller instance and carrying the routing marker (the test did not add it);
+    the controller releases it pinned to a host with a QoSReleased Event, and kube-scheduler binds it there
+    through the extender."""
+    run.node("svc-a", "service")
+    run.node("svc-b", "service")
+    run.wait_nodes_ready()
+    before = _verb_counts(run.cluster)
+    run.create(run.pod("gated-1", cls="gold", marker=False))
+    node = run.wait_bound("gated-1")["gated-1"]
+    pod = run.pods()["gated-1"]
+    assert pod["metadata"]["annotations"]["qos.kube-qos-extender.io/controller"] == "default"
+    assert pod["spec"]["containers"][0]["resources"]["requests"][MARKER] == "1"
+    assert not pod["spec"].get("schedulingGates")
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [node]  # pinned where it was bound
+    released = eventually(
+        lambda: [
+            e
+            for e in run.kube.events(run.ns)
+            if e["involvedObject"].get("name") == "gated-1" and e["reason"] == "QoSReleased"
+        ],
+        "the controller's QoSReleased Event",
+    )
+    assert "Q=" in released[0]["message"]
+    after = _verb_counts(run.cluster)
+    assert after["filter"] >= before["filter"] + 1 and after["bind"] >= before["bind"] + 1, (before, after)
 
 
 def test_default_scheduler_pod_never_reaches_the_extender(run: Run) -> None:

@@ -454,3 +454,32 @@ def test_host_score_profile_packs_where_least_allocated_spreads() -> None:
     packed = decide(w, POLICY, Settings(host_score="profile", profile="cost"), random.Random(1))
     assert [r.node for r in spread.releases] == ["n-empty"]
     assert [r.node for r in packed.releases] == ["n-full"]  # BFD: the tightest node that fits
+
+
+def test_higher_priority_pods_are_never_qos_victims_and_priority_is_handed_to_kube_scheduler() -> None:
+    now = 5000.0
+    # n1 is full of high-priority bronze pods far above their SLO: by Q alone they would be victims.
+    high = [Pod(f"h{i}", SLOT, request_id=f"default/ReplicaSet/h{i}", class_name="bronze", node_name="n1", priority=900)
+            for i in range(10)]  # fmt: skip
+    accounts = {f"default/ReplicaSet/h{i}": running_acc("bronze", 1000.0, 0.0, now) for i in range(10)}
+    accounts["default/ReplicaSet/g"] = pending_acc("gold", 100.0, 20.0, now)
+    low_gold = GatedPod(
+        Pod("g", SLOT, request_id="default/ReplicaSet/g", class_name="gold", priority=100),
+        "default/ReplicaSet/g",
+        4990.0,
+    )
+    d = decide(world([Node("n1", HOST, pods=tuple(high))], accounts, [low_gold]), POLICY, Settings(), random.Random(1))
+    assert d.evictions == () and d.releases == ()  # stays gated: nothing it may preempt
+    # a node full of pods we know nothing of (never QoS victims) but of lower priority: kube-scheduler's
+    # priority preemption can make room, so the pod is handed over unpinned; at equal priority it cannot.
+    plain = tuple(Pod(f"x{i}", SLOT, request_id=f"other/x{i}", node_name="n2", priority=10) for i in range(10))
+    for priority, expected in ((10, []), (100, [("default/g", None, True)])):
+        g = GatedPod(
+            Pod("g", SLOT, request_id="default/ReplicaSet/g", class_name="gold", priority=priority),
+            "default/ReplicaSet/g",
+            4990.0,
+        )
+        w = world([Node("n2", HOST, pods=plain)], {"default/ReplicaSet/g": accounts["default/ReplicaSet/g"]}, [g])
+        d = decide(w, POLICY, Settings(), random.Random(1))
+        assert d.evictions == ()
+        assert [(r.pod, r.node, r.priority) for r in d.releases] == expected

@@ -96,6 +96,7 @@ class Release:
     waited: float  # real seconds behind the gate
     victims: tuple[str, ...] = ()
     timeout: bool = False
+    priority: bool = False  # handed to kube-scheduler's priority preemption (no QoS room, but a lower priority)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,11 +177,29 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
     order = qos.queue_order(pending, policy)
     for inst in order:
         g = gated_by_key[inst.pod.key]
-        options = [
-            qos.feasibility(inst, n, running, policy, rng, q_of) for n in nodes.values() if _selects(n, g.node_selector)
-        ]
+        # QoS preemption is among equals and below: a pod of higher priority is never a QoS victim.
+        if any(r.pod.priority > inst.pod.priority for r in running.values()):
+            eligible = {k: r for k, r in running.items() if r.pod.priority <= inst.pod.priority}
+        else:
+            eligible = running
+        selected = [n for n in nodes.values() if _selects(n, g.node_selector)]
+        options = [qos.feasibility(inst, n, eligible, policy, rng, q_of) for n in selected]
         feasible = [o for o in options if o.feasible]
         if not feasible:
+            # Priority beats Q: where kube-scheduler could make room by preempting strictly lower-priority pods
+            # (which it does, with the preempt verb narrowing its victims), hand the pod over unpinned.
+            if any(qos.priority_feasibility(inst.pod, n, policy).feasible for n in selected):
+                releases.append(
+                    Release(
+                        inst.pod.key,
+                        inst.pod.uid,
+                        g.request,
+                        None,
+                        q_of[inst.pod.key],
+                        max(0.0, now - g.gated_since),
+                        priority=True,
+                    )
+                )
             continue
         scores: dict[str, float]
         if settings.host_score == "profile":

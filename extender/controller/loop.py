@@ -389,6 +389,16 @@ class QosController:
                 "Warning",
             )
             return
+        if rel.priority:
+            self.metrics.releases.labels("priority").inc()
+            self._event(
+                rel.pod,
+                rel.uid,
+                "QoSReleasedForPriority",
+                f"no room by the QoS rules (Q={rel.q:.1f}s), but lower-priority pods could make some: released "
+                "unpinned to kube-scheduler's priority preemption",
+            )
+            return
         self.metrics.releases.labels("preemption" if preempted else "fits").inc()
         where = f" pinned to {rel.node}" if rel.node else ""
         self._event(

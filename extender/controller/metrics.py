@@ -108,7 +108,8 @@ class ControllerMetrics:
         )
         self.releases = Counter(
             "qos_extender_controller_releases",
-            "Scheduling gates removed: fits (free space), preemption (after evictions), timeout (max_gate_seconds).",
+            "Scheduling gates removed: fits (free space), preemption (after evictions), priority (handed to "
+            "kube-scheduler's priority preemption), timeout (max_gate_seconds).",
             ["reason"],
             registry=r,
         )
