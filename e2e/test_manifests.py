@@ -202,7 +202,7 @@ def test_dashboard_has_the_promised_panels(base: list[dict[str, Any]]) -> None:
     assert all(t["expr"] for p in dash["panels"] for t in p["targets"])
 
 
-def test_deploy_extender_config_differs_only_in_server_and_kubeconfig(base: list[dict[str, Any]]) -> None:
+def test_deployed_config_differs_in_server_kubeconfig_and_lease_namespace(base: list[dict[str, Any]]) -> None:
     deployed = yaml.safe_load(_configmap(base, "qos-extender-config")["extender.yaml"])
     shipped = yaml.safe_load((ROOT / "config" / "extender.yaml").read_text())
     assert deployed["kubernetes"]["kubeconfig"] is None
@@ -211,6 +211,12 @@ def test_deploy_extender_config_differs_only_in_server_and_kubeconfig(base: list
             continue
         if key == "kubernetes":
             assert {**deployed[key], "kubeconfig": None} == {**shipped[key], "kubeconfig": None}
+            continue
+        if key == "controller":  # the Lease lives in the deployment's own namespace (its Role is there)
+            assert deployed[key]["leader_election"]["lease_namespace"] == "kube-qos-system"
+            ours = {**deployed[key], "leader_election": {**deployed[key]["leader_election"], "lease_namespace": None}}
+            theirs = {**shipped[key], "leader_election": {**shipped[key]["leader_election"], "lease_namespace": None}}
+            assert ours == theirs
             continue
         assert deployed.get(key) == shipped.get(key), key
     tls = deployed["server"]["tls"]

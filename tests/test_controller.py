@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from extender.controller.accounting import Account, RequestState, decode_account, due_writes, encode_account
 from extender.controller.decide import GatedPod, Settings, World, decide
 from extender.controller.observe import observe
-from extender.controller.patches import INSTANCE_ANNOTATION, admission_patch, owned_by, release_patch
+from extender.controller.patches import admission_patch, owner_instance, release_patch
 from extender.controller.state import PodInfo, pod_info
 from extender.core import qos
 from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources
@@ -435,12 +435,13 @@ def test_due_writes_coalesces_per_account_and_never_drops() -> None:
     assert due_writes(set(), written, 100.0, 2.0) == (set(), None)
 
 
-def test_pods_belong_to_the_instance_named_in_their_annotation() -> None:
-    assert owned_by({INSTANCE_ANNOTATION: "default"}, "default")
-    assert owned_by(None, "default") and owned_by({}, "default")  # created while no webhook answered
-    assert not owned_by({}, "canary")
-    assert owned_by({INSTANCE_ANNOTATION: "canary"}, "canary")
-    assert not owned_by({INSTANCE_ANNOTATION: "canary"}, "default")
+def test_pods_belong_to_the_instance_named_in_their_annotation_else_their_namespace() -> None:
+    labelled = {"bench": "canary"}
+    assert owner_instance("canary", "default", labelled) == "canary"
+    assert owner_instance("default", "bench", labelled) == "default"  # the annotation wins
+    # created while no webhook answered: the namespace's instance, as the webhooks' namespaceSelectors route
+    assert owner_instance(None, "bench", labelled) == "canary"
+    assert owner_instance(None, "team-a", labelled) == "default"
 
 
 def test_host_score_profile_packs_where_least_allocated_spreads() -> None:

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +32,8 @@ from extender.controller.accounting import ACCOUNT_ANNOTATION, Account, decode_a
 from extender.controller.decide import Decision, Evict, GatedPod, Release, Settings, World, decide
 from extender.controller.metrics import ControllerMetrics, RequestSample
 from extender.controller.observe import observe
-from extender.controller.patches import release_patch
-from extender.controller.state import TrackingSnapshot
+from extender.controller.patches import INSTANCE_ANNOTATION, owner_instance, release_patch
+from extender.controller.state import PodInfo, TrackingSnapshot
 from extender.core.model import InvalidInputError, Node, Pod
 from extender.core.qos import availability
 from extender.kube.client import ApiError, read_json
@@ -47,6 +47,7 @@ log = logging.getLogger("extender.controller")
 _IN_FLIGHT_SECONDS = 30.0  # how long a patch/eviction is assumed pending before the watch must show it
 _DEBOUNCE_SECONDS = 0.05  # coalesce a burst of watch events into one pass
 _CONCURRENCY = 16
+_NAMESPACE_REFRESH_SECONDS = 5.0  # how soon a namespace (re)labelled for an instance takes effect for ungated pods
 
 
 class ControllerEvents(KubeEventSink):
@@ -112,6 +113,7 @@ class QosController:
         self.apps = k8s.AppsV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
         self.accounts: dict[str, Account] = {}
+        self.namespace_instances: dict[str, str] = {}  # namespace -> instance, from the namespace label
         self.owner_created: dict[str, float] = {}
         self._written: dict[str, float] = {}
         self._dirty: set[str] = set()
@@ -140,8 +142,41 @@ class QosController:
             if not cont:
                 return items
 
+    async def refresh_namespaces(self) -> None:
+        """Which namespaces are routed to which controller instance (label qos.kube-qos-extender.io/controller),
+        for the pods created while no webhook answered (``owner_instance``). A failed list keeps the last map."""
+        try:
+            items = await self._list(lambda **kw: self.core.list_namespace(label_selector=INSTANCE_ANNOTATION, **kw))
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("cannot list namespaces for controller instances", extra={"error": str(exc)})
+            return
+        self.namespace_instances = {
+            (ns.get("metadata") or {}).get("name", ""): ((ns.get("metadata") or {}).get("labels") or {}).get(
+                INSTANCE_ANNOTATION, ""
+            )
+            for ns in items
+        }
+
+    async def _namespaces_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_NAMESPACE_REFRESH_SECONDS)
+            await self.refresh_namespaces()
+
+    def _owns_namespace(self, namespace: str) -> bool:
+        return owner_instance(None, namespace, self.namespace_instances) == self.cfg.instance
+
+    def mine(self) -> dict[str, PodInfo]:
+        """The qos pods this instance manages (``owner_instance``): every other pod only occupies nodes."""
+        me, routes = self.cfg.instance, self.namespace_instances
+        return {
+            k: i
+            for k, i in self.snapshot.qos_pods.items()
+            if owner_instance(i.instance, k.split("/", 1)[0], routes) == me
+        }
+
     async def load(self) -> None:
         """Rebuild the accounts from the owners' annotations (and bare pods' own) before the first pass."""
+        await self.refresh_namespaces()
         if not self.persist:
             return
         sources = (
@@ -158,12 +193,14 @@ class QosController:
                 continue
             for item in items:
                 meta = item.get("metadata") or {}
+                if not self._owns_namespace(meta.get("namespace", "default")):
+                    continue  # another instance's request: never read (nor later write) its account
                 request = f"{meta.get('namespace', 'default')}/{kind}/{meta.get('name')}"
                 created = parse_timestamp(meta.get("creationTimestamp"))
                 if created is not None:
                     self.owner_created[request] = created
                 self._load_one(request, (meta.get("annotations") or {}).get(ACCOUNT_ANNOTATION))
-        for info in self.snapshot.qos_pods.values():
+        for info in self.mine().values():
             if info.request == info.key:
                 self._load_one(info.request, info.account_text)
         log.info("accounts rebuilt", extra={"decision": {"accounts": len(self.accounts)}})
@@ -187,6 +224,7 @@ class QosController:
             await asyncio.sleep(0.05)
         await self.load()
         writer = asyncio.create_task(self._writer(), name="controller-writer")
+        namespaces = asyncio.create_task(self._namespaces_loop(), name="controller-namespaces")
         rebuild = True
         try:
             while True:
@@ -202,16 +240,18 @@ class QosController:
                 await asyncio.sleep(_DEBOUNCE_SECONDS)
                 self._wake.clear()
         finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
+            for task in (writer, namespaces):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     # ------------------------------------------------------------------------------------------- pass
 
-    def world(self, now: float) -> World:
-        """The decision input from the snapshot and the in-flight bookkeeping."""
+    def world(self, now: float, qos: Mapping[str, PodInfo] | None = None) -> World:
+        """The decision input from the snapshot, this instance's pods and the in-flight bookkeeping."""
         snap = self.snapshot
-        qos = snap.qos_pods
+        if qos is None:
+            qos = self.mine()
         self._evicting = {k: t for k, t in self._evicting.items() if t > now and k in snap.pods}
         self._released = {k: v for k, v in self._released.items() if v[1] > now and k in qos and qos[k].gated}
         gone = set(self._evicting) | {k for k, i in qos.items() if i.deleting}
@@ -248,10 +288,11 @@ class QosController:
         started = time.perf_counter()
         now = self.clock()
         snap = self.snapshot
-        class_of = {k: snap.pods[k].pod.class_name for k in snap.qos_pods if k in snap.pods}
+        mine = self.mine()
+        class_of = {k: snap.pods[k].pod.class_name for k in mine if k in snap.pods}
         obs = observe(
             self.accounts,
-            snap.qos_pods.values(),
+            mine.values(),
             class_of,
             now,
             rebuild=rebuild,
@@ -267,7 +308,7 @@ class QosController:
                 self._dirty.add(request)
         if self._dirty:
             self._writer_wake.set()
-        decision = decide(self.world(now), self.policy, self.settings, self.rng)
+        decision = decide(self.world(now, mine), self.policy, self.settings, self.rng)
         self.last_decision = decision
         self.passes += 1
         self.metrics.passes.inc()

@@ -9,22 +9,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["INSTANCE_ANNOTATION", "admission_patch", "escape", "owned_by", "pin_term", "release_patch"]
+__all__ = ["INSTANCE_ANNOTATION", "admission_patch", "escape", "owner_instance", "pin_term", "release_patch"]
 
-# The controller instance that gated a pod and owns its ordering (controller.instance). Pods without it (created
-# while no webhook answered) belong to the instance named "default".
+# The controller instance that gated a pod and owns its ordering (controller.instance); also the namespace label
+# that routes a namespace to an instance. Pods without the annotation: see owner_instance.
 INSTANCE_ANNOTATION = "qos.kube-qos-extender.io/controller"
 DEFAULT_INSTANCE = "default"
 
 Op = dict[str, Any]
 
 
-def owned_by(annotations: object, instance: str) -> bool:
-    """Whether a pod with these annotations is managed by controller ``instance``."""
-    value = annotations.get(INSTANCE_ANNOTATION) if isinstance(annotations, Mapping) else None
-    if not isinstance(value, str) or not value:
-        return instance == DEFAULT_INSTANCE
-    return value == instance
+def owner_instance(annotated: str | None, namespace: str, namespace_instances: Mapping[str, str]) -> str:
+    """The controller instance that manages a pod: the one its admission annotation names; for a pod created
+    while no webhook answered (no annotation), the instance its namespace is labelled for
+    (qos.kube-qos-extender.io/controller), else "default" — the same rule the webhook configurations'
+    namespaceSelectors apply, so the pod is accounted by the instance that would have gated it."""
+    if annotated:
+        return annotated
+    return namespace_instances.get(namespace) or DEFAULT_INSTANCE
 
 
 def escape(segment: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.config import ExtenderConfig
-from extender.controller.patches import owned_by
+from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.kube.convert import Problem, is_terminal, parse_timestamp, pod_key
 from extender.kube.snapshot import Snapshot
 
@@ -38,6 +38,7 @@ class PodInfo:
     spec: Mapping[str, Any]  # schedulingGates, affinity (for the release patch)
     node_selector: Mapping[str, str] = field(default_factory=dict)
     account_text: str | None = None  # our annotation on a bare pod (its own request)
+    instance: str | None = None  # the controller instance whose webhook gated it (annotation), None: not gated
 
 
 def _pinned(spec: Mapping[str, Any]) -> str | None:
@@ -101,13 +102,19 @@ def pod_info(obj: Mapping[str, Any], gate: str, account_annotation: str) -> PodI
         spec={"schedulingGates": gates, "affinity": spec.get("affinity")},
         node_selector=dict(selector) if isinstance(selector, dict) else {},
         account_text=annotations.get(account_annotation) if isinstance(annotations, dict) else None,
+        instance=_instance(annotations),
     )
 
 
+def _instance(annotations: object) -> str | None:
+    value = annotations.get(INSTANCE_ANNOTATION) if isinstance(annotations, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
 class TrackingSnapshot(Snapshot):
-    """A Snapshot that also keeps ``PodInfo`` for the pods of ``scheduler_name`` that this controller instance
-    owns (``patches.owned_by``), and calls ``on_change``. Pods of other instances stay in the base snapshot:
-    they occupy nodes like any pod, but are never accounted, released or chosen as victims here."""
+    """A Snapshot that also keeps ``PodInfo`` for the pods of ``scheduler_name`` (every controller instance's:
+    which instance owns one is decided per pass, ``patches.owner_instance``, because it may depend on namespace
+    labels that change), and calls ``on_change``."""
 
     def __init__(self, config: ExtenderConfig, account_annotation: str) -> None:
         super().__init__(config)
@@ -115,7 +122,6 @@ class TrackingSnapshot(Snapshot):
         self.on_change: Callable[[], None] | None = None
         self._scheduler = config.controller.scheduler_name
         self._gate = config.controller.gate_name
-        self._instance = config.controller.instance
         self._annotation = account_annotation
 
     def _changed(self) -> None:
@@ -138,7 +144,6 @@ class TrackingSnapshot(Snapshot):
             or is_terminal(obj)
             or not isinstance(spec, dict)
             or spec.get("schedulerName") != self._scheduler
-            or not owned_by((obj.get("metadata") or {}).get("annotations"), self._instance)
         ):
             if self.qos_pods.pop(key, None) is not None:
                 self._changed()
