@@ -232,15 +232,29 @@ class Run:
         return result
 
 
-@pytest.fixture
-def run(cluster: Cluster) -> Iterator[Run]:
+def _run(cluster: Cluster, labels: dict[str, str] | None = None) -> Iterator[Run]:
     rid = f"e2e-{uuid.uuid4().hex[:6]}"
     r = Run(cluster, rid, rid)
-    cluster.kube.ensure_namespace(rid)
+    cluster.kube.ensure_namespace(rid, labels)
     yield r
     cluster.kube.delete_namespace(rid)
     for n in r.nodes:
         cluster.kube.delete_node(n)
+
+
+@pytest.fixture
+def run(cluster: Cluster) -> Iterator[Run]:
+    """A namespace of the default controller instance: qos pods are gated at admission and released by the
+    local-up extender's QoS controller (pinned to the host it chose), then scheduled through the extender."""
+    yield from _run(cluster)
+
+
+@pytest.fixture
+def unordered_run(cluster: Cluster) -> Iterator[Run]:
+    """A namespace routed to a controller instance that does not run (label qos.kube-qos-extender.io/controller):
+    no webhook gates its pods and no controller orders them, so kube-scheduler hands them straight to the
+    extender's verbs (filter, prioritize over every feasible node, preempt, bind) — the extender alone."""
+    yield from _run(cluster, {"qos.kube-qos-extender.io/controller": "unordered"})
 
 
 def eventually(check: Any, what: str, timeout: float = 30.0, interval: float = 0.5) -> Any:
