@@ -484,3 +484,18 @@ def test_higher_priority_pods_are_never_qos_victims_and_priority_is_handed_to_ku
         d = decide(w, POLICY, Settings(), random.Random(1))
         assert d.evictions == ()
         assert [(r.pod, r.node, r.priority) for r in d.releases] == expected
+
+
+def test_a_pod_is_only_placed_on_the_nodes_of_its_group() -> None:
+    now = 5000.0
+    accounts = {"default/ReplicaSet/a": pending_acc("silver", 100, 10, now)}
+    # least-allocated would pick the empty node, and it sorts first: only the group rule sends the pod to z-batch
+    roomy, tight = Node("a-service", HOST), full_node("z-batch", [("x0", "bronze"), ("x1", "bronze")])
+    free = decide(world([roomy, tight], accounts, [GatedPod(pod("a", "silver"), "default/ReplicaSet/a", 4990.0)]),
+                  POLICY, Settings(), random.Random(1))  # fmt: skip
+    assert [r.node for r in free.releases] == ["a-service"]
+    g = GatedPod(pod("a", "silver"), "default/ReplicaSet/a", 4990.0, eligible_nodes=frozenset({"z-batch"}))
+    d = decide(world([roomy, tight], accounts, [g]), POLICY, Settings(), random.Random(1))
+    assert [r.node for r in d.releases] == ["z-batch"]
+    nowhere = GatedPod(pod("a", "silver"), "default/ReplicaSet/a", 4990.0, eligible_nodes=frozenset())
+    assert decide(world([roomy, tight], accounts, [nowhere]), POLICY, Settings(), random.Random(1)).releases == ()

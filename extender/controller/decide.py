@@ -35,6 +35,7 @@ class GatedPod:
     request: str
     gated_since: float
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    eligible_nodes: frozenset[str] | None = None  # the nodes of its node group (None: any node)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +183,11 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             eligible = {k: r for k, r in running.items() if r.pod.priority <= inst.pod.priority}
         else:
             eligible = running
-        selected = [n for n in nodes.values() if _selects(n, g.node_selector)]
+        selected = [
+            n
+            for n in nodes.values()
+            if _selects(n, g.node_selector) and (g.eligible_nodes is None or n.name in g.eligible_nodes)
+        ]
         options = [qos.feasibility(inst, n, eligible, policy, rng, q_of) for n in selected]
         feasible = [o for o in options if o.feasible]
         if not feasible:

@@ -34,7 +34,7 @@ from extender.controller.metrics import ControllerMetrics, RequestSample
 from extender.controller.observe import observe
 from extender.controller.patches import INSTANCE_ANNOTATION, owner_instance, release_patch
 from extender.controller.state import PodInfo, TrackingSnapshot
-from extender.core.model import InvalidInputError, Node, Pod
+from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, WorkloadKind
 from extender.core.qos import availability
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import PodProblems, parse_timestamp
@@ -107,6 +107,7 @@ class QosController:
         self.watchdog = self.cfg.watchdog_seconds / c
         self.absent_grace = max(60.0, 30.0 * self.watchdog)
         self.persist = self.cfg.persistence == "annotation"
+        self.enforce_groups = config.node_groups.enforce
         self.timeout = config.kubernetes.request_timeout_seconds
         self.rng = random.Random(seed)
         self.core = k8s.CoreV1Api(api_client)
@@ -275,9 +276,19 @@ class QosController:
         running = {
             key: info.request for key, info in qos.items() if info.node_name and key not in gone and key in snap.pods
         }
+        # The filter verb's node-group rule (node_groups.enforce): batch pods on batch nodes, services on service
+        # nodes. The controller must respect it too, or it pins a pod where the extender will refuse it.
+        by_group: dict[NodeGroup, frozenset[str]] = {}
+        if self.enforce_groups:
+            for group in NodeGroup:
+                by_group[group] = frozenset(n for n, e in snap.nodes.items() if group in e.accepts)
         gated = [
             GatedPod(
-                snap.pods[key].pod, info.request, now if info.created is None else info.created, info.node_selector
+                snap.pods[key].pod,
+                info.request,
+                now if info.created is None else info.created,
+                info.node_selector,
+                by_group.get(NodeGroup.BATCH if snap.pods[key].pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE),
             )
             for key, info in qos.items()
             if info.gated and not info.deleting and key not in self._released and key in snap.pods
