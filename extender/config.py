@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -29,6 +29,8 @@ from extender.core.model import (
 )
 from extender.core.qos import RECOMMENDED_HYSTERESIS_SECONDS, RECOMMENDED_QUANTUM_SECONDS, QosPolicy
 
+T = TypeVar("T")
+
 __all__ = [
     "DEFAULT_CONFIG_PATH",
     "MARKER_RESOURCE",
@@ -43,6 +45,7 @@ __all__ = [
     "ServerConfig",
     "TlsConfig",
     "load_config",
+    "load_yaml_config",
     "parse_config",
 ]
 
@@ -651,18 +654,25 @@ def parse_config(raw: object, base: Path | None = None) -> ExtenderConfig:
     )
 
 
-def load_config(path: str | Path | None = None) -> ExtenderConfig:
-    """Read and validate the YAML file at ``path`` (default ``config/extender.yaml``)."""
-    p = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+def load_yaml_config(path: Path, what: str, parse: Callable[[Any, Path], T]) -> T:
+    """Read, YAML-parse and validate one config file with ``parse(raw, base_dir)`` (an empty file is ``{}``).
+    Shared by the extender, autoscaler and consolidation configs so every error names the file the same way:
+    unreadable, not YAML, or the option path the parser rejected."""
     try:
-        text = p.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read config file {str(p)!r}: {exc.strerror or exc}") from exc
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from exc
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     try:
-        return parse_config(raw if raw is not None else {}, base=p.resolve().parent)
+        return parse(raw if raw is not None else {}, path.resolve().parent)
     except ConfigError as exc:
-        raise ConfigError(f"{p}: {exc}") from exc
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def load_config(path: str | Path | None = None) -> ExtenderConfig:
+    """Read and validate the YAML file at ``path`` (default ``config/extender.yaml``)."""
+    p = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    return load_yaml_config(p, "config file", lambda raw, base: parse_config(raw, base=base))

@@ -15,11 +15,9 @@ Routes (all JSON; errors as ``{"error": reason}``):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import os
-import signal
 import ssl
 import time
 from pathlib import Path
@@ -48,6 +46,7 @@ from extender.agent.protocol import (
     reconcile_destination,
     transfer_verdict,
 )
+from extender.signals import stop_event
 
 __all__ = ["Agent", "make_app", "run_agent", "server_ssl_context"]
 
@@ -555,11 +554,8 @@ async def run_agent(config: AgentConfig, started: asyncio.Event | None = None) -
             },
         },
     )
-    stop = asyncio.Event()
+    stop = stop_event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     reconciled = await agent.coordinator.reconcile()
     for rec in reconciled:
         log.warning("reconciled migration", extra={"migration": rec["id"], "decision": rec.get("outcome")})

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from extender.config import (
     ConfigError,
     ExtenderConfig,
@@ -27,6 +25,7 @@ from extender.config import (
     _parse_flavours,
     _req_str,
     _section,
+    load_yaml_config,
 )
 from extender.core.autoscale import ScoreWeights, validate_catalogue
 from extender.core.model import Flavour, InvalidInputError
@@ -235,15 +234,4 @@ def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | 
 
 def load_autoscaler_config(path: str | Path | None, extender: ExtenderConfig) -> AutoscalerSettings:
     p = Path(path) if path is not None else DEFAULT_AUTOSCALER_CONFIG
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read autoscaler config {str(p)!r}: {exc.strerror or exc}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-    try:
-        return parse_autoscaler_config(raw if raw is not None else {}, extender, base=p.resolve().parent)
-    except ConfigError as exc:
-        raise ConfigError(f"{p}: {exc}") from exc
+    return load_yaml_config(p, "autoscaler config", lambda raw, base: parse_autoscaler_config(raw, extender, base=base))

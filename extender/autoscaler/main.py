@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ConfigError, ExtenderConfig, load_config
 from extender.kube.client import new_api_client
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
+from extender.signals import stop_event
 
 __all__ = ["RunningAutoscaler", "add_autoscaler_arguments", "run_autoscaler_command", "start_autoscaler"]
 
@@ -248,11 +248,7 @@ async def _serve(config: ExtenderConfig, settings: AutoscalerSettings, consolida
     running = await start_autoscaler(config, settings, handoff=flow)
     if flow is not None:
         await flow.start(running)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     try:
         await stop.wait()
     finally:

@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from extender.config import ConfigError, _bool, _file, _int, _number, _req_str, _section
+from extender.config import ConfigError, _bool, _file, _int, _number, _req_str, _section, load_yaml_config
 
 __all__ = ["ConsolidationSettings", "load_consolidation_config", "parse_consolidation_config"]
 
@@ -81,14 +79,6 @@ def parse_consolidation_config(raw: object, base: Path | None = None) -> Consoli
 
 
 def load_consolidation_config(path: str | Path) -> ConsolidationSettings:
-    p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read consolidation config {str(p)!r}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-    try:
-        return parse_consolidation_config(raw if raw is not None else {}, base=p.resolve().parent)
-    except ConfigError as exc:
-        raise ConfigError(f"{p}: {exc}") from exc
+    return load_yaml_config(
+        Path(path), "consolidation config", lambda raw, base: parse_consolidation_config(raw, base=base)
+    )

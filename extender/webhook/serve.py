@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from extender.kube.client import new_api_client
 from extender.kube.events import KubeEventSink
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
+from extender.signals import stop_event
 from extender.webhook.app import make_app, start_server
 from extender.webhook.metrics import Metrics
 
@@ -126,11 +126,7 @@ async def start(config: ExtenderConfig) -> Running:
 
 async def serve(config: ExtenderConfig) -> None:
     running = await start(config)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     try:
         await stop.wait()
     finally:
