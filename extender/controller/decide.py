@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from extender.controller.accounting import Account
 from extender.core import packing, qos
@@ -176,10 +176,11 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
         q_of[g.pod.key] = q
 
     order = qos.queue_order(pending, policy)
+    top_priority = max((r.pod.priority for r in running.values()), default=0)
     for inst in order:
         g = gated_by_key[inst.pod.key]
         # QoS preemption is among equals and below: a pod of higher priority is never a QoS victim.
-        if any(r.pod.priority > inst.pod.priority for r in running.values()):
+        if inst.pod.priority < top_priority:
             eligible = {k: r for k, r in running.items() if r.pod.priority <= inst.pod.priority}
         else:
             eligible = running
@@ -233,21 +234,7 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                     preemption_reason(victim, q_v, inst, policy),
                 )
             )
-        placed = Pod(
-            inst.pod.name,
-            inst.pod.requests,
-            inst.pod.request_id,
-            inst.pod.namespace,
-            inst.pod.uid,
-            inst.pod.priority,
-            inst.pod.class_name,
-            inst.pod.kind,
-            inst.pod.runtime_seconds,
-            None,
-            inst.pod.progress_seconds,
-            best.node,
-            inst.pod.migratable,
-        )
+        placed = replace(inst.pod, started_at=None, node_name=best.node)
         nodes[best.node] = nodes[best.node].without_pods(best.victims).with_pod(placed)
         releases.append(
             Release(
