@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-__all__ = ["AgentMetrics"]
+__all__ = ["MIGRATION_STEP_BUCKETS", "AgentMetrics"]
 
-# Dump/restore of small processes take tens of milliseconds; large images seconds to minutes.
-_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# Dump/restore of small processes take tens of milliseconds; large images seconds to minutes. Shared with the
+# consolidation flow, which times the same steps from the orchestrating side: their histograms line up.
+MIGRATION_STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class AgentMetrics:
@@ -24,21 +25,21 @@ class AgentMetrics:
             "qos_extender_checkpoint_seconds",
             "Time of one checkpoint (stage precopy: leave-running dump; final: the dump that stops the source).",
             ["stage"],
-            buckets=_BUCKETS,
+            buckets=MIGRATION_STEP_BUCKETS,
             registry=r,
         )
         self.transfer_seconds = Histogram(
             "qos_extender_transfer_seconds",
             "Time to stream one archive to the destination and have it verified (sha256) and unpacked.",
             ["stage"],
-            buckets=_BUCKETS,
+            buckets=MIGRATION_STEP_BUCKETS,
             registry=r,
         )
         self.restore_seconds = Histogram(
             "qos_extender_restore_seconds",
             "Time of one restore, where: destination (migration) or source (rollback).",
             ["where"],
-            buckets=_BUCKETS,
+            buckets=MIGRATION_STEP_BUCKETS,
             registry=r,
         )
         self.bytes_moved = Counter(

@@ -10,10 +10,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from extender.agent.metrics import MIGRATION_STEP_BUCKETS as _BUCKETS  # the same steps, timed by the flow
+
 __all__ = ["ConsolidationMetrics"]
 
 _P = "qos_extender_consolidation_"
-_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class ConsolidationMetrics:
@@ -35,7 +36,10 @@ class ConsolidationMetrics:
             registry=r,
         )  # fmt: skip
         self.restore_seconds = Histogram(
-            _P + "restore_seconds", "Restore request time at the destination.", buckets=_BUCKETS, registry=r
+            _P + "restore_seconds",
+            "Restore request time at the destination.",
+            buckets=_BUCKETS,
+            registry=r,
         )
         self.migration_seconds = Histogram(
             _P + "migration_seconds", "One pod move end to end (destination pod, bind, agents, cleanup).",
