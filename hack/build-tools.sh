@@ -3,6 +3,10 @@
 #   kube-apiserver kube-scheduler kube-controller-manager kubectl  (k8s.io/kubernetes, hack/tools)
 #   kwok                                                           (sigs.k8s.io/kwok, hack/tools/kwok)
 #   etcd                                                           (go.etcd.io/etcd/server/v3, hack/tools/etcd)
+#   kubelet kube-proxy                                             (k8s.io/kubernetes, hack/tools: real nodes)
+#   containerd ctr containerd-shim-runc-v2                         (containerd v2, hack/tools/containerd)
+#   runc                                                           (opencontainers/runc, hack/tools/runc; cgo)
+#   CNI plugins, iptables, libseccomp                              (Debian packages containernetworking-plugins ...)
 #   prometheus, promtool                                           (Debian package, symlinked)
 # into ${QOS_CACHE:-~/.cache/kube-qos-extender}/<KUBE_VERSION>/bin and print that directory on stdout
 # (last line; progress goes to stderr). Idempotent: a binary is reused when it exists and its stamp
@@ -37,6 +41,8 @@ mkdir -p "${BIN_DIR}" "${SHARE_DIR}" "${GOMODCACHE}" "${GOCACHE}"
 TOOLS_DIR="${HACK_DIR}/tools"
 KWOK_TOOLS_DIR="${HACK_DIR}/tools/kwok"
 ETCD_TOOLS_DIR="${HACK_DIR}/tools/etcd"
+CONTAINERD_TOOLS_DIR="${HACK_DIR}/tools/containerd"
+RUNC_TOOLS_DIR="${HACK_DIR}/tools/runc"
 
 sync_modules() {
   local staging_version="v0${KUBE_VERSION#v1}"
@@ -58,6 +64,10 @@ sync_modules() {
   (cd "${KWOK_TOOLS_DIR}" && go mod edit -require="sigs.k8s.io/kwok@${KWOK_VERSION}" && GOFLAGS=-mod=mod go mod tidy)
   log "syncing ${ETCD_TOOLS_DIR}/go.mod to go.etcd.io/etcd/server/v3 ${ETCD_VERSION}"
   (cd "${ETCD_TOOLS_DIR}" && go mod edit -require="go.etcd.io/etcd/server/v3@${ETCD_VERSION}" && GOFLAGS=-mod=mod go mod tidy)
+  log "syncing containerd ${CONTAINERD_VERSION} and runc ${RUNC_VERSION} modules"
+  (cd "${CONTAINERD_TOOLS_DIR}" && go mod edit -require="github.com/containerd/containerd/v2@${CONTAINERD_VERSION}" \
+    && GOFLAGS=-mod=mod go mod tidy)
+  (cd "${RUNC_TOOLS_DIR}" && go mod edit -require="github.com/opencontainers/runc@${RUNC_VERSION}" && GOFLAGS=-mod=mod go mod tidy)
 }
 
 check_modules() {
@@ -67,6 +77,10 @@ check_modules() {
     || die "hack/tools/kwok/go.mod does not require sigs.k8s.io/kwok ${KWOK_VERSION}; run: hack/build-tools.sh --sync"
   grep -q "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}\$" "${ETCD_TOOLS_DIR}/go.mod" \
     || die "hack/tools/etcd/go.mod does not require go.etcd.io/etcd/server/v3 ${ETCD_VERSION}; run: hack/build-tools.sh --sync"
+  grep -q "github.com/containerd/containerd/v2 ${CONTAINERD_VERSION}\$" "${CONTAINERD_TOOLS_DIR}/go.mod" \
+    || die "hack/tools/containerd/go.mod does not require containerd ${CONTAINERD_VERSION}; run: hack/build-tools.sh --sync"
+  grep -q "github.com/opencontainers/runc ${RUNC_VERSION}\$" "${RUNC_TOOLS_DIR}/go.mod" \
+    || die "hack/tools/runc/go.mod does not require runc ${RUNC_VERSION}; run: hack/build-tools.sh --sync"
 }
 
 # Version information the upstream Makefile would inject (hack/lib/version.sh), so that
@@ -152,11 +166,40 @@ install_prometheus() {
   if command -v promtool >/dev/null; then ln -sfn "$(command -v promtool)" "${BIN_DIR}/promtool"; fi
 }
 
+# Real (kubelet) nodes: Debian's CNI plugins (bridge, host-local, loopback, portmap), iptables for kube-proxy
+# inside each node's network namespace, libseccomp for runc's cgo build, iproute2 for the namespaces.
+install_node_packages() {
+  local want=() p
+  for p in containernetworking-plugins iptables libseccomp-dev iproute2 conntrack; do
+    dpkg-query -W -f='${Status}' "${p}" 2>/dev/null | grep -q 'install ok installed' || want+=("${p}")
+  done
+  if ((${#want[@]})); then
+    log "node packages: installing ${want[*]}"
+    apt_install_no_start "${want[@]}"
+  fi
+  [[ -x /usr/lib/cni/bridge ]] || die "CNI plugins missing: /usr/lib/cni/bridge (package containernetworking-plugins)"
+  ln -sfn /usr/lib/cni "${BIN_DIR}/cni"
+}
+
+build_node_runtime() {
+  local cversion="${CONTAINERD_VERSION}"
+  local cflags="-s -w -X github.com/containerd/containerd/v2/version.Version=${cversion}"
+  cflags+=" -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
+  local c
+  for c in containerd ctr containerd-shim-runc-v2; do
+    build_go "${CONTAINERD_TOOLS_DIR}" "${c}" "${cversion}" "github.com/containerd/containerd/v2/cmd/${c}" \
+      -tags "no_btrfs no_devmapper no_zfs" -ldflags "${cflags}"
+  done
+  # runc needs cgo (nsenter is C) and libseccomp for the seccomp profiles the kubelet asks for.
+  CGO_ENABLED=1 build_go "${RUNC_TOOLS_DIR}" runc "${RUNC_VERSION}" github.com/opencontainers/runc \
+    -tags seccomp -ldflags "-s -w -X main.version=${RUNC_VERSION#v}"
+}
+
 total_start=${SECONDS}
 if [[ "${SYNC}" == 1 ]]; then sync_modules; fi
 check_modules
 
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
   build_go "${TOOLS_DIR}" "${cmd}" "${KUBE_VERSION}" "k8s.io/kubernetes/cmd/${cmd}" \
     -tags providerless -ldflags "$(kube_ldflags)"
 done
@@ -164,6 +207,8 @@ build_go "${KWOK_TOOLS_DIR}" kwok "${KWOK_VERSION}" sigs.k8s.io/kwok/cmd/kwok -l
 build_go "${ETCD_TOOLS_DIR}" etcd "${ETCD_VERSION}" go.etcd.io/etcd/server/v3 -ldflags "-s -w"
 install_kwok_stages
 install_prometheus
+install_node_packages
+build_node_runtime
 
 log "tools ready in $((SECONDS - total_start))s: $(find "${BIN_DIR}" -mindepth 1 -maxdepth 1 ! -name '.*' -printf '%f ')"
 echo "${BIN_DIR}"

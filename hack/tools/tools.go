@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package tools pins the Kubernetes control-plane commands built by hack/build-tools.sh.
+// Package tools pins the Kubernetes control-plane and node commands built by hack/build-tools.sh.
 // The blank imports keep `go mod tidy` from dropping the dependencies.
 package tools
 
@@ -9,4 +9,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
