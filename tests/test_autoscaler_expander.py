@@ -1,8 +1,10 @@
 """The cluster-autoscaler gRPC expander over real TLS, called the way CA's grpcplugin client calls it.
 
 cluster-autoscaler itself cannot be built here (hack/README.md, extender/autoscaler/README.md), so the client
-is CA's call reproduced with the same generated stubs: ``NewClientTLSFromFile(cert)`` trust, a 5 s deadline,
-``BestOptionsRequest{options, nodeMap}`` with real k8s.io.api.core.v1 Pod/Node messages.
+is CA's call reproduced with our generated stubs: ``NewClientTLSFromFile(cert)`` trust, a 5 s deadline, and
+CA 1.35's ``BestOptionsRequest{options[].podBytes, nodeBytesMap}`` (serialized Pods / Nodes). These tests build
+the Pods and Nodes with our minimal messages; tests/test_autoscaler_expander_shapes.py checks every request shape
+of CA against bytes from k8s.io/api itself.
 """
 
 from __future__ import annotations
@@ -101,8 +103,8 @@ def request(groups: dict[str, tuple[Any, int]], pods: list[Any]) -> Any:
         option.nodeGroupId = group_id
         option.nodeCount = count
         option.debug = f"CA option {group_id}"
-        option.pod.extend(pods)
-        req.nodeMap[group_id].CopyFrom(node)
+        option.podBytes.extend(p.SerializeToString() for p in pods)
+        req.nodeBytesMap[group_id] = node.SerializeToString()
     return req
 
 

@@ -1,13 +1,11 @@
-"""Python stubs for the vendored cluster-autoscaler expander.proto, generated with grpcio-tools on first use.
+"""Python stubs for our cluster-autoscaler expander protos, generated with grpcio-tools on first use.
 
-Nothing generated is committed or hand-written: the stubs are built from ``protos/`` (see protos/ORIGIN.md)
-into a cache directory keyed by the hash of the .proto files and the grpcio-tools version, then imported.
-A second call (or another process) reuses the directory. ``python -m extender.autoscaler.protogen`` builds
-them ahead of time (e.g. in an image build) and prints the directory.
-
-The Kubernetes protos live under ``k8s.io/...``; protoc's Python generator turns that path into the module
-``k8s.io.api.core.v1.generated_pb2``, i.e. packages ``k8s`` and ``io``. grpcio-tools 1.85 writes the files
-to ``k8s/io/...`` accordingly; should an older protoc keep a ``k8s.io`` folder, it is moved to ``k8s/io``.
+Nothing generated is committed or hand-written: the stubs are built from ``protos/`` (our own ``expander.proto``
+and ``k8s_core_v1_minimal.proto``, see protos/ORIGIN.md) into a cache directory keyed by the hash of the .proto
+files and the grpcio-tools version, then imported. A second call (or another process) reuses the directory.
+``python -m extender.autoscaler.protogen`` builds them ahead of time (e.g. in an image build) and prints the
+directory. Only the .proto files are needed at run time, so an installed wheel (package data ``protos/*.proto``)
+generates its stubs the same way.
 """
 
 from __future__ import annotations
@@ -25,21 +23,29 @@ from typing import Any
 __all__ = ["PROTO_DIR", "ExpanderStubs", "generate", "load_expander"]
 
 PROTO_DIR = Path(__file__).resolve().parent / "protos"
-_ROOT_PROTOS = ("expander.proto",)
+_PROTOS = ("k8s_core_v1_minimal.proto", "expander.proto")
+_MARKER = "expander_pb2_grpc.py"
 
 
 @dataclass(frozen=True, slots=True)
 class ExpanderStubs:
-    """The generated modules: messages (``pb2``), service glue (``grpc``) and core/v1 (``core``)."""
+    """The generated modules: messages (``pb2``), service glue (``grpc``) and our minimal core/v1 (``core``).
+
+    ``decode_error`` is protobuf's ``DecodeError``, raised by ``FromString`` on bytes that are not the message.
+    """
 
     pb2: Any
     grpc: Any
     core: Any
     directory: Path
+    decode_error: type[Exception]
 
 
 def _proto_files() -> list[Path]:
-    return sorted(p for p in PROTO_DIR.rglob("*.proto"))
+    missing = [name for name in _PROTOS if not (PROTO_DIR / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{PROTO_DIR} lacks {missing}: the package was installed without its .proto files")
+    return [PROTO_DIR / name for name in _PROTOS]
 
 
 def _fingerprint() -> str:
@@ -61,33 +67,27 @@ def _cache_root() -> Path:
 
 
 def generate(target: Path | None = None) -> Path:
-    """Run protoc (grpcio-tools) over the vendored protos; returns the directory holding the stubs.
+    """Run protoc (grpcio-tools) over our protos; returns the directory holding the stubs.
 
     Written to a temporary sibling and renamed into place, so concurrent first uses never see half a tree.
     """
     from grpc_tools import protoc
 
     out = target if target is not None else _cache_root() / _fingerprint()
-    if (out / "expander_pb2_grpc.py").is_file():
+    if (out / _MARKER).is_file():
         return out
+    _proto_files()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".gen-", dir=out.parent))
     try:
         include = str(Path(protoc.__file__).resolve().parent / "_proto")  # google/protobuf/*.proto
-        deps = [str(p.relative_to(PROTO_DIR)) for p in _proto_files() if p.name not in _ROOT_PROTOS]
-        args = ["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={tmp}", *deps]
-        if protoc.main(args) != 0:
-            raise RuntimeError(f"protoc failed for {deps}")
         args = ["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={tmp}", f"--grpc_python_out={tmp}"]
-        if protoc.main([*args, *_ROOT_PROTOS]) != 0:
-            raise RuntimeError(f"protoc failed for {_ROOT_PROTOS}")
-        if (tmp / "k8s.io").is_dir():  # older protoc: the dotted folder is kept as-is
-            (tmp / "k8s").mkdir(exist_ok=True)
-            shutil.move(str(tmp / "k8s.io"), str(tmp / "k8s" / "io"))
+        if protoc.main([*args, *_PROTOS]) != 0:
+            raise RuntimeError(f"protoc failed for {_PROTOS} in {PROTO_DIR}")
         try:
             tmp.rename(out)
         except OSError:  # another process won the race: use its tree
-            if not (out / "expander_pb2_grpc.py").is_file():
+            if not (out / _MARKER).is_file():
                 raise
     finally:
         if tmp.exists():
@@ -108,8 +108,9 @@ def load_expander() -> ExpanderStubs:
         sys.path.append(str(directory))
     pb2 = importlib.import_module("expander_pb2")
     grpc_mod = importlib.import_module("expander_pb2_grpc")
-    core = importlib.import_module("k8s.io.api.core.v1.generated_pb2")
-    _loaded = ExpanderStubs(pb2, grpc_mod, core, directory)
+    core = importlib.import_module("k8s_core_v1_minimal_pb2")
+    decode_error = importlib.import_module("google.protobuf.message").DecodeError
+    _loaded = ExpanderStubs(pb2, grpc_mod, core, directory, decode_error)
     return _loaded
 
 

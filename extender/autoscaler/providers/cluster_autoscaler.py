@@ -15,9 +15,15 @@ if none can be priced, or anything fails, all options are returned unchanged, wh
 on an error. TLS is mandatory (CA refuses an insecure expander); answers take milliseconds, far below
 CA's 5 s call timeout (measured in tests/test_autoscaler_expander.py).
 
-Generated stubs: ``extender.autoscaler.protogen`` (from the vendored upstream .proto files). In this CA
-version options carry real ``k8s.io.api.core.v1.Pod`` / ``Node`` messages, converted here to the Kubernetes
-JSON shape and then through ``extender.kube.convert`` like every other pod and node.
+Wire format (``protos/expander.proto``, our own, stubs by ``extender.autoscaler.protogen``): CA before 1.34.3
+embeds each pod / template node as a message (``Option.pod = 4``, ``nodeMap = 2``), 1.34.3-1.34.x sends those and
+their raw protobuf bytes (``podBytes = 5``, ``nodeBytesMap = 3``; the bytes are preferred), 1.35+ only the bytes.
+``decode_request`` reads all three with our minimal core/v1 messages (``protos/k8s_core_v1_minimal.proto``:
+only the fields we use, Kubernetes' field numbers) into the Kubernetes JSON shape, then ``extender.kube.convert``
+like every other pod and node. The request is parsed by us, not by the gRPC runtime: an undecodable or empty
+request, or one with neither pods nor template nodes in any field we know (an unknown CA message shape),
+gets ``INVALID_ARGUMENT`` with the reason (CA then keeps all options); undecodable single entries are skipped
+and named in the log and in the answer's ``debug``.
 """
 
 from __future__ import annotations
@@ -26,18 +32,29 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
 from extender.autoscaler.metrics import AutoscalerMetrics
-from extender.autoscaler.protogen import load_expander
+from extender.autoscaler.protogen import ExpanderStubs, load_expander
 from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, InvalidInputError, Node, Pod
 from extender.kube.convert import node_from_k8s, pod_from_k8s
 
-__all__ = ["ExpanderChoice", "ExpanderServer", "OptionView", "choose", "node_to_dict", "pod_to_dict"]
+__all__ = [
+    "DecodedOption",
+    "DecodedRequest",
+    "ExpanderChoice",
+    "ExpanderServer",
+    "OptionView",
+    "RequestError",
+    "choose",
+    "decode_request",
+    "node_to_dict",
+    "pod_to_dict",
+]
 
 log = logging.getLogger("extender.autoscaler.expander")
 
@@ -78,7 +95,7 @@ def _container(c: Any) -> dict[str, Any]:
 
 
 def pod_to_dict(p: Any) -> dict[str, Any]:
-    """A k8s.io.api.core.v1.Pod message -> the Kubernetes JSON fields extender.kube.convert reads."""
+    """A (minimal) core/v1 Pod message -> the Kubernetes JSON fields extender.kube.convert reads."""
     meta = p.metadata
     spec: dict[str, Any] = {
         "containers": [_container(c) for c in p.spec.containers],
@@ -121,6 +138,115 @@ def node_to_dict(n: Any) -> dict[str, Any]:
         "spec": {"unschedulable": bool(n.spec.unschedulable)},
         "status": {"allocatable": _quantities(n.status.allocatable), "capacity": _quantities(n.status.capacity)},
     }
+
+
+# --------------------------------------------------------------------------------------- request shapes
+
+SHAPE_MESSAGES = "cluster-autoscaler < 1.34.3 (pod=4, nodeMap=2)"
+SHAPE_BOTH = "cluster-autoscaler 1.34.3-1.34.x (pod=4 + podBytes=5, nodeMap=2 + nodeBytesMap=3)"
+SHAPE_BYTES = "cluster-autoscaler >= 1.35 (podBytes=5, nodeBytesMap=3)"
+
+
+class RequestError(ValueError):
+    """The request cannot be used at all; answered with INVALID_ARGUMENT and this message."""
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedOption:
+    node_group_id: str
+    node_count: int
+    pods: tuple[Any, ...]  # minimal core/v1 Pod messages
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedRequest:
+    shape: str
+    options: tuple[DecodedOption, ...]
+    templates: Mapping[str, Any]  # node group id -> minimal core/v1 Node message
+    problems: tuple[str, ...]  # entries skipped or taken from the older field, for the log and the reply
+
+
+def _decode_bytes(stubs: ExpanderStubs, cls: Any, raw: bytes) -> Any | None:
+    """pod.Marshal() / node.Marshal() bytes -> our minimal message; None if not a (named) object."""
+    try:
+        msg = cls.FromString(raw)
+    except stubs.decode_error:
+        return None
+    # an object CA sends always has a name; an empty or foreign payload can parse to a nameless message
+    return msg if msg.metadata.name else None
+
+
+def _option_pods(option: Any, stubs: ExpanderStubs, cache: dict[bytes, Any | None]) -> tuple[list[Any], str | None]:
+    """One option's pods: podBytes when they all decode, else its embedded pods when it has them."""
+    named = [p for p in option.pod if p.metadata.name]
+    if not option.podBytes:
+        unnamed = len(option.pod) - len(named)
+        return named, f"option {option.nodeGroupId}: {unnamed} of {len(option.pod)} pods unnamed" if unnamed else None
+    pods = []
+    for raw in option.podBytes:
+        if raw not in cache:
+            cache[raw] = _decode_bytes(stubs, stubs.core.Pod, raw)
+        if cache[raw] is not None:
+            pods.append(cache[raw])
+    bad = len(option.podBytes) - len(pods)
+    if not bad:
+        return pods, None
+    what = f"option {option.nodeGroupId}: {bad} of {len(option.podBytes)} podBytes do not decode as a Pod"
+    return (named, f"{what}, used its pod field") if named else (pods, what)
+
+
+def decode_request(request: Any, stubs: ExpanderStubs) -> DecodedRequest:
+    """Pods and template nodes of a parsed BestOptionsRequest, whichever of CA's three shapes it has.
+
+    Bytes fields are preferred (CA 1.34.3+ fills both with the same objects); an entry whose bytes do not decode
+    falls back to the embedded messages when the option has them. Raises ``RequestError`` when nothing usable is
+    left: no options, no pods and no nodes in any known field, or none of the entries decodable.
+    """
+    options = list(request.options)
+    if not options:
+        raise RequestError("BestOptionsRequest has no options")
+    has_old = bool(request.nodeMap) or any(len(o.pod) for o in options)
+    has_new = bool(request.nodeBytesMap) or any(len(o.podBytes) for o in options)
+    if not has_old and not has_new:
+        raise RequestError(
+            f"BestOptionsRequest has {len(options)} options but no pods and no template nodes in any field this "
+            "expander knows (Option.pod=4 / podBytes=5, nodeMap=2 / nodeBytesMap=3): unknown cluster-autoscaler "
+            "message shape"
+        )
+    shape = SHAPE_BOTH if has_old and has_new else SHAPE_BYTES if has_new else SHAPE_MESSAGES
+    problems: list[str] = []
+    templates: dict[str, Any] = {}
+    for group_id in sorted(set(request.nodeBytesMap) | set(request.nodeMap)):
+        node = None
+        if group_id in request.nodeBytesMap:
+            node = _decode_bytes(stubs, stubs.core.Node, request.nodeBytesMap[group_id])
+            if node is None:
+                problems.append(f"nodeBytesMap[{group_id}] does not decode as a Node")
+        if node is None and group_id in request.nodeMap:
+            node = request.nodeMap[group_id]
+            if not node.metadata.name:
+                problems.append(f"nodeMap[{group_id}] is an unnamed Node")
+                node = None
+            elif group_id in request.nodeBytesMap:
+                problems.append(f"nodeMap[{group_id}] used instead")
+        if node is not None:
+            templates[group_id] = node
+    decoded: list[DecodedOption] = []
+    cache: dict[bytes, Any | None] = {}  # CA repeats the same pending pods in every option: decode each once
+    for option in options:
+        pods, problem = _option_pods(option, stubs, cache)
+        if problem:
+            problems.append(problem)
+        decoded.append(DecodedOption(option.nodeGroupId, option.nodeCount, tuple(pods)))
+    pod_entries = sum(max(len(o.podBytes), len(o.pod)) for o in options)
+    usable_pods = sum(len(o.pods) for o in decoded)
+    node_entries = len(set(request.nodeBytesMap) | set(request.nodeMap))
+    if not templates and not usable_pods:
+        raise RequestError(
+            f"{shape}: none of the {pod_entries} pod and {node_entries} node entries decodes as a core/v1 Pod or "
+            f"Node: {'; '.join(problems[:5])}"
+        )
+    return DecodedRequest(shape, tuple(decoded), templates, tuple(problems))
 
 
 # --------------------------------------------------------------------------------------------- choice
@@ -211,10 +337,10 @@ class ExpanderServer:
         self.port = 0
         self.last_choice: ExpanderChoice | None = None
 
-    def _views(self, request: Any) -> list[OptionView]:
+    def _views(self, decoded: DecodedRequest) -> list[OptionView]:
         cfg = self.config
         templates: dict[str, tuple[Node, float | None]] = {}
-        for group_id, msg in request.nodeMap.items():
+        for group_id, msg in decoded.templates.items():
             raw = node_to_dict(msg)
             try:
                 node = node_from_k8s(raw, cfg.node_groups, cfg.scheduling.managed_resources)
@@ -224,11 +350,11 @@ class ExpanderServer:
         views = []
         # CA repeats the same pending pods in every option: convert each pod once per request
         converted: dict[tuple[str, str, str], Pod | None] = {}
-        for option in request.options:
+        for option in decoded.options:
             pods: list[Pod] = []
-            for msg in option.pod:
+            for msg in option.pods:
                 ident = (msg.metadata.namespace, msg.metadata.name, msg.metadata.uid)
-                if ident not in converted or not msg.metadata.name:
+                if ident not in converted:
                     try:
                         converted[ident], _ = pod_from_k8s(
                             pod_to_dict(msg), cfg.pod_defaults, cfg.policy.classes, cfg.scheduling.managed_resources
@@ -238,11 +364,11 @@ class ExpanderServer:
                 pod = converted[ident]
                 if pod is not None:
                     pods.append(pod)
-            template = templates.get(option.nodeGroupId)
+            template = templates.get(option.node_group_id)
             views.append(
                 OptionView(
-                    option.nodeGroupId,
-                    option.nodeCount,
+                    option.node_group_id,
+                    option.node_count,
                     tuple(pods),
                     template[0] if template is not None else None,
                     template[1] if template is not None else None,
@@ -250,11 +376,27 @@ class ExpanderServer:
             )
         return views
 
-    async def BestOptions(self, request: Any, context: Any) -> Any:
+    def _answer(self, request: Any) -> tuple[ExpanderChoice, str, str]:
+        """(choice, outcome, shape) for a parsed request; raises RequestError for an unusable one."""
+        decoded = decode_request(request, self.stubs)
+        choice = choose(self._views(decoded), self.catalogue, self.weights)
+        if decoded.problems:
+            skipped = "; ".join(decoded.problems[:5]) + (" ..." if len(decoded.problems) > 5 else "")
+            choice = ExpanderChoice(choice.chosen, choice.flavour, f"{choice.reason} (skipped: {skipped})")
+        return choice, ("ok" if choice.flavour is not None else "kept_all"), decoded.shape
+
+    async def BestOptions(self, raw: bytes, context: Any) -> Any:
+        """The Expander.BestOptions method; ``raw`` is the serialized request (we parse it ourselves)."""
         started = time.perf_counter()
-        outcome = "ok"
         try:
-            choice = choose(self._views(request), self.catalogue, self.weights)
+            request = self.stubs.pb2.BestOptionsRequest.FromString(raw)
+        except self.stubs.decode_error as exc:
+            await self._invalid(context, started, f"cannot decode BestOptionsRequest ({len(raw)} bytes): {exc}")
+        shape = "?"
+        try:
+            choice, outcome, shape = self._answer(request)
+        except RequestError as exc:
+            await self._invalid(context, started, str(exc))
         except Exception as exc:  # never fail CA's loop: keeping all options is CA's own fallback
             outcome = "error"
             log.exception("BestOptions failed; keeping all options")
@@ -268,21 +410,37 @@ class ExpanderServer:
                 kept.nodeGroupId = option.nodeGroupId
                 kept.nodeCount = option.nodeCount
                 kept.debug = f"{option.debug} | qos-extender: {choice.reason}"[:1024]
-        if self.metrics is not None:
-            self.metrics.expander_requests.labels(outcome).inc()
-            self.metrics.expander_duration.observe(time.perf_counter() - started)
-            if choice.flavour is not None:
-                self.metrics.expander_choice.labels(choice.flavour).inc()
-        log.info(
-            "BestOptions",
-            extra={"decision": {"options": len(request.options), "chosen": list(choice.chosen), "why": choice.reason}},
-        )
+        self._observe(outcome, started, choice.flavour)
+        decision = {"options": len(request.options), "shape": shape, "chosen": list(choice.chosen)}
+        if outcome == "ok":
+            log.info("BestOptions", extra={"decision": {**decision, "why": choice.reason}})
+        else:  # CA gets all its options back: say why, it means we did not price anything
+            log.warning("BestOptions kept all options: %s", choice.reason, extra={"decision": decision})
         return response
+
+    async def _invalid(self, context: Any, started: float, message: str) -> NoReturn:
+        self._observe("invalid", started, None)
+        log.warning("BestOptions: invalid request, answering INVALID_ARGUMENT: %s", message)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        raise AssertionError("unreachable: context.abort raises")
+
+    def _observe(self, outcome: str, started: float, flavour: str | None) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.expander_requests.labels(outcome).inc()
+        self.metrics.expander_duration.observe(time.perf_counter() - started)
+        if flavour is not None:
+            self.metrics.expander_choice.labels(flavour).inc()
 
     async def start(self) -> int:
         server = grpc.aio.server()
-        servicer = type("Servicer", (self.stubs.grpc.ExpanderServicer,), {"BestOptions": self.BestOptions})()
-        self.stubs.grpc.add_ExpanderServicer_to_server(servicer, server)
+        service = self.stubs.pb2.DESCRIPTOR.services_by_name["Expander"].full_name  # grpcplugin.Expander
+        method = grpc.unary_unary_rpc_method_handler(
+            self.BestOptions,
+            request_deserializer=None,  # raw bytes: decode errors become INVALID_ARGUMENT with the reason
+            response_serializer=lambda response: response.SerializeToString(),
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"BestOptions": method}),))
         self.port = server.add_secure_port(self.listen, self._creds)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
