@@ -22,6 +22,11 @@ if [[ ! -d "${QOS_STATE}" ]]; then
 fi
 PIDS="${QOS_STATE}/pids"
 
+# Real nodes first (kubelets, containerd, their containers, namespaces, cgroups, mounts).
+if [[ -s "${QOS_STATE}/real-nodes" ]]; then
+  QOS_STATE="${QOS_STATE}" "$(dirname "${BASH_SOURCE[0]}")/real-nodes.sh" down || echo "real nodes: teardown failed" >&2
+fi
+
 # Reverse start order: clients first, etcd last.
 stopped=()
 for name in qos-extender kwok kube-scheduler kube-controller-manager kube-apiserver prometheus etcd; do

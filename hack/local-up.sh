@@ -3,9 +3,11 @@
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler (profiles default-scheduler + qos-scheduler,
 #   optional HTTP extender), kwok (fake kubelets for the nodes created here) and Prometheus.
 #
-# Usage: hack/local-up.sh [[GROUP:]FLAVOUR=COUNT ...]
+# Usage: hack/local-up.sh [[real:][GROUP:]FLAVOUR=COUNT ...]
 #   e.g.  hack/local-up.sh m1.medium=2 batch:m1.large=1      (GROUP is service or batch; default service)
 #   Each GROUP:FLAVOUR pair given is set to exactly COUNT kwok nodes; pairs not given are left as they are.
+#   With `real:` the nodes are real: a kubelet + containerd + kube-proxy each, in a network namespace of their
+#   own (hack/real-nodes.sh: topology, addresses, images; needs root and hack/build-image.sh's images).
 #   Flavours come from config/flavours.yaml when present, else m1.small/medium/large/xlarge built-ins.
 #
 # stdout: KEY=VALUE lines (also written to $QOS_STATE/env); everything else goes to stderr. Typical use:
@@ -35,6 +37,9 @@
 #                                ${VAR} substitution (QOS_CA_BUNDLE = base64 CA, EXTENDER_URL, EXTENDER_HOST,
 #                                EXTENDER_PORT, QOS_STATE and any exported variable); config/base's
 #                                PriorityClasses and the extender's ClusterRole are applied first
+#   QOS_HOST_QOS_PROFILE=1      0: the host kube-scheduler serves default-scheduler only, so that config/'s
+#                                in-cluster qos-scheduler Deployment owns the qos-scheduler profile (the
+#                                deployed-for-real e2e, hack/deploy-local.sh); use with QOS_MANIFESTS_DIR=none
 #   QOS_NODE_LIFECYCLE=1         0: run kube-controller-manager with --controllers=*,-nodelifecycle
 #   QOS_ETCD_FSYNC=0             1: let etcd fsync (default runs it with --unsafe-no-fsync: throwaway state)
 #   QOS_SCHEDULER_QPS=50 QOS_SCHEDULER_BURST=100   scheduler client rate limit (raise for throughput runs)
@@ -66,6 +71,7 @@ QOS_EXTENDER_NODE_CACHE="${QOS_EXTENDER_NODE_CACHE:-true}"
 QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
 QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-5s}"
 QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
+QOS_HOST_QOS_PROFILE="${QOS_HOST_QOS_PROFILE:-1}"
 QOS_SCHEDULER_QPS="${QOS_SCHEDULER_QPS:-50}"
 QOS_SCHEDULER_BURST="${QOS_SCHEDULER_BURST:-100}"
 ETCD_PORT="${QOS_ETCD_PORT:-23790}"
@@ -154,7 +160,14 @@ PY
 fi
 
 NODE_SPECS=()  # group flavour count
+REAL_SPECS=()  # [group:]flavour=count, for hack/real-nodes.sh
 for arg in "$@"; do
+  if [[ "${arg}" == real:* ]]; then
+    REAL_SPECS+=("${arg#real:}")
+    [[ "${arg#real:}" =~ ^(([a-z]+):)?([A-Za-z0-9._-]+)=([0-9]+)$ ]] || die "bad node argument '${arg}'"
+    [[ -n "${FL_CPU[${BASH_REMATCH[3]}]:-}" ]] || die "unknown flavour '${BASH_REMATCH[3]}' (known: ${!FL_CPU[*]})"
+    continue
+  fi
   [[ "${arg}" =~ ^(([a-z]+):)?([A-Za-z0-9._-]+)=([0-9]+)$ ]] || die "bad node argument '${arg}' (want [group:]flavour=count)"
   group="${BASH_REMATCH[2]:-service}" flavour="${BASH_REMATCH[3]}" count="${BASH_REMATCH[4]}"
   [[ "${group}" == service || "${group}" == batch ]] || die "node group must be service or batch: '${arg}'"
@@ -270,13 +283,17 @@ if [[ ! -s "${CERTS}/ca.crt" ]]; then
     -out "${CERTS}/ca.crt" 2>/dev/null
 fi
 LOCAL_SAN="IP:127.0.0.1,DNS:localhost"
+# 10.250.0.2: the apiserver as real nodes and pods reach it (hack/real-nodes.sh's relay)
 gen_cert apiserver "/CN=kube-apiserver" serverAuth \
-  "${LOCAL_SAN},IP:10.96.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  "${LOCAL_SAN},IP:10.96.0.1,IP:10.250.0.2,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 gen_cert components-serving "/CN=localhost" serverAuth "${LOCAL_SAN}"
 gen_cert admin "/O=system:masters/CN=kube-admin" clientAuth
 gen_cert kube-scheduler "/CN=system:kube-scheduler" clientAuth
 gen_cert kube-controller-manager "/CN=system:kube-controller-manager" clientAuth
 gen_cert kwok "/O=system:masters/CN=kwok-controller" clientAuth
+# The apiserver's identity towards kubelets (logs, exec, checkpoint proxying): group system:masters is
+# authorised by every kubelet's webhook authorizer.
+gen_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
 # Front-proxy (request-header) CA and client: the aggregation layer; without them every component logs
 # "missing content for CA bundle ... requestheader-client-ca-file" forever.
 if [[ ! -s "${CERTS}/front-proxy-ca.crt" ]]; then
@@ -347,6 +364,9 @@ leaderElection:
   leaderElect: false
 profiles:
 - schedulerName: default-scheduler
+EOF
+  if [[ "${QOS_HOST_QOS_PROFILE}" == 1 ]]; then
+    cat <<EOF
 - schedulerName: qos-scheduler
   # Packing must win in this profile: the in-tree scores that prefer spreading (LeastAllocated,
   # BalancedAllocation, system-default topology spreading) are switched off, so the extender's BFD /
@@ -363,6 +383,7 @@ profiles:
       defaultingType: List
       defaultConstraints: []
 EOF
+  fi
   if [[ "${QOS_WITH_EXTENDER}" == 1 ]]; then
     cat <<EOF
 extenders:
@@ -484,6 +505,11 @@ start_component kube-apiserver "${APISERVER_PORT}" "" "${BIN_DIR}/kube-apiserver
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-cluster-ip-range=10.96.0.0/16 \
   --allow-privileged=true \
+  --enable-aggregator-routing=true \
+  --kubelet-client-certificate="${CERTS}/apiserver-kubelet-client.crt" \
+  --kubelet-client-key="${CERTS}/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority="${CA}" \
+  --kubelet-preferred-address-types=InternalIP \
   --max-requests-inflight=800 \
   --max-mutating-requests-inflight=400 \
   --profiling=false
@@ -661,6 +687,12 @@ if ((${#CREATED[@]})); then
     || die "kwok nodes did not become Ready; see ${LOGS}/kwok.log"
 fi
 log "nodes: $("${KUBECTL[@]}" get nodes -l type=kwok --no-headers 2>/dev/null | wc -l) kwok node(s)"
+
+# ---------------------------------------------------------------- real nodes
+if ((${#REAL_SPECS[@]})); then
+  QOS_STATE="${QOS_STATE}" QOS_BIN_DIR="${BIN_DIR}" QOS_APISERVER_PORT="${APISERVER_PORT}" \
+    "${HACK_DIR}/real-nodes.sh" up "${REAL_SPECS[@]}"
+fi
 
 # ---------------------------------------------------------------- result
 {

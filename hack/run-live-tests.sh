@@ -1,34 +1,65 @@
 #!/usr/bin/env bash
-# Run the tests marked `live` (tests/ and e2e/) against a real control plane.
-# With KUBECONFIG set, that cluster is used as it is (it must run the extender: e2e needs EXTENDER_URL,
-# EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too); otherwise hack/local-up.sh brings the full
-# topology up on 127.0.0.1 (QOS_WITH_EXTENDER=1: the real extender, the marker managedResources, Prometheus
-# scraping it) under $QOS_STATE (default /tmp/qos-ci) and hack/local-down.sh removes it afterwards (logs kept
-# on failure). tests/test_webhook_live.py starts its own in-process extender beside it (own scheduler name).
+# Run the tests marked `live` (tests/ and e2e/) against a real control plane, in two clusters one after the
+# other:
+#  1. the full local topology (hack/local-up.sh with QOS_WITH_EXTENDER=1: the real extender as a host process,
+#     the marker managedResources, Prometheus scraping it; kwok nodes made by each test): every `live` test
+#     except those marked `deployed`;
+#  2. the product as users install it (marker `deployed`): a cluster whose host kube-scheduler serves only
+#     default-scheduler, with real kubelet nodes (hack/real-nodes.sh), into which e2e/test_deployed.py imports
+#     the image built by hack/build-image.sh and applies config/ (hack/deploy-local.sh).
+# With KUBECONFIG set, that cluster is used as it is for phase 1 only (it must run the extender: e2e needs
+# EXTENDER_URL, EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too). Each cluster lives under its own
+# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 2" selects phases.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 PYTEST="${ROOT}/.venv/bin/pytest"
+PHASES="${QOS_LIVE_PHASES:-1 2}"
 
-if [[ -z "${KUBECONFIG:-}" ]]; then
-  export QOS_STATE="${QOS_STATE:-/tmp/qos-ci}"
-  cleanup() {
-    local rc=$?
-    if ((rc == 0)); then hack/local-down.sh; else
-      echo "live tests failed: control-plane logs kept in ${QOS_STATE}/logs" >&2
-      hack/local-down.sh --keep-logs || true
-    fi
-  }
-  trap cleanup EXIT
-  t0=${SECONDS}
-  # No kwok nodes: every test creates (and deletes) its own, and the autoscaler test needs an empty cluster.
-  out="$(QOS_WITH_EXTENDER=1 hack/local-up.sh)"
-  echo "local-up with the extender: $((SECONDS - t0)) s" >&2
-  while IFS= read -r line; do [[ "${line}" == *=* ]] && export "${line?}"; done <<< "${out}"
-fi
-echo "live tests against ${KUBECONFIG}" >&2
-t1=${SECONDS}
+run_in_cluster() { # <state dir> <local-up env+args...> -- <pytest args...>
+  local state="$1"
+  shift
+  local up=() rc=0
+  while (($#)) && [[ "$1" != -- ]]; do up+=("$1"); shift; done
+  shift
+  (
+    export QOS_STATE="${state}"
+    cleanup() {
+      local rc=$?
+      if ((rc == 0)); then hack/local-down.sh; else
+        echo "live tests failed: logs kept in ${QOS_STATE}/logs" >&2
+        hack/local-down.sh --keep-logs || true
+      fi
+    }
+    trap cleanup EXIT
+    t0=${SECONDS}
+    out="$(env "${up[@]}")"
+    echo "local-up (${up[*]}): $((SECONDS - t0)) s" >&2
+    while IFS= read -r line; do [[ "${line}" == *=* ]] && export "${line?}"; done <<< "${out}"
+    t1=${SECONDS}
+    "${PYTEST}" "$@"
+    echo "live tests in ${QOS_STATE}: $((SECONDS - t1)) s" >&2
+  ) || rc=$?
+  return "${rc}"
+}
+
 rc=0
-"${PYTEST}" -m live tests e2e "$@" || rc=$?
-echo "live tests: $((SECONDS - t1)) s (rc ${rc})" >&2
+if [[ -n "${KUBECONFIG:-}" ]]; then
+  echo "live tests against ${KUBECONFIG}" >&2
+  "${PYTEST}" -m "live and not deployed" tests e2e "$@" || rc=$?
+  exit "${rc}"
+fi
+for phase in ${PHASES}; do
+  case "${phase}" in
+    # No kwok nodes: every test creates (and deletes) its own, and the autoscaler test needs an empty cluster.
+    1) run_in_cluster "${QOS_STATE:-/tmp/qos-ci}" QOS_WITH_EXTENDER=1 hack/local-up.sh -- \
+         -m "live and not deployed" tests e2e "$@" || rc=$? ;;
+    # The product: no host extender, no hack/manifests webhook, the host scheduler without the qos profile;
+    # one real node per node group (containers really run there), kwok nodes for the autoscaler to add.
+    2) run_in_cluster "${QOS_DEPLOYED_STATE:-/tmp/qos-ci-deployed}" QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 \
+         QOS_MANIFESTS_DIR=none hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=1 -- \
+         -m deployed e2e "$@" || rc=$? ;;
+    *) echo "unknown phase ${phase}" >&2; exit 2 ;;
+  esac
+done
 exit "${rc}"

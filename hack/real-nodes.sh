@@ -1,0 +1,539 @@
+#!/usr/bin/env bash
+# Real (kubelet) nodes for the local control plane of hack/local-up.sh: each a kubelet, its own containerd
+# (own root, state, socket, cgroup root, pod CIDR, CNI config) and a kube-proxy, inside a network namespace
+# this script creates, with a non-loopback node address there. Called by local-up.sh / local-down.sh.
+#
+# Usage: hack/real-nodes.sh up [GROUP:]FLAVOUR=COUNT ...    (needs the apiserver of $QOS_STATE running)
+#        hack/real-nodes.sh down                             (removes every real node of $QOS_STATE)
+#        hack/real-nodes.sh import IMAGE.tar ...             (imports images into every real node's containerd)
+#        hack/real-nodes.sh list                             (NAME IP POD_CIDR lines)
+#
+# Topology (all addresses inside 10.250.0.0/16 and 10.245.0.0/16; nothing listens on a host address):
+#   bridge qosbr0 (host side 10.250.0.1/24, no listener) --veth-- netns qos-apigw 10.250.0.2: netns_relay.py
+#     listening on 10.250.0.2:6443, relaying to the apiserver on the host's 127.0.0.1 (kubelets, kube-proxy
+#     and pods use it; the `kubernetes` Service's endpoint points there)
+#                                                   --veth-- netns qos-<node> 10.250.0.(10+i): containerd,
+#     kubelet (:10250 on the node address), kube-proxy (iptables inside the namespace), CNI bridge cni0 with
+#     pods in 10.245.i.0/24. Every namespace (and the host) routes each pod CIDR via its node's address, so
+#     pods on different nodes reach each other and the apiserver reaches webhooks served by pods.
+#   cgroups: /qos-<node> in every v1 hierarchy (kubelet cgroupRoot, cgroupfs driver).
+#   files: /var/lib/qos-local-nodes/<node>/{kubelet,containerd,cni}, /run/qos-local-nodes/<node>/ (sockets,
+#     state), logs in $QOS_STATE/logs/nodes/. One local cluster at a time owns real nodes
+#     (/run/qos-local-nodes/owner).
+#
+# Node labels: node.kubernetes.io/instance-type=FLAVOUR, qos.kube-qos-extender.io/node-group=GROUP, type=real;
+# annotation qos.kube-qos-extender.io/price-per-hour from config/flavours.yaml. Capacity is the machine's
+# (a kubelet reports what it sees): the flavour is a label, not a size, on these nodes.
+#
+# Images: $QOS_NODE_IMAGES (default: pause.tar busybox.tar of $QOS_CACHE/images, made by hack/build-image.sh)
+# are imported into each new node's containerd (namespace k8s.io); registry.k8s.io/pause:3.10 is required.
+# Others (the product's image) with `hack/real-nodes.sh import TAR...`.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+QOS_STATE="${QOS_STATE:-/tmp/qos-local}"
+NODES_ROOT=/var/lib/qos-local-nodes
+RUN_ROOT=/run/qos-local-nodes
+BRIDGE=qosbr0
+BRIDGE_CIDR=10.250.0.1/24
+APIGW_NS=qos-apigw
+APIGW_IP=10.250.0.2
+APISERVER_PORT="${QOS_APISERVER_PORT:-6443}"
+POD_CIDR_ALL=10.245.0.0/16
+SANDBOX_IMAGE=registry.k8s.io/pause:3.10
+IMAGES_DIR="${QOS_CACHE}/images"
+read -r -a NODE_IMAGES <<< "${QOS_NODE_IMAGES:-${IMAGES_DIR}/pause.tar ${IMAGES_DIR}/busybox.tar}"
+CERTS="${QOS_STATE}/certs"
+LOGS="${QOS_STATE}/logs/nodes"
+REGISTRY="${QOS_STATE}/real-nodes"   # lines: name index group flavour
+BIN_DIR="${QOS_BIN_DIR:-${BIN_DIR}}"
+CRIU_DIR="${QOS_CACHE}/criu-${CRIU_VERSION}"
+KUBECTL=("${BIN_DIR}/kubectl" --kubeconfig "${QOS_STATE}/kubeconfig/admin.kubeconfig")
+
+cmd="${1:-}"
+shift || true
+
+ns_exec() { local ns="$1"; shift; nsenter --net="/run/netns/${ns}" -- "$@"; }
+node_ip() { echo "10.250.0.$((10 + $1))"; }
+node_cidr() { echo "10.245.$1.0/24"; }
+cg_hierarchies() { find /sys/fs/cgroup -mindepth 1 -maxdepth 1 -type d ! -name unified; }
+
+alive() { # <pidfile> -> pid if alive
+  [[ -s "$1" ]] || return 1
+  local pid
+  pid="$(cat "$1")"
+  kill -0 "${pid}" 2>/dev/null || return 1
+  echo "${pid}"
+}
+
+# start <pidfile> <log> <netns|-> cmd...: setsid, optionally inside the namespace (nsenter --net only: the
+# kubelet and containerd must share the host's mount namespace, or secret/projected volumes the kubelet
+# mounts would be invisible to runc; `ip netns exec` would give each its own).
+start() {
+  local pidfile="$1" logf="$2" ns="$3"
+  shift 3
+  if alive "${pidfile}" >/dev/null; then return 0; fi
+  if [[ "${ns}" == - ]]; then
+    setsid "$@" >> "${logf}" 2>&1 < /dev/null &
+  else
+    setsid nsenter --net="/run/netns/${ns}" -- "$@" >> "${logf}" 2>&1 < /dev/null &
+  fi
+  echo $! > "${pidfile}"
+}
+
+stop_pid() { # <pidfile>
+  local pid
+  pid="$(alive "$1")" || { rm -f "$1"; return 0; }
+  kill "${pid}" 2>/dev/null || true
+  for _ in $(seq 1 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "${pid}" 2>/dev/null || true
+  rm -f "$1"
+}
+
+gen_node_cert() { # <file-base> <subject> <eku> [san]
+  local base="$1" subj="$2" eku="$3" san="${4:-}"
+  [[ -s "${base}.crt" ]] && return 0
+  openssl genrsa -out "${base}.key" 2048 2>/dev/null
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=${eku}"
+    if [[ -n "${san}" ]]; then echo "subjectAltName=${san}"; fi
+  } > "${base}.ext"
+  openssl req -new -key "${base}.key" -subj "${subj}" -out "${base}.csr" 2>/dev/null
+  openssl x509 -req -in "${base}.csr" -CA "${CERTS}/ca.crt" -CAkey "${CERTS}/ca.key" -CAcreateserial -days 365 \
+    -sha256 -extfile "${base}.ext" -out "${base}.crt" 2>/dev/null
+  rm -f "${base}.csr" "${base}.ext"
+  chmod 600 "${base}.key"
+}
+
+write_kubeconfig() { # <file> <cert base>
+  put "$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: qos-local
+  cluster:
+    server: https://${APIGW_IP}:${APISERVER_PORT}
+    certificate-authority: ${CERTS}/ca.crt
+users:
+- name: node
+  user:
+    client-certificate: $2.crt
+    client-key: $2.key
+contexts:
+- name: qos-local
+  context: {cluster: qos-local, user: node}
+current-context: qos-local
+EOF
+}
+
+put() { # <file>: stdin into file only when the content changed (kube-proxy exits when its config is rewritten)
+  local tmp="$1.tmp.$$"
+  cat > "${tmp}"
+  if cmp -s "${tmp}" "$1"; then rm -f "${tmp}"; else mv -f "${tmp}" "$1"; fi
+}
+
+# ---------------------------------------------------------------- network
+ensure_fabric() {
+  if ! ip link show "${BRIDGE}" >/dev/null 2>&1; then
+    ip link add "${BRIDGE}" type bridge
+    ip addr add "${BRIDGE_CIDR}" dev "${BRIDGE}"
+  fi
+  ip link set "${BRIDGE}" up
+  ensure_netns "${APIGW_NS}" "${APIGW_IP}" qosv-apigw
+  mkdir -p "${QOS_STATE}/pids"
+  start "${QOS_STATE}/pids/apigw-relay.pid" "${QOS_STATE}/logs/apigw-relay.log" - \
+    python3 "${HACK_DIR}/netns_relay.py" --netns "${APIGW_NS}" --listen "${APIGW_IP}:${APISERVER_PORT}" \
+    --connect "127.0.0.1:${APISERVER_PORT}"
+  # The `kubernetes` Service (ClusterIP 10.96.0.1, what in-cluster clients use) ends at the relay: the
+  # apiserver runs with --endpoint-reconciler-type=none, so its endpoints are ours to write.
+  "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager=qos-real-nodes -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Endpoints
+metadata:
+  name: kubernetes
+  namespace: default
+  labels: {endpointslice.kubernetes.io/skip-mirror: "true"}
+subsets:
+- addresses: [{ip: ${APIGW_IP}}]
+  ports: [{name: https, port: ${APISERVER_PORT}, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubernetes
+  namespace: default
+  labels: {kubernetes.io/service-name: kubernetes, endpointslice.kubernetes.io/managed-by: qos-real-nodes}
+addressType: IPv4
+endpoints:
+- addresses: [${APIGW_IP}]
+  conditions: {ready: true}
+ports:
+- {name: https, port: ${APISERVER_PORT}, protocol: TCP}
+EOF
+}
+
+ensure_netns() { # <ns> <ip> <host-side veth name>
+  local ns="$1" ip="$2" veth="$3"
+  if [[ ! -e "/run/netns/${ns}" ]]; then
+    ip netns add "${ns}"
+  fi
+  if ! ip link show "${veth}" >/dev/null 2>&1; then
+    ip link add "${veth}" type veth peer name eth0 netns "${ns}"
+    ip link set "${veth}" master "${BRIDGE}" up
+  fi
+  ip -n "${ns}" link set lo up
+  ip -n "${ns}" link set eth0 up
+  ip -n "${ns}" addr replace "${ip}/24" dev eth0
+  ip -n "${ns}" route replace default via "${BRIDGE_CIDR%/*}"
+  ns_exec "${ns}" sysctl -qw net.ipv4.ip_forward=1
+}
+
+# Every namespace and the host route each node's pod CIDR via that node's address (host-gw style).
+sync_routes() {
+  local name idx _g _f ns
+  local all=("${APIGW_NS}")
+  while read -r name idx _g _f; do all+=("qos-${name}"); done < "${REGISTRY}"
+  while read -r name idx _g _f; do
+    ip route replace "$(node_cidr "${idx}")" via "$(node_ip "${idx}")" dev "${BRIDGE}"
+    for ns in "${all[@]}"; do
+      [[ "${ns}" == "qos-${name}" ]] && continue
+      ip -n "${ns}" route replace "$(node_cidr "${idx}")" via "$(node_ip "${idx}")" dev eth0
+    done
+  done < "${REGISTRY}"
+}
+
+# ---------------------------------------------------------------- one node
+ensure_cgroup_root() { # <name>
+  local h
+  while read -r h; do
+    mkdir -p "${h}/$1"
+    if [[ -f "${h}/cpuset.cpus" ]]; then
+      [[ -s "${h}/$1/cpuset.cpus" ]] && [[ -n "$(tr -d '\n' < "${h}/$1/cpuset.cpus")" ]] \
+        || cat "${h}/cpuset.cpus" > "${h}/$1/cpuset.cpus"
+      [[ -n "$(tr -d '\n' < "${h}/$1/cpuset.mems")" ]] || cat "${h}/cpuset.mems" > "${h}/$1/cpuset.mems"
+    fi
+  done < <(cg_hierarchies)
+}
+
+write_node_configs() { # <name> <idx> <group> <flavour>
+  local name="$1" idx="$2" group="$3" flavour="$4"
+  local dir="${NODES_ROOT}/${name}" run="${RUN_ROOT}/${name}" ip cidr
+  ip="$(node_ip "${idx}")" cidr="$(node_cidr "${idx}")"
+  mkdir -p "${dir}/kubelet" "${dir}/containerd" "${dir}/cni/net.d" "${dir}/cni/ipam" "${dir}/pki" "${dir}/logs" \
+    "${run}"
+  chmod 700 "${dir}/pki"
+  gen_node_cert "${dir}/pki/kubelet-client" "/O=system:nodes/CN=system:node:${name}" clientAuth
+  gen_node_cert "${dir}/pki/kubelet-serving" "/O=system:nodes/CN=system:node:${name}" serverAuth \
+    "IP:${ip},DNS:${name}"
+  gen_node_cert "${dir}/pki/kube-proxy" "/CN=system:kube-proxy" clientAuth
+  write_kubeconfig "${dir}/kubelet.kubeconfig" "${dir}/pki/kubelet-client"
+  write_kubeconfig "${dir}/kube-proxy.kubeconfig" "${dir}/pki/kube-proxy"
+
+  put "${dir}/containerd.toml" <<EOF
+version = 3
+root = "${dir}/containerd"
+state = "${run}/containerd"
+[grpc]
+  address = "${run}/containerd.sock"
+[ttrpc]
+  address = "${run}/containerd.sock.ttrpc"
+[plugins.'io.containerd.cri.v1.runtime']
+  # root lacks CAP_SYS_RESOURCE on these machines: runc cannot lower oom_score_adj (the pause container asks -998)
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  # kubelet checkpoint archives as images: restore through CreateContainer (issue 13)
+  enable_experimental_restore_via_create = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "${BIN_DIR}/runc"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "${dir}/cni/net.d"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "${SANDBOX_IMAGE}"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+EOF
+
+  put "${dir}/cni/net.d/10-qos-bridge.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "qos-pods",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "${dir}/cni/ipam",
+              "ranges": [[{"subnet": "${cidr}"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+
+  put "${dir}/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: ${ip}
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: ${CERTS}/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: ${dir}/pki/kubelet-serving.crt
+tlsPrivateKeyFile: ${dir}/pki/kubelet-serving.key
+containerRuntimeEndpoint: unix://${run}/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: /qos-${name}
+# cgroup v1 on these machines (kubelet 1.35 refuses v1 unless told)
+failCgroupV1: false
+failSwapOn: false
+podCIDR: ${cidr}
+podLogsDir: ${dir}/logs
+clusterDomain: cluster.local
+resolvConf: ""
+serializeImagePulls: false
+# images come from local tars only (no registry): never garbage-collect them
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "100Mi", nodefs.available: "2%", imagefs.available: "2%"}
+maxPods: 110
+featureGates: {ContainerCheckpoint: true}
+EOF
+
+  put "${dir}/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection: {kubeconfig: ${dir}/kube-proxy.kubeconfig}
+hostnameOverride: ${name}
+bindAddress: ${ip}
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+mode: iptables
+clusterCIDR: ${POD_CIDR_ALL}
+# inside a network namespace: leave the host-wide conntrack sysctls alone
+conntrack: {maxPerCore: 0, min: 0}
+EOF
+  echo "${group} ${flavour}" > "${dir}/spec"
+}
+
+start_node() { # <name> <idx> <group> <flavour>
+  local name="$1" idx="$2" group="$3" flavour="$4"
+  local dir="${NODES_ROOT}/${name}" run="${RUN_ROOT}/${name}" ns="qos-${name}"
+  local price
+  ensure_netns "${ns}" "$(node_ip "${idx}")" "qosv-${idx}"
+  ensure_cgroup_root "qos-${name}"
+  write_node_configs "$@"
+  mkdir -p "${LOGS}"
+  # containerd finds the shim and (for checkpoints) CRIU >= 4.1 on its PATH
+  start "${run}/containerd.pid" "${LOGS}/${name}-containerd.log" "${ns}" \
+    env PATH="${BIN_DIR}:${CRIU_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
+    "${BIN_DIR}/containerd" --config "${dir}/containerd.toml"
+  local t=$((SECONDS + 30))
+  until "${BIN_DIR}/ctr" --address "${run}/containerd.sock" version >/dev/null 2>&1; do
+    ((SECONDS < t)) || die "${name}: containerd not answering; see ${LOGS}/${name}-containerd.log"
+    sleep 0.2
+  done
+  import_images "${name}" "${NODE_IMAGES[@]}"
+  "${BIN_DIR}/ctr" --address "${run}/containerd.sock" -n k8s.io images ls -q | grep -qx "${SANDBOX_IMAGE}" \
+    || die "${name}: ${SANDBOX_IMAGE} missing in containerd (run hack/build-image.sh: it makes ${IMAGES_DIR}/pause.tar)"
+  start "${run}/kubelet.pid" "${LOGS}/${name}-kubelet.log" "${ns}" \
+    env PATH="${BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
+    "${BIN_DIR}/kubelet" --config "${dir}/kubelet.yaml" --kubeconfig "${dir}/kubelet.kubeconfig" \
+    --root-dir "${dir}/kubelet" --hostname-override "${name}" --node-ip "$(node_ip "${idx}")" \
+    --node-labels "type=real,node.kubernetes.io/instance-type=${flavour},qos.kube-qos-extender.io/node-group=${group}" \
+    --v=1
+  start "${run}/kube-proxy.pid" "${LOGS}/${name}-kube-proxy.log" "${ns}" \
+    env PATH="${BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
+    "${BIN_DIR}/kube-proxy" --config "${dir}/kube-proxy.yaml" --v=1
+  price="$(flavour_price "${flavour}")"
+  echo "${price}" > "${dir}/price"
+}
+
+flavour_price() {
+  python3 - "${REPO_ROOT}/config/flavours.yaml" "$1" <<'PY'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1])) or {}
+doc = doc.get("flavours", doc) if isinstance(doc, dict) else doc
+items = doc.items() if isinstance(doc, dict) else [(d.get("name"), d) for d in doc]
+for name, d in items:
+    if name == sys.argv[2]:
+        print(d.get("price", d.get("price_per_hour", d.get("pricePerHour", 0))))
+        break
+else:
+    print(0)
+PY
+}
+
+import_images() { # <node> tar...
+  local name="$1" tar
+  shift
+  for tar in "$@"; do
+    [[ -f "${tar}" ]] || continue
+    local stamp="${NODES_ROOT}/${name}/containerd/.imported-$(basename "${tar}")"
+    local sum
+    sum="$(stat -c '%s %Y' "${tar}")"
+    [[ "$(cat "${stamp}" 2>/dev/null)" == "${sum}" ]] && continue
+    "${BIN_DIR}/ctr" --address "${RUN_ROOT}/${name}/containerd.sock" -n k8s.io images import "${tar}" >/dev/null || die "${name}: cannot import ${tar}"
+    echo "${sum}" > "${stamp}"
+    log "${name}: imported $(basename "${tar}")"
+  done
+}
+
+# ---------------------------------------------------------------- teardown of one node
+kill_cgroup() { # <cgroup name>: every process under it, in every hierarchy
+  local h pids
+  for _ in 1 2 3; do
+    pids="$(cg_hierarchies | while read -r h; do
+      [[ -d "${h}/$1" ]] && find "${h}/$1" -name cgroup.procs -exec cat {} + 2>/dev/null
+    done | sort -u)"
+    [[ -z "${pids}" ]] && break
+    # shellcheck disable=SC2086
+    kill -9 ${pids} 2>/dev/null || true
+    sleep 0.3
+  done
+}
+
+remove_cgroup() { # <cgroup name>: deepest first
+  local h
+  while read -r h; do
+    [[ -d "${h}/$1" ]] || continue
+    find "${h}/$1" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done < <(cg_hierarchies)
+}
+
+unmount_under() { # <dir>: every mount below it, deepest first
+  local m
+  while read -r m; do
+    umount -l "${m}" 2>/dev/null || true
+  done < <(awk -v d="$1" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r)
+}
+
+stop_node() { # <name> <idx>
+  local name="$1" idx="$2" run="${RUN_ROOT}/$1" p
+  for p in kube-proxy kubelet; do stop_pid "${run}/${p}.pid"; done
+  # shims and containers belong to no pidfile: find them by the node's socket / cgroup
+  local shims
+  shims="$(pgrep -f "containerd-shim-runc-v2.*${run}/containerd.sock" || true)"
+  stop_pid "${run}/containerd.pid"
+  kill_cgroup "qos-${name}"
+  # shellcheck disable=SC2086
+  [[ -z "${shims}" ]] || kill -9 ${shims} 2>/dev/null || true
+  unmount_under "${run}"
+  unmount_under "${NODES_ROOT}/${name}"
+  remove_cgroup "qos-${name}"
+  ip netns delete "qos-${name}" 2>/dev/null || true
+  ip link delete "qosv-${idx}" 2>/dev/null || true
+  ip route delete "$(node_cidr "${idx}")" 2>/dev/null || true
+  rm -rf "${run}" "${NODES_ROOT:?}/${name}"
+}
+
+# ---------------------------------------------------------------- commands
+claim_owner() {
+  mkdir -p "${RUN_ROOT}" "${NODES_ROOT}"
+  local owner
+  owner="$(cat "${RUN_ROOT}/owner" 2>/dev/null || true)"
+  if [[ -n "${owner}" && "${owner}" != "${QOS_STATE}" && -d "${owner}" && -s "${owner}/real-nodes" ]]; then
+    die "real nodes belong to the local cluster in ${owner}; stop it first (QOS_STATE=${owner} hack/local-down.sh)"
+  fi
+  echo "${QOS_STATE}" > "${RUN_ROOT}/owner"
+}
+
+up() {
+  (($#)) || return 0
+  [[ -x "${BIN_DIR}/kubelet" && -x "${BIN_DIR}/containerd" && -x "${BIN_DIR}/runc" ]] \
+    || die "real nodes need kubelet, containerd and runc in ${BIN_DIR} (run hack/build-tools.sh)"
+  [[ -x "${CRIU_DIR}/criu" ]] || "${HACK_DIR}/build-criu.sh" >/dev/null
+  command -v nsenter >/dev/null || die "nsenter (util-linux) is required"
+  claim_owner
+  touch "${REGISTRY}"
+  local t0=${SECONDS} arg group flavour count i name idx wanted=()
+  ensure_fabric
+  for arg in "$@"; do
+    [[ "${arg}" =~ ^(([a-z]+):)?([A-Za-z0-9._-]+)=([0-9]+)$ ]] || die "bad real node argument '${arg}'"
+    group="${BASH_REMATCH[2]:-service}" flavour="${BASH_REMATCH[3]}" count="${BASH_REMATCH[4]}"
+    [[ "${group}" == service || "${group}" == batch ]] || die "node group must be service or batch: '${arg}'"
+    for ((i = 0; i < count; i++)); do
+      name="real-${group}-${flavour//./-}-${i}"
+      wanted+=("${name}")
+      if ! grep -q "^${name} " "${REGISTRY}"; then
+        idx=1
+        while awk -v i="${idx}" '$2 == i {f = 1} END {exit !f}' "${REGISTRY}"; do idx=$((idx + 1)); done
+        ((idx < 240)) || die "too many real nodes"
+        echo "${name} ${idx} ${group} ${flavour}" >> "${REGISTRY}"
+      fi
+    done
+    # nodes of this group/flavour beyond COUNT go away
+    while read -r name idx _ _; do
+      if [[ "${name}" == "real-${group}-${flavour//./-}-"* ]] && [[ " ${wanted[*]} " != *" ${name} "* ]]; then
+        log "${name}: removing (not wanted)"
+        "${KUBECTL[@]}" delete node "${name}" --wait=false >/dev/null 2>&1 || true
+        stop_node "${name}" "${idx}"
+        sed -i "/^${name} /d" "${REGISTRY}"
+      fi
+    done < <(cat "${REGISTRY}")
+  done
+  while read -r name idx _ _; do ensure_netns "qos-${name}" "$(node_ip "${idx}")" "qosv-${idx}"; done < "${REGISTRY}"
+  sync_routes
+  while read -r name idx group flavour; do
+    start_node "${name}" "${idx}" "${group}" "${flavour}"
+  done < "${REGISTRY}"
+  local names=()
+  while read -r name _ _ _; do names+=("node/${name}"); done < "${REGISTRY}"
+  local deadline=$((SECONDS + 120))
+  until "${KUBECTL[@]}" get "${names[@]}" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "real nodes did not register; see ${LOGS}/*-kubelet.log"
+    sleep 0.5
+  done
+  "${KUBECTL[@]}" wait --for=condition=Ready --timeout="$((deadline - SECONDS))s" "${names[@]}" >&2 \
+    || die "real nodes not Ready; see ${LOGS}/*-kubelet.log"
+  while read -r name _ _ _; do
+    "${KUBECTL[@]}" annotate --overwrite node "${name}" \
+      "qos.kube-qos-extender.io/price-per-hour=$(cat "${NODES_ROOT}/${name}/price")" >/dev/null
+  done < "${REGISTRY}"
+  log "real nodes: ${#names[@]} Ready in $((SECONDS - t0))s"
+}
+
+down() {
+  [[ -f "${REGISTRY}" ]] || return 0
+  local name idx
+  while read -r name idx _ _; do
+    stop_node "${name}" "${idx}"
+    log "${name}: removed"
+  done < "${REGISTRY}"
+  stop_pid "${QOS_STATE}/pids/apigw-relay.pid"
+  ip netns delete "${APIGW_NS}" 2>/dev/null || true
+  ip link delete qosv-apigw 2>/dev/null || true
+  ip link delete "${BRIDGE}" 2>/dev/null || true
+  rm -f "${REGISTRY}"
+  if [[ "$(cat "${RUN_ROOT}/owner" 2>/dev/null)" == "${QOS_STATE}" ]]; then rm -f "${RUN_ROOT}/owner"; fi
+  rmdir "${RUN_ROOT}" "${NODES_ROOT}" 2>/dev/null || true
+}
+
+case "${cmd}" in
+  up) up "$@" ;;
+  down) down ;;
+  import)
+    [[ -f "${REGISTRY}" ]] || die "no real nodes in ${QOS_STATE}"
+    while read -r name _ _ _; do
+      for tar in "$@"; do rm -f "${NODES_ROOT}/${name}/containerd/.imported-$(basename "${tar}")"; done
+      import_images "${name}" "$@"
+    done < "${REGISTRY}" ;;
+  list)
+    [[ -f "${REGISTRY}" ]] || exit 0
+    while read -r name idx _ _; do echo "${name} $(node_ip "${idx}") $(node_cidr "${idx}")"; done < "${REGISTRY}" ;;
+  -h|--help|"") awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0" ;;
+  *) die "unknown command: ${cmd}" ;;
+esac
