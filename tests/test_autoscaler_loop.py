@@ -11,7 +11,7 @@ from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.handoff import RecordingHandoff
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, AutoscalerLoop, Decisions
 from extender.autoscaler.providers.kwok import node_manifest
-from extender.autoscaler.view import AutoscalerSnapshot
+from extender.autoscaler.view import GATED_DEMAND_SECONDS, AutoscalerSnapshot
 from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources
@@ -182,6 +182,28 @@ def test_only_unschedulable_pods_of_our_profiles_fitting_no_node_are_planned() -
     assert d.unschedulable[NodeGroup.SERVICE] == 1
     d2 = loop(scheduler_names=("qos-scheduler", "default-scheduler")).step(s, now=0.0)
     assert sorted(k for r in d2.provision for k in r.pods) == ["default/needs-node", "default/other-scheduler"]
+
+
+def test_pods_the_qos_controller_keeps_gated_become_demand_after_a_while() -> None:
+    """kube-scheduler never tries a gated pod, so it is never Unschedulable: a pod the controller could not place
+    (no room even by QoS preemption) is demand once held GATED_DEMAND_SECONDS; other gates are not ours."""
+    held = pod("held", "1", "8Gi", unschedulable=False)
+    held["spec"]["schedulingGates"] = [{"name": CONFIG.controller.gate_name}]
+    foreign = pod("foreign", "1", "8Gi", unschedulable=False)
+    foreign["spec"]["schedulingGates"] = [{"name": "example.com/other"}]
+    s = AutoscalerSnapshot(CONFIG)
+    s.replace_nodes([node("n1", SMALL, "service", owned=False)], "1", now=100.0)
+    s.apply_pod("ADDED", held, now=100.0)
+    s.apply_pod("ADDED", foreign, now=100.0)
+    assert loop().step(s, now=100.0 + GATED_DEMAND_SECONDS - 1).provision == []
+    # a later event for the same gated pod keeps the first time it was seen gated
+    s.apply_pod("MODIFIED", held, now=100.0 + GATED_DEMAND_SECONDS - 0.5)
+    d = loop().step(s, now=100.0 + GATED_DEMAND_SECONDS)
+    assert [k for r in d.provision for k in r.pods] == ["default/held"]
+    # released (gate removed) and not yet tried by the scheduler: no longer demand
+    released = pod("held", "1", "8Gi", unschedulable=False)
+    s.apply_pod("MODIFIED", released, now=200.0)
+    assert loop().step(s, now=300.0).provision == []
 
 
 # ------------------------------------------------------------------------------------------ batch group

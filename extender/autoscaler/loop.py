@@ -186,7 +186,7 @@ class AutoscalerLoop:
         present = {v.name: v for v in views}
         self._arrivals(d, present, now)
         self._expire(d, snap, now)
-        pending = self._unschedulable(snap, views)
+        pending = self._unschedulable(snap, views, now)
         budget = [
             self.s.max_nodes_per_cycle,
             self.s.max_nodes - len(self.ledger.entries) - sum(1 for v in views if self.owned(v)),
@@ -261,11 +261,11 @@ class AutoscalerLoop:
                         d, self._pod_notice(snap, key, "ProvisioningTimedOut", message, True), key=entry.node_name
                     )
 
-    def _unschedulable(self, snap: AutoscalerSnapshot, views: list[Node]) -> list[Pod]:
+    def _unschedulable(self, snap: AutoscalerSnapshot, views: list[Node], now: float) -> list[Pod]:
         """Unschedulable pods of our profile(s) that fit no existing schedulable node of their group now
         (what the simulator's ``_unschedulable`` computes; the scheduler's verdict may be a scan old)."""
         out = []
-        for pod in snap.unschedulable_pods(self.s.scheduler_names):
+        for pod in snap.unschedulable_pods(self.s.scheduler_names, now):
             group = group_of(pod)
             if any(snap.accepts(n.name, group) and packing.fits(n, pod) for n in views):
                 continue

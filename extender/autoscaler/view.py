@@ -8,6 +8,7 @@ fields on the side; nothing is duplicated, the conversion and indexing stay in e
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,14 @@ from extender.core.model import Node, NodeGroup, Pod, WorkloadKind
 from extender.kube.convert import Problem, pod_key
 from extender.kube.snapshot import Snapshot
 
-__all__ = ["AutoscalerSnapshot", "PendingInfo", "group_of"]
+__all__ = ["GATED_DEMAND_SECONDS", "AutoscalerSnapshot", "PendingInfo", "group_of"]
+
+# A pod the QoS controller keeps gated this long found no room, not even by QoS preemption: the controller
+# walks gated pods every 10 s (paper 002 §4.1.3) and on every pod event, and releases a pod as soon as some
+# node can hold it. kube-scheduler never sees a gated pod, so without this it would never be marked
+# Unschedulable and the sidecar would never buy a node for it (found by the deployed-for-real e2e: the QoS
+# controller and the autoscaler together left an oversized pod gated for max_gate_seconds).
+GATED_DEMAND_SECONDS = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,12 +33,15 @@ class PendingInfo:
     scheduler_name: str
     unschedulable: bool  # PodScheduled=False with reason Unschedulable: the scheduler tried and failed
     uid: str
+    gated_since: float | None = None  # first seen holding the QoS controller's scheduling gate
 
 
-def _pending_info(obj: Mapping[str, Any]) -> PendingInfo | None:
+def _pending_info(obj: Mapping[str, Any], gate: str = "", now: float | None = None) -> PendingInfo | None:
     spec = obj.get("spec")
     if not isinstance(spec, dict) or spec.get("nodeName"):
         return None
+    gates = spec.get("schedulingGates")
+    gated = bool(gate) and isinstance(gates, list) and any(isinstance(g, dict) and g.get("name") == gate for g in gates)
     status = obj.get("status")
     conditions = status.get("conditions") if isinstance(status, dict) else None
     unschedulable = False
@@ -46,7 +57,12 @@ def _pending_info(obj: Mapping[str, Any]) -> PendingInfo | None:
     meta = obj.get("metadata")
     uid = meta.get("uid") if isinstance(meta, dict) else None
     name = spec.get("schedulerName")
-    return PendingInfo(name if isinstance(name, str) and name else "default-scheduler", unschedulable, str(uid or ""))
+    return PendingInfo(
+        name if isinstance(name, str) and name else "default-scheduler",
+        unschedulable,
+        str(uid or ""),
+        now if gated else None,
+    )
 
 
 def group_of(pod: Pod) -> NodeGroup:
@@ -59,6 +75,8 @@ class AutoscalerSnapshot(Snapshot):
     def __init__(self, config: ExtenderConfig, on_unschedulable: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.pending: dict[str, PendingInfo] = {}
+        # The gate is ours whether or not this process runs the controller (the sidecar never does).
+        self._gate = config.controller.gate_name
         self._on_unschedulable = on_unschedulable
 
     def apply_pod(self, event_type: str, obj: Mapping[str, Any], now: float | None = None) -> tuple[Problem, ...]:
@@ -67,8 +85,10 @@ class AutoscalerSnapshot(Snapshot):
             key = pod_key(obj)
         except Exception:  # the base class counted it as a conversion error already
             return problems
-        info = None if event_type == "DELETED" or key not in self.pods else _pending_info(obj)
+        info = None if event_type == "DELETED" or key not in self.pods else _pending_info(obj, self._gate, now)
         before = self.pending.pop(key, None)
+        if info is not None and info.gated_since is not None and before is not None and before.gated_since is not None:
+            info = dataclasses.replace(info, gated_since=before.gated_since)
         if info is not None:
             self.pending[key] = info
             if info.unschedulable and (before is None or not before.unschedulable) and self._on_unschedulable:
@@ -96,14 +116,16 @@ class AutoscalerSnapshot(Snapshot):
         entry = self.nodes.get(node)
         return entry is not None and group in entry.accepts
 
-    def unschedulable_pods(self, scheduler_names: Iterable[str]) -> list[Pod]:
-        """Pods of our scheduler profile(s) the scheduler reported Unschedulable, not being deleted."""
+    def unschedulable_pods(self, scheduler_names: Iterable[str], now: float | None = None) -> list[Pod]:
+        """Pods of our scheduler profile(s) the scheduler reported Unschedulable, or that the QoS controller has
+        kept gated for GATED_DEMAND_SECONDS (at ``now``), not being deleted."""
         names = frozenset(scheduler_names)
         out: list[Pod] = []
         for key in sorted(self.pending):
             info = self.pending[key]
             entry = self.pods.get(key)
-            if entry is None or entry.deleting or not info.unschedulable or info.scheduler_name not in names:
+            held = info.gated_since is not None and now is not None and now - info.gated_since >= GATED_DEMAND_SECONDS
+            if entry is None or entry.deleting or not (info.unschedulable or held) or info.scheduler_name not in names:
                 continue
             if entry.pod.node_name is None and key not in self.ledger:
                 out.append(entry.pod)
