@@ -454,6 +454,30 @@ EOF
   - targets: ['$(url_hostport "${EXTENDER_METRICS_URL}")']
 EOF
   fi
+  if ((${#REAL_SPECS[@]})); then
+    # config/'s extender running in pods on real nodes (hack/deploy-local.sh): found through the apiserver,
+    # scraped at the pod IP (routed to the nodes' namespaces) over mTLS with a client certificate of the local
+    # CA; the serving certificate names the Service, not the pod IP.
+    cat <<EOF
+- job_name: kube-qos-extender-in-cluster
+  scheme: https
+  kubernetes_sd_configs:
+  - role: pod
+    api_server: https://${HOST}:${APISERVER_PORT}
+    namespaces: {names: [kube-qos-system]}
+    tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/admin.crt, key_file: ${CERTS}/admin.key}
+  tls_config:
+    ca_file: ${CERTS}/ca.crt
+    cert_file: ${CERTS}/extender-client.crt
+    key_file: ${CERTS}/extender-client.key
+    server_name: qos-extender.kube-qos-system.svc
+  relabel_configs:
+  - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name], regex: qos-scheduler, action: keep}
+  - {source_labels: [__meta_kubernetes_pod_container_port_name], regex: https, action: keep}
+  - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
+  - {source_labels: [__meta_kubernetes_pod_node_name], target_label: node}
+EOF
+  fi
 } > "${CONF}/prometheus.yml"
 
 # ---------------------------------------------------------------- start
