@@ -242,3 +242,398 @@ def test_kind_overlay_renders_without_operator_crds() -> None:
     assert not kinds & CRD_KINDS
     images = {c["image"] for d in _by_kind(docs, "Deployment") for c in d["spec"]["template"]["spec"]["containers"]}
     assert "kube-qos-extender:dev" in images
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The whole product (issue 12): config/agent, config/autoscaler (+ its Components), config/default (base +
+# controller + agent + autoscaler), config/local (this project's local real cluster) and hack/deploy-local.sh.
+# Source-level checks (configs vs loaders, RBAC vs code) are in tests/test_manifests.py; here: what kustomize
+# renders, what the real API server accepts (dry run, Pod Security) and what RBAC really authorizes.
+
+COMPOSITIONS = {  # test-only overlays: config/default plus one Component
+    "default+cluster-autoscaler": "autoscaler/cluster-autoscaler",
+    "default+consolidation": "autoscaler/consolidation",
+}
+OVERLAYS = ("agent", "autoscaler", "default", "local", *COMPOSITIONS)
+NAMESPACES = {"kube-qos-system", "kube-qos-agent"}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = {name: _render(name) for name in ("base", "agent", "autoscaler", "default", "local")}
+    for name, component in COMPOSITIONS.items():
+        d = tmp_path_factory.mktemp(name.replace("+", "-"))  # kustomize wants relative paths, not absolute
+        (d / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [os.path.relpath(ROOT / "config" / "default", d)],
+                    "components": [os.path.relpath(ROOT / "config" / component, d)],
+                }
+            )
+        )
+        proc = subprocess.run([_bin("kubectl"), "kustomize", str(d)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        out[name] = [x for x in yaml.safe_load_all(proc.stdout) if x]
+    return out
+
+
+def _key(d: dict[str, Any]) -> tuple[str, str | None, str]:
+    return (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+
+
+def _named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (d,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return d
+
+
+def _pod_templates(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in ("Deployment", "DaemonSet")]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_new_kustomizations_render(rendered: dict[str, list[dict[str, Any]]], name: str) -> None:
+    docs = rendered[name]
+    keys = [_key(d) for d in docs]
+    assert len(keys) == len(set(keys)), "an object is rendered twice"
+    assert {ns for _, ns, _ in keys} <= {None, "kube-system", *NAMESPACES}
+    # Every ConfigMap and Secret a pod mounts: ConfigMaps rendered here (with their hash suffix), Secrets
+    # among those the kustomizations document.
+    cms = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+    for w in _pod_templates(docs):
+        for v in w["spec"]["template"]["spec"]["volumes"]:
+            if "configMap" in v:
+                assert v["configMap"]["name"] in cms, (w["metadata"]["name"], v)
+            if "secret" in v:
+                assert v["secret"]["secretName"] in {
+                    "qos-extender-tls",
+                    "qos-agent-tls",
+                    "qos-agent-kubelet-client",
+                    "qos-autoscaler-expander-tls",
+                    "qos-autoscaler-agent-client",
+                }, v
+
+
+def test_default_is_base_controller_agent_and_autoscaler(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    default = {(k, ns, n.rsplit("-", 1)[0] if k == "ConfigMap" else n) for k, ns, n in map(_key, rendered["default"])}
+    parts: set[tuple[str, str | None, str]] = set()
+    for name in ("base", "agent", "autoscaler"):
+        parts |= {(k, ns, n.rsplit("-", 1)[0] if k == "ConfigMap" else n) for k, ns, n in map(_key, rendered[name])}
+    controller = {
+        (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+        for f in ("clusterrole.yaml", "clusterrolebinding.yaml", "mutatingwebhookconfiguration.yaml")
+        for d in yaml.safe_load_all((ROOT / "config" / "controller" / f).read_text())
+        if d
+    }
+    assert default == parts | controller
+    kinds = {(k, n) for k, _, n in map(_key, rendered["default"])}
+    assert {
+        ("ServiceMonitor", "qos-extender"),
+        ("ServiceMonitor", "qos-autoscaler"),
+        ("PodMonitor", "qos-agent"),
+        ("PrometheusRule", "qos-extender"),
+    } <= kinds
+    cfg = yaml.safe_load(_configmap(rendered["default"], "qos-extender-config")["extender.yaml"])
+    assert cfg["controller"]["enabled"] is True
+
+
+def _load_rendered(tmp_path: Path, data: dict[str, str]) -> dict[str, Path]:
+    paths = {}
+    for key, text in data.items():
+        paths[key] = tmp_path / key
+        paths[key].write_text(text)
+    return paths
+
+
+def test_rendered_configmaps_load_with_the_projects_loaders(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    from extender.agent.config import load_agent_config
+    from extender.autoscaler.config import load_autoscaler_config
+    from extender.consolidation.config import parse_consolidation_config
+
+    agent_cm = _configmap(rendered["default"], "qos-agent-config")
+    assert agent_cm == {"agent.yaml": (ROOT / "config/agent/agent.yaml").read_text()}
+    agent = load_agent_config(str(_load_rendered(tmp_path, agent_cm)["agent.yaml"]), node_name="n")
+    assert agent.backend == "kubelet" and agent.tls.enabled and not agent.test_fault_injection
+
+    for overlay, provider in (("default", "kwok"), ("default+cluster-autoscaler", "cluster-autoscaler")):
+        data = _configmap(rendered[overlay], "qos-autoscaler-config")
+        (tmp_path / overlay).mkdir()
+        files = _load_rendered(tmp_path / overlay, data)
+        extender = load_config(files["extender.yaml"])
+        raw = yaml.safe_load(data["autoscaler.yaml"])
+        stand_in = str(ROOT / "config" / "extender.yaml")
+        for key in ("cert_file", "key_file"):  # files inside the pod: stand-ins that exist here
+            if raw["autoscaler"]["cluster_autoscaler"].get(key):
+                raw["autoscaler"]["cluster_autoscaler"][key] = stand_in
+        files["autoscaler.yaml"].write_text(yaml.safe_dump(raw))
+        assert load_autoscaler_config(files["autoscaler.yaml"], extender).provider == provider
+        if provider == "kwok":
+            assert data["autoscaler.yaml"] == (ROOT / "config/autoscaler/autoscaler.yaml").read_text()
+            assert data["extender.yaml"] == (ROOT / "config/autoscaler/extender.yaml").read_text()
+
+    data = _configmap(rendered["default+consolidation"], "qos-autoscaler-config")
+    assert data["consolidation.yaml"] == (ROOT / "config/autoscaler/consolidation/consolidation.yaml").read_text()
+    raw = yaml.safe_load(data["consolidation.yaml"])
+    raw["consolidation"]["agent"].update(dict.fromkeys(("cert_file", "key_file", "ca_file"), stand_in))
+    assert parse_consolidation_config(raw).enabled
+
+    ext = yaml.safe_load(_configmap(rendered["default"], "qos-extender-config")["extender.yaml"])
+    ext["server"]["tls"] = {"cert_file": stand_in, "key_file": stand_in, "client_ca_file": stand_in}
+    assert parse_config(ext).controller.enabled
+
+
+def test_local_overlay_fits_this_machine(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    docs = rendered["local"]
+    assert not {d["kind"] for d in docs} & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    hook = _named(docs, "MutatingWebhookConfiguration", "qos-extender-ordering")
+    assert "cert-manager.io/inject-ca-from" not in (hook["metadata"].get("annotations") or {})
+    images = set()
+    for w in _pod_templates(docs):
+        spec = w["spec"]["template"]["spec"]
+        assert not spec.get("initContainers")
+        for c in spec["containers"]:
+            images.add(c["image"])
+            assert c["imagePullPolicy"] == "Never", (w["metadata"]["name"], c["name"])
+        (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        assert {"key": "type", "operator": "NotIn", "values": ["kwok"]} in term["matchExpressions"]
+    assert images == {"kube-qos-extender:dev", "registry.k8s.io/kube-scheduler:v1.35.8"}
+    assert _named(docs, "Deployment", "qos-scheduler")["spec"]["replicas"] == 1
+    ds = _named(docs, "DaemonSet", "qos-agent")
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    mounts = {m["name"]: m for m in ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert volumes["kubelet-checkpoints"]["hostPath"]["path"] == "/var/lib/qos-local-nodes"
+    assert mounts["kubelet-checkpoints"]["subPathExpr"] == "$(NODE_NAME)/kubelet/checkpoints"
+    assert mounts["kubelet-checkpoints"]["mountPath"] == "/var/lib/kubelet/checkpoints"
+    assert mounts["state"]["subPathExpr"] == "$(NODE_NAME)/qos-agent"
+    assert not any("containerd" in v.get("hostPath", {}).get("path", "") for v in volumes.values())
+    cfg = yaml.safe_load(_configmap(docs, "qos-autoscaler-config")["autoscaler.yaml"])
+    assert cfg["autoscaler"]["provider"] == "kwok"
+
+
+def _kubectl() -> list[str]:
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        pytest.fail("needs KUBECONFIG (hack/local-up.sh)", pytrace=False)
+    return [_bin("kubectl"), "--kubeconfig", kubeconfig]
+
+
+def _apply_for_real(docs: list[dict[str, Any]], path: Path) -> None:
+    path.write_text(yaml.safe_dump_all(docs))
+    proc = subprocess.run(
+        [
+            *_kubectl(),
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=qos-test-manifests",
+            "-f",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", ["default", "local", *COMPOSITIONS])
+def test_api_server_accepts_the_new_objects(
+    rendered: dict[str, list[dict[str, Any]]], name: str, tmp_path: Path
+) -> None:
+    docs = [d for d in rendered[name] if d["kind"] not in CRD_KINDS | {"PodMonitor"}]
+    # Objects can be dry-run only into an existing namespace: create the (empty) namespaces for real.
+    _apply_for_real([d for d in docs if d["kind"] == "Namespace"], tmp_path / "ns.yaml")
+    for d in docs:
+        # hack/local-up.sh registers a webhook of the same name with clientConfig.url; a merge with our
+        # clientConfig.service is invalid, so validate ours as a new object (hack/deploy-local.sh replaces it).
+        if d["kind"] == "MutatingWebhookConfiguration":
+            d["metadata"]["name"] += "-dry-run"
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(yaml.safe_dump_all(docs))
+    proc = subprocess.run(
+        [*_kubectl(), "apply", "--dry-run=server", "--server-side", "--force-conflicts", "-f", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
+    assert proc.returncode == 0 and not errors, proc.stderr[-3000:]
+    assert proc.stdout.count("(server dry run)") == len(docs), proc.stdout
+
+
+def test_pod_security_admits_every_pod_where_it_runs(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """The pods of each workload, as Pods, through the real admission chain (Pod Security enforce level of
+    their namespace, ServiceAccount, priority); the agent's pod in the scheduler's namespace is refused, so
+    the check is not vacuous."""
+    docs = rendered["default"]
+    _apply_for_real([d for d in docs if d["kind"] in ("Namespace", "ServiceAccount")], tmp_path / "sa.yaml")
+
+    def pod(w: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"dry-run-{w['metadata']['name']}",
+                "namespace": namespace or w["metadata"]["namespace"],
+                "labels": w["spec"]["template"]["metadata"]["labels"],
+            },
+            "spec": {**w["spec"]["template"]["spec"], "nodeName": "dry-run-node"},
+        }
+
+    def create(p: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        f = tmp_path / f"{p['metadata']['name']}-{p['metadata']['namespace']}.yaml"
+        f.write_text(yaml.safe_dump(p))
+        return subprocess.run(
+            [*_kubectl(), "create", "--dry-run=server", "-f", str(f)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    for w in _pod_templates(docs):
+        proc = create(pod(w))
+        assert proc.returncode == 0, (w["metadata"]["name"], proc.stderr)
+    agent = _named(docs, "DaemonSet", "qos-agent")
+    moved = pod(agent, "kube-qos-system")
+    moved["spec"]["serviceAccountName"] = "qos-scheduler"
+    refused = create(moved)
+    assert refused.returncode != 0 and 'violates PodSecurity "restricted' in refused.stderr, refused.stderr
+
+
+def _allowed(user: str, groups: list[str], verb: str, resource: str, name: str = "", namespace: str = "") -> bool:
+    res, _, sub = resource.partition("/")
+    review = {
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": user,
+            "groups": groups,
+            "resourceAttributes": {
+                "verb": verb,
+                "resource": res,
+                "subresource": sub,
+                "name": name,
+                "namespace": namespace,
+                "version": "v1",
+            },
+        },
+    }
+    proc = subprocess.run(
+        [*_kubectl(), "create", "-o", "json", "-f", "-"],
+        input=json.dumps(review),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return bool(json.loads(proc.stdout)["status"].get("allowed"))
+
+
+def test_rbac_authorizes_what_the_code_calls_and_nothing_more(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """The RBAC objects of config/default, applied for real, asked through SubjectAccessReview exactly what the
+    kubelet (for the agent's client certificate) and the API server (for the autoscaler's token) ask."""
+    docs = rendered["default"]
+    rbac = [d for d in docs if d["kind"] in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    _apply_for_real(rbac, tmp_path / "rbac.yaml")
+    agent_user = ("qos-extender-agent", ["system:authenticated"])
+    autoscaler = ("system:serviceaccount:kube-qos-system:qos-autoscaler", ["system:serviceaccounts"])
+    agent_sa = ("system:serviceaccount:kube-qos-agent:qos-agent", ["system:serviceaccounts"])
+    # What the kubelet asks for POST /checkpoint/... of the agent's certificate (pkg/kubelet/server/auth.go).
+    assert _allowed(*agent_user, "create", "nodes/checkpoint", name="node-a")
+    for verb, resource in (("create", "nodes/proxy"), ("get", "nodes/proxy"), ("get", "nodes/checkpoint")):
+        assert not _allowed(*agent_user, verb, resource, name="node-a"), (verb, resource)
+    assert not _allowed(*agent_user, "list", "pods")
+    for verb, resource in (("create", "events"), ("get", "pods"), ("patch", "pods"), ("get", "nodes")):
+        assert not _allowed(*agent_sa, verb, resource, namespace="default"), (verb, resource)
+    # The autoscaler (kwok provider): reflectors, Events, kwok nodes; no pod writes without consolidation.
+    for verb, resource, ns in (
+        ("list", "nodes", ""),
+        ("watch", "nodes", ""),
+        ("list", "pods", ""),
+        ("watch", "pods", ""),
+        ("create", "events", "default"),
+        ("create", "nodes", ""),
+        ("delete", "nodes", ""),
+    ):
+        assert _allowed(*autoscaler, verb, resource, namespace=ns), (verb, resource)
+    for verb, resource, ns in (
+        ("get", "secrets", "kube-qos-system"),
+        ("create", "pods", "default"),
+        ("delete", "pods", "default"),
+        ("create", "pods/eviction", "default"),
+        ("patch", "nodes", ""),
+        ("update", "nodes", ""),
+        ("patch", "events", "default"),
+        ("get", "leases", "kube-qos-system"),
+    ):
+        assert not _allowed(*autoscaler, verb, resource, namespace=ns), (verb, resource)
+
+
+def test_deploy_local_dry_run(tmp_path: Path) -> None:
+    """hack/deploy-local.sh end to end against the live cluster, every object sent with --dry-run=server."""
+    kubeconfig = _kubectl()[2]
+    state = os.environ.get("QOS_STATE")
+    if not state or not (Path(state) / "certs" / "ca.key").is_file():
+        pytest.fail("needs QOS_STATE with the local CA (hack/local-up.sh prints it)", pytrace=False)
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "QOS_STATE": state, "QOS_BIN_DIR": str(Path(_bin("kubectl")).parent)}
+    proc = subprocess.run(
+        [str(ROOT / "hack" / "deploy-local.sh"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    values = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    assert values["QOS_DEPLOY_DRY_RUN"] == "1"
+    assert (values["QOS_NAMESPACE"], values["QOS_AGENT_NAMESPACE"]) == ("kube-qos-system", "kube-qos-agent")
+    assert values["QOS_AGENT_DAEMONSET"] == "qos-agent" and values["QOS_AUTOSCALER_DEPLOYMENT"] == "qos-autoscaler"
+    for key in ("AGENT_CA", "AGENT_CLIENT_CERT", "AGENT_CLIENT_KEY", "EXTENDER_CLIENT_CERT"):
+        assert Path(values[key]).is_file(), key
+    errors = [
+        line
+        for line in proc.stderr.splitlines()
+        if ("error" in line.lower() and not line.startswith(("Warning:", "["))) or line.startswith("ERROR")
+    ]
+    assert not errors, proc.stderr[-3000:]
+    for secret in ("qos-extender-tls", "qos-agent-tls", "qos-agent-kubelet-client", "qos-autoscaler-agent-client"):
+        assert f"secret/{secret} serverside-applied (server dry run)" in proc.stderr
+    for obj in ("daemonset.apps/qos-agent", "deployment.apps/qos-autoscaler", "deployment.apps/qos-scheduler"):
+        assert f"{obj} serverside-applied (server dry run)" in proc.stderr
+    # The agent certificate: both usages, signed by the agents' own CA (not the cluster's).
+    certs = Path(values["QOS_DEPLOY_CERTS"])
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(certs / "agent.crt"), "-noout", "-text"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "TLS Web Server Authentication, TLS Web Client Authentication" in text and "IP Address:127.0.0.1" in text
+    assert (
+        subprocess.run(
+            ["openssl", "verify", "-CAfile", values["AGENT_CA"], str(certs / "agent.crt")],
+            check=False,
+            capture_output=True,
+        ).returncode
+        == 0
+    )
+    assert (
+        subprocess.run(
+            ["openssl", "verify", "-CAfile", f"{state}/certs/ca.crt", str(certs / "agent.crt")],
+            check=False,
+            capture_output=True,
+        ).returncode
+        != 0
+    )

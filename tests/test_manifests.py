@@ -1,0 +1,453 @@
+"""config/ as shipped, without a cluster or kubectl: the configuration files the workloads mount parse with the
+project's own loaders (so an invalid shipped config fails here) and agree with the manifests that mount them,
+the copies of reference configs did not drift, and every ClusterRole grants exactly what the code calls.
+
+The rendered objects (kustomize), the API server's server-side dry run, Pod Security admission and real
+authorization checks (SubjectAccessReview) are in e2e/test_manifests.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extender.agent.config import AgentConfigError, load_agent_config
+from extender.autoscaler.config import load_autoscaler_config, parse_autoscaler_config
+from extender.config import ConfigError, load_config, parse_config
+from extender.consolidation.config import parse_consolidation_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config"
+
+Rule = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _one(path: Path, kind: str, name: str | None = None) -> dict[str, Any]:
+    (doc,) = [d for d in _docs(path) if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return doc
+
+
+def _load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def _container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    (c,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return c
+
+
+def _mounts(workload: dict[str, Any], container: str) -> dict[str, dict[str, Any]]:
+    """volume name -> {mountPath, volume}"""
+    volumes = {v["name"]: v for v in workload["spec"]["template"]["spec"]["volumes"]}
+    return {m["name"]: {**m, "volume": volumes[m["name"]]} for m in _container(workload, container)["volumeMounts"]}
+
+
+def _mounted_from(workload: dict[str, Any], container: str, path: str) -> dict[str, Any]:
+    """The volume mount that holds ``path`` (longest mountPath prefix)."""
+    hits = [m for m in _mounts(workload, container).values() if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert hits, f"{path} is on no volume of {workload['metadata']['name']}/{container}"
+    return max(hits, key=lambda m: len(m["mountPath"]))
+
+
+def _with_stand_ins(doc: Any, keys: tuple[str, ...]) -> Any:
+    """Replace the values of file options (paths inside the pod) by a file that exists here."""
+    stand_in = str(CONFIG / "extender.yaml")
+    if isinstance(doc, dict):
+        return {k: stand_in if k in keys and v else _with_stand_ins(v, keys) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_with_stand_ins(v, keys) for v in doc]
+    return doc
+
+
+def _generated_files(kustomization: Path, name: str) -> list[str]:
+    (gen,) = [g for g in _load(kustomization)["configMapGenerator"] if g["name"] == name]
+    return [f.split("=")[-1] for f in gen["files"]]
+
+
+# ------------------------------------------------------------------------------------------------ node agent
+
+AGENT = CONFIG / "agent"
+
+
+@pytest.fixture(scope="module")
+def agent_ds() -> dict[str, Any]:
+    return _one(AGENT / "daemonset.yaml", "DaemonSet")
+
+
+def test_agent_config_loads_and_matches_the_daemonset(agent_ds: dict[str, Any]) -> None:
+    cfg = load_agent_config(str(AGENT / "agent.yaml"), node_name="node-a")
+    assert cfg.backend == "kubelet" and not cfg.test_fault_injection and not cfg.allow_plaintext
+    assert cfg.tls.enabled and cfg.tls.key_file and cfg.tls.ca_file
+    c = _container(agent_ds, "agent")
+    assert "--config=/etc/qos-agent/config/agent.yaml" in c["args"] and "--node-name=$(NODE_NAME)" in c["args"]
+    config_mount = _mounted_from(agent_ds, "agent", "/etc/qos-agent/config/agent.yaml")
+    assert config_mount["volume"]["configMap"]["name"] == "qos-agent-config"
+    assert _generated_files(AGENT / "kustomization.yaml", "qos-agent-config") == ["agent.yaml"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"NODE_NAME": "spec.nodeName", "NODE_IP": "status.hostIP"}  # NODE_IP: make_backend's kubelet
+    (port,) = c["ports"]
+    assert port["containerPort"] == port["hostPort"] == cfg.port == 9443 and cfg.host == "0.0.0.0"
+    # Every file the config names is on the volume that should hold it.
+    for path, secret in (
+        (cfg.tls.cert_file, "qos-agent-tls"),
+        (cfg.tls.key_file, "qos-agent-tls"),
+        (cfg.tls.ca_file, "qos-agent-tls"),
+        (cfg.kubelet.cert_file, "qos-agent-kubelet-client"),
+        (cfg.kubelet.key_file, "qos-agent-kubelet-client"),
+        (cfg.kubelet.ca_file, "qos-agent-kubelet-client"),
+    ):
+        assert path is not None
+        assert _mounted_from(agent_ds, "agent", path)["volume"]["secret"]["secretName"] == secret, path
+    mounts = _mounts(agent_ds, "agent")
+    assert mounts["state"]["mountPath"] == cfg.state_dir and "hostPath" in mounts["state"]["volume"]
+    checkpoints = mounts["kubelet-checkpoints"]
+    assert checkpoints["mountPath"] == cfg.kubelet.checkpoint_dir == "/var/lib/kubelet/checkpoints"
+    assert checkpoints["volume"]["hostPath"]["path"] == "/var/lib/kubelet/checkpoints"
+    # The readiness probe presents the agent's own certificate (every route requires one).
+    probe = " ".join(c["readinessProbe"]["exec"]["command"])
+    for path in (cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file, f"127.0.0.1:{cfg.port}/healthz"):
+        assert path in probe
+
+
+def test_the_agent_config_check_is_not_vacuous(tmp_path: Path) -> None:
+    doc = _load(AGENT / "agent.yaml")
+    for broken in ({"backend": "kubelt"}, {"tls": None}, {"kubelet": {"portt": 1}}, {"retry": {"attempts": 0}}):
+        bad = tmp_path / "agent.yaml"
+        bad.write_text(yaml.safe_dump({"agent": {**doc["agent"], **broken}}))
+        with pytest.raises(AgentConfigError):
+            load_agent_config(str(bad), node_name="n")
+
+
+def test_agent_pod_privileges_are_the_documented_minimum(agent_ds: dict[str, Any]) -> None:
+    spec = agent_ds["spec"]["template"]["spec"]
+    assert not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    sc = _container(agent_ds, "agent")["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"/var/lib/kubelet/checkpoints", "/var/lib/kube-qos-extender/agent"}  # no runtime socket
+    ns = _one(AGENT / "namespace.yaml", "Namespace")
+    assert ns["metadata"]["name"] == agent_ds["metadata"]["namespace"] == "kube-qos-agent"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert _one(AGENT / "serviceaccount.yaml", "ServiceAccount")["automountServiceAccountToken"] is False
+
+
+def test_agent_network_policy_admits_only_agents_the_autoscaler_and_prometheus(agent_ds: dict[str, Any]) -> None:
+    pol = _one(AGENT / "networkpolicy.yaml", "NetworkPolicy")
+    labels = agent_ds["spec"]["template"]["metadata"]["labels"]
+    assert pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert pol["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = pol["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 9443, "protocol": "TCP"}]
+    autoscaler = _one(CONFIG / "autoscaler" / "deployment.yaml", "Deployment")
+    peers = [f["podSelector"]["matchLabels"] for f in rule["from"]]
+    assert pol["spec"]["podSelector"]["matchLabels"] in peers
+    assert autoscaler["spec"]["template"]["metadata"]["labels"].items() >= peers[1].items()
+    assert rule["from"][1]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": autoscaler["metadata"]["namespace"]
+    }
+
+
+# ------------------------------------------------------------------------------------------------ autoscaler
+
+AUTOSCALER = CONFIG / "autoscaler"
+
+
+@pytest.fixture(scope="module")
+def autoscaler_dep() -> dict[str, Any]:
+    return _one(AUTOSCALER / "deployment.yaml", "Deployment")
+
+
+def test_autoscaler_configs_load_and_match_the_deployment(autoscaler_dep: dict[str, Any]) -> None:
+    c = _container(autoscaler_dep, "autoscaler")
+    args = dict(a.split("=", 1) for a in c["args"][1:])
+    assert c["args"][0] == "autoscaler" and set(args) == {"--config", "--autoscaler-config"}
+    files = _generated_files(AUTOSCALER / "kustomization.yaml", "qos-autoscaler-config")
+    for path in args.values():
+        mount = _mounted_from(autoscaler_dep, "autoscaler", path)
+        assert mount["volume"]["configMap"]["name"] == "qos-autoscaler-config"
+        assert path.rsplit("/", 1)[1] in files
+    extender = load_config(AUTOSCALER / "extender.yaml")
+    assert extender.kubernetes.kubeconfig is None  # in-cluster service account
+    settings = load_autoscaler_config(AUTOSCALER / "autoscaler.yaml", extender)
+    assert settings.provider == "kwok" and not settings.dry_run
+    assert settings.metrics_host == "0.0.0.0"
+    (port,) = c["ports"]
+    assert port["containerPort"] == settings.metrics_port
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # No leader election in the autoscaler: never two of them.
+    assert autoscaler_dep["spec"]["replicas"] == 1 and autoscaler_dep["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_autoscaler_copies_did_not_drift() -> None:
+    shipped = _load(ROOT / "config" / "extender.yaml")
+    deployed = _load(AUTOSCALER / "extender.yaml")
+    assert deployed == {k: v for k, v in shipped.items() if k not in ("server", "controller")}
+    reference = _load(ROOT / "extender" / "autoscaler" / "autoscaler.yaml")
+    ours = _load(AUTOSCALER / "autoscaler.yaml")
+    assert ours["autoscaler"].pop("metrics") == {**reference["autoscaler"].pop("metrics"), "host": "0.0.0.0"}
+    assert ours == reference
+
+
+def test_the_autoscaler_config_check_is_not_vacuous() -> None:
+    extender = load_config(AUTOSCALER / "extender.yaml")
+    doc = _load(AUTOSCALER / "autoscaler.yaml")
+    for broken in ({"provider": "aws"}, {"scan_interval_seconds": 0}, {"limits": {"max_nodes": 0}}):
+        with pytest.raises(ConfigError):
+            parse_autoscaler_config({"autoscaler": {**doc["autoscaler"], **broken}}, extender)
+    with pytest.raises(ConfigError):
+        parse_autoscaler_config(
+            {**doc, "flavours": [{"name": "x", "cpu": "1", "memory": "1Gi", "price_per_hour": 0}]}, extender
+        )
+
+
+def _component(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = _load(path / "kustomization.yaml")
+    assert doc["kind"] == "Component"
+    return doc
+
+
+def _json_patch(component: dict[str, Any], kind: str, name: str) -> list[dict[str, Any]]:
+    (p,) = [p for p in component["patches"] if p["target"] == {"kind": kind, "name": name}]
+    ops: list[dict[str, Any]] = yaml.safe_load(p["patch"])
+    return ops
+
+
+def test_cluster_autoscaler_component() -> None:
+    path = AUTOSCALER / "cluster-autoscaler"
+    comp = _component(path)
+    raw = _load(path / "autoscaler.yaml")
+    settings = parse_autoscaler_config(
+        _with_stand_ins(raw, ("cert_file", "key_file")), load_config(AUTOSCALER / "extender.yaml")
+    )
+    assert settings.provider == "cluster-autoscaler"
+    # Only the provider and the expander's listen address / serving certificate differ from the kwok file.
+    base = _load(AUTOSCALER / "autoscaler.yaml")
+    ca = raw["autoscaler"].pop("cluster_autoscaler")
+    assert raw["autoscaler"].pop("provider") == "cluster-autoscaler"
+    base["autoscaler"].pop("cluster_autoscaler")
+    base["autoscaler"].pop("provider")
+    assert raw == base
+    ops = _json_patch(comp, "Deployment", "qos-autoscaler")
+    added = [op["value"] for op in ops if op["op"] == "add"]
+    (port,) = [v for v in added if isinstance(v, dict) and v.get("name") == "grpc-expander"]
+    assert settings.expander.listen == f"0.0.0.0:{port['containerPort']}"
+    (mount,) = [v for v in added if isinstance(v, dict) and v.get("name") == "expander-tls" and "mountPath" in v]
+    (volume,) = [v for v in added if isinstance(v, dict) and v.get("name") == "expander-tls" and "secret" in v]
+    assert volume["secret"]["secretName"] == "qos-autoscaler-expander-tls"
+    for key in ("cert_file", "key_file"):
+        assert ca[key].startswith(mount["mountPath"] + "/")
+    svc = _one(path / "service.yaml", "Service")
+    assert svc["spec"]["ports"][0]["targetPort"] == "grpc-expander" and svc["spec"]["ports"][0]["port"] == 7000
+    # The kwok provider's node create/delete go away with it.
+    deleted = {p["target"]["kind"] for p in comp["patches"] if "$patch: delete" in p["patch"]}
+    assert deleted == {"ClusterRole", "ClusterRoleBinding"}
+
+
+def test_consolidation_component() -> None:
+    path = AUTOSCALER / "consolidation"
+    comp = _component(path)
+    raw = _load(path / "consolidation.yaml")
+    settings = parse_consolidation_config(_with_stand_ins(raw, ("cert_file", "key_file", "ca_file")))
+    assert settings.enabled and settings.agent_scheme == "https"
+    assert settings.agent_port == load_agent_config(str(AGENT / "agent.yaml"), node_name="n").port
+    reference = _load(ROOT / "extender" / "consolidation" / "consolidation.yaml")
+    agent = raw["consolidation"].pop("agent")
+    assert raw["consolidation"].pop("enabled") is True
+    ref_agent = reference["consolidation"].pop("agent")
+    reference["consolidation"].pop("enabled")
+    assert raw == reference
+    assert {k: v for k, v in agent.items() if not k.endswith("_file")} == ref_agent
+    ops = _json_patch(comp, "Deployment", "qos-autoscaler")
+    (arg,) = [op["value"] for op in ops if op["path"].endswith("/args/-")]
+    assert arg == "--consolidation-config=/etc/qos-autoscaler/config/consolidation.yaml"
+    (mount,) = [op["value"] for op in ops if op["path"].endswith("/volumeMounts/-")]
+    (volume,) = [op["value"] for op in ops if op["path"].endswith("/volumes/-")]
+    assert volume["secret"]["secretName"] == "qos-autoscaler-agent-client" and mount["name"] == volume["name"]
+    for key in ("cert_file", "key_file", "ca_file"):
+        assert agent[key].startswith(mount["mountPath"] + "/")
+    with pytest.raises(ConfigError):  # enabled over https without a client certificate
+        parse_consolidation_config({"consolidation": {"enabled": True}})
+
+
+# ------------------------------------------------------------------------------------------------ controller
+
+
+def test_controller_component_turns_the_controller_on_and_nothing_else() -> None:
+    base = _load(CONFIG / "base" / "extender.yaml")
+    ours = _load(CONFIG / "controller" / "extender.yaml")
+    assert ours["controller"].pop("enabled") is True and base["controller"].pop("enabled") is False
+    assert ours == base
+    comp = _component(CONFIG / "controller")
+    (gen,) = comp["configMapGenerator"]
+    assert gen["name"] == "qos-extender-config" and gen["behavior"] == "replace"
+    doc = _with_stand_ins(_load(CONFIG / "controller" / "extender.yaml"), ("cert_file", "key_file", "client_ca_file"))
+    assert parse_config(doc).controller.enabled
+
+
+# ------------------------------------------------------------------------------------------------ RBAC vs code
+
+# CoreV1Api method -> what the API server authorizes. A method referenced without a call (handed to a
+# Reflector as its list function) is listed and then watched with the same method.
+METHODS: dict[str, set[Rule]] = {
+    "list_node": {("", "nodes", "list")},
+    "read_node": {("", "nodes", "get")},
+    "create_node": {("", "nodes", "create")},
+    "delete_node": {("", "nodes", "delete")},
+    "patch_node": {("", "nodes", "patch")},
+    "list_pod_for_all_namespaces": {("", "pods", "list")},
+    "read_namespaced_pod": {("", "pods", "get")},
+    "create_namespaced_pod": {("", "pods", "create")},
+    "delete_namespaced_pod": {("", "pods", "delete")},
+    "patch_namespaced_pod": {("", "pods", "patch")},
+    "create_namespaced_pod_binding": {("", "pods/binding", "create")},
+    "create_namespaced_event": {("", "events", "create")},
+}
+_CALL = re.compile(r"(?:\b_core|CoreV1Api\([^()]*\))\.(\w+)(\s*\()?")
+
+
+def api_rules(*files: str) -> set[Rule]:
+    """What the CoreV1Api calls of these source files need."""
+    out: set[Rule] = set()
+    for f in files:
+        text = (ROOT / f).read_text()
+        other = re.findall(r"\b(\w+V\d\w*Api)\(", text)
+        assert set(other) <= {"CoreV1Api"}, f"{f} uses {other}: extend METHODS and this check"
+        for method, called in _CALL.findall(text):
+            assert method in METHODS, f"{f}: CoreV1Api.{method} is not in METHODS: add what it needs"
+            rules = METHODS[method]
+            out |= rules if called else rules | {(g, r, "watch") for g, r, v in rules if v == "list"}
+    return out
+
+
+def role_rules(path: Path, name: str) -> set[Rule]:
+    role = _one(path, "ClusterRole", name)
+    return {
+        (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+
+
+def _module_files(start: str) -> set[str]:
+    """Source files of the extender modules ``start`` imports, transitively (function-level imports too)."""
+    seen: set[str] = set()
+    todo = [start]
+    files: set[str] = set()
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        base = ROOT / mod.replace(".", "/")
+        path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if not path.is_file():
+            continue
+        files.add(str(path.relative_to(ROOT)))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("extender"):
+                assert node.module is not None
+                todo += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                todo += [a.name for a in node.names if a.name.startswith("extender")]
+    return files
+
+
+def _calls_api(f: str) -> bool:
+    return bool(re.search(r"V\d\w*Api\(|\b_core\.", (ROOT / f).read_text()))
+
+
+AUTOSCALER_CORE = ("extender/kube/watch.py", "extender/kube/events.py")  # reflectors, Events
+KWOK_PROVIDER = ("extender/autoscaler/providers/kwok.py",)
+CONSOLIDATION = ("extender/consolidation/flow.py", "extender/kube/binder.py")
+
+
+def test_every_api_calling_module_of_the_autoscaler_is_accounted_for() -> None:
+    calling = {f for f in _module_files("extender.autoscaler.main") if _calls_api(f)}
+    assert calling == set(AUTOSCALER_CORE + KWOK_PROVIDER + CONSOLIDATION), (
+        "a module of the autoscaler calls the API: classify it here and grant what it needs in config/autoscaler"
+    )
+
+
+def test_autoscaler_roles_grant_exactly_what_the_code_calls() -> None:
+    core = api_rules(*AUTOSCALER_CORE)
+    assert role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler") == core
+    assert core == {
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "events", "create"),
+    }
+    assert role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler-kwok") == api_rules(*KWOK_PROVIDER)
+    consolidation = api_rules(*CONSOLIDATION) - core - api_rules(*KWOK_PROVIDER)
+    assert role_rules(AUTOSCALER / "consolidation" / "rbac.yaml", "qos-autoscaler-consolidation") == consolidation
+    # Each role is bound to the autoscaler's ServiceAccount and to nothing else.
+    for path, name in (
+        (AUTOSCALER / "rbac.yaml", "qos-autoscaler"),
+        (AUTOSCALER / "rbac.yaml", "qos-autoscaler-kwok"),
+        (AUTOSCALER / "consolidation" / "rbac.yaml", "qos-autoscaler-consolidation"),
+    ):
+        binding = _one(path, "ClusterRoleBinding", name)
+        assert binding["roleRef"]["name"] == name
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "qos-autoscaler", "namespace": "kube-qos-system"}
+        ]
+
+
+def test_every_rule_names_the_calls_that_justify_it() -> None:
+    """The comment block right above each rule names CoreV1Api methods; they are exactly the rule's needs."""
+    for path in (AUTOSCALER / "rbac.yaml", AUTOSCALER / "consolidation" / "rbac.yaml"):
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("- apiGroups:"):
+                j = i
+                while lines[j - 1].startswith("# "):
+                    j -= 1
+                comment = " ".join(lines[j:i])
+                assert comment, f"{path}:{i}: no comment above the rule"
+                named = {m for m in METHODS if re.search(rf"\b{m}\b", comment)}
+                assert named, f"{path}:{i}: the comment names no API call"
+                rule = yaml.safe_load("\n".join(lines[i : i + 3]))[0]
+                granted = {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+                needed = set().union(*(METHODS[m] for m in named))
+                needed |= {(g, r, "watch") for g, r, v in needed if v == "list" and "reflector" in comment}
+                assert granted == needed, (path, i, granted, needed)
+
+
+def test_agent_rbac_matches_the_code(agent_ds: dict[str, Any]) -> None:
+    # The ServiceAccount gets nothing: in the DaemonSet the agent makes no API server call.
+    calling = {f for f in _module_files("extender.agent.main") if _calls_api(f)}
+    assert calling == {"extender/agent/events.py", "extender/agent/backends/simulated.py"}
+    cfg = load_agent_config(str(AGENT / "agent.yaml"), node_name="n")
+    assert cfg.backend == "kubelet"  # simulated.py (pods get/patch) is not used
+    run_agent = (ROOT / "extender" / "agent" / "server.py").read_text()
+    gate = 'config.events and config.backend != "criu" and (config.kubeconfig or os.environ.get("KUBECONFIG"))'
+    assert gate in run_agent, (
+        "the agent's Event gate changed: if it now posts Events in-cluster, grant `events create` to "
+        "ServiceAccount qos-agent (config/agent/rbac.yaml) and mount its token"
+    )
+    env = {e["name"] for e in _container(agent_ds, "agent")["env"]}
+    assert cfg.kubeconfig is None and "KUBECONFIG" not in env  # so events.py is not reached
+    docs = _docs(AGENT / "rbac.yaml")
+    assert all(s["kind"] == "User" for d in docs if d["kind"] == "ClusterRoleBinding" for s in d["subjects"])
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    # The kubelet: POST /checkpoint/... with the client certificate = create nodes/checkpoint (kubelet
+    # pkg/kubelet/server/auth.go: POST -> create, /checkpoint/* -> subresource checkpoint).
+    kubelet = (ROOT / "extender" / "agent" / "backends" / "kubelet.py").read_text()
+    assert 'f"https://{host}:{port}/checkpoint/{path}' in kubelet and "session.post(url" in kubelet
+    assert "load_cert_chain(self.config.cert_file, self.config.key_file)" in kubelet  # a client cert, no token
+    assert role_rules(AGENT / "rbac.yaml", "qos-agent-kubelet-checkpoint") == {("", "nodes/checkpoint", "create")}
+    binding = _one(AGENT / "rbac.yaml", "ClusterRoleBinding", "qos-agent-kubelet-checkpoint")
+    assert binding["subjects"] == [
+        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "qos-extender-agent"}
+    ]
