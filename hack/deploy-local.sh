@@ -245,6 +245,25 @@ while read -r node names; do
 done < <("${K[@]}" get nodes -l 'type!=kwok' \
   -o jsonpath='{range .items[*]}{.metadata.name}{" "}{range .status.images[*]}{range .names[*]}{@}{" "}{end}{end}{"\n"}{end}')
 
+# Same tag, new build: the image id of the tar hack/build-image.sh made (and hack/real-nodes.sh import loaded)
+# goes into the pod templates that use it, so a rebuilt image rolls the workloads out (imagePullPolicy Never
+# with a fixed tag would otherwise keep the old containers running).
+IMAGE_TAR="${QOS_IMAGE_TAR:-${QOS_CACHE}/images/kube-qos-extender.tar}"
+if [[ -f "${IMAGE_TAR}" ]]; then
+  image_id="$(tar -xOf "${IMAGE_TAR}" manifest.json | python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["Config"].split("/")[-1].removesuffix(".json"))')"
+  python3 - "${WORK}/deploy.yaml" "${image_id}" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+for d in docs:
+    if d["kind"] in ("Deployment", "DaemonSet"):
+        pod = d["spec"]["template"]
+        if any(c.get("image", "").startswith("kube-qos-extender:") for c in pod["spec"]["containers"]):
+            pod.setdefault("metadata", {}).setdefault("annotations", {})["qos.kube-qos-extender.io/image-id"] = sys.argv[2]
+yaml.safe_dump_all(docs, open(sys.argv[1], "w"), sort_keys=False)
+PY
+  log "image: ${IMAGE_TAR} (id ${image_id:0:19})"
+fi
+
 log "apply: config/local (server-side$([[ "${DRY_RUN}" == 1 ]] && echo ', dry run'))"
 "${K[@]}" "${APPLY[@]}" "${DRY[@]}" -f "${WORK}/deploy.yaml" >&2
 

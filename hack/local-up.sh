@@ -455,27 +455,21 @@ EOF
 EOF
   fi
   if ((${#REAL_SPECS[@]})); then
-    # config/'s extender running in pods on real nodes (hack/deploy-local.sh): found through the apiserver,
-    # scraped at the pod IP (routed to the nodes' namespaces) over mTLS with a client certificate of the local
-    # CA; the serving certificate names the Service, not the pod IP.
+    # config/'s extender running in pods on real nodes (hack/deploy-local.sh), scraped at the pod IP (routed
+    # to the nodes' namespaces) over mTLS with a client certificate of the local CA; the serving certificate
+    # names the Service, not the pod IP. Debian's Prometheus has no kubernetes_sd_configs: the targets come from
+    # hack/prom_pod_sd.py (started by hack/real-nodes.sh), what a ServiceMonitor would select.
     cat <<EOF
 - job_name: kube-qos-extender-in-cluster
   scheme: https
-  kubernetes_sd_configs:
-  - role: pod
-    api_server: https://${HOST}:${APISERVER_PORT}
-    namespaces: {names: [kube-qos-system]}
-    tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/admin.crt, key_file: ${CERTS}/admin.key}
+  file_sd_configs:
+  - files: ['${CONF}/in-cluster-extender-targets.json']
+    refresh_interval: 5s
   tls_config:
     ca_file: ${CERTS}/ca.crt
     cert_file: ${CERTS}/extender-client.crt
     key_file: ${CERTS}/extender-client.key
     server_name: qos-extender.kube-qos-system.svc
-  relabel_configs:
-  - {source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name], regex: qos-scheduler, action: keep}
-  - {source_labels: [__meta_kubernetes_pod_container_port_name], regex: https, action: keep}
-  - {source_labels: [__meta_kubernetes_pod_name], target_label: pod}
-  - {source_labels: [__meta_kubernetes_pod_node_name], target_label: node}
 EOF
   fi
 } > "${CONF}/prometheus.yml"

@@ -148,6 +148,12 @@ ensure_fabric() {
   start "${QOS_STATE}/pids/apigw-relay.pid" "${QOS_STATE}/logs/apigw-relay.log" - \
     python3 "${HACK_DIR}/netns_relay.py" --netns "${APIGW_NS}" --listen "${APIGW_IP}:${APISERVER_PORT}" \
     --connect "127.0.0.1:${APISERVER_PORT}"
+  # Prometheus targets for config/'s extender pods (hack/local-up.sh's job kube-qos-extender-in-cluster)
+  start "${QOS_STATE}/pids/prom-pod-sd.pid" "${QOS_STATE}/logs/prom-pod-sd.log" - \
+    python3 "${HACK_DIR}/prom_pod_sd.py" --kubectl "${BIN_DIR}/kubectl" \
+    --kubeconfig "${QOS_STATE}/kubeconfig/admin.kubeconfig" --namespace kube-qos-system \
+    --selector app.kubernetes.io/name=qos-scheduler --port-name https \
+    --out "${QOS_STATE}/config/in-cluster-extender-targets.json"
   # The `kubernetes` Service (ClusterIP 10.96.0.1, what in-cluster clients use) ends at the relay: the
   # apiserver runs with --endpoint-reconciler-type=none, so its endpoints are ours to write.
   "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager=qos-real-nodes -f - >/dev/null <<EOF
@@ -514,6 +520,7 @@ down() {
     log "${name}: removed"
   done < "${REGISTRY}"
   stop_pid "${QOS_STATE}/pids/apigw-relay.pid"
+  stop_pid "${QOS_STATE}/pids/prom-pod-sd.pid"
   ip netns delete "${APIGW_NS}" 2>/dev/null || true
   ip link delete qosv-apigw 2>/dev/null || true
   ip link delete "${BRIDGE}" 2>/dev/null || true

@@ -1,0 +1,280 @@
+"""The product as users install it, deployed for real (issue 12).
+
+A cluster from ``hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=1`` with
+``QOS_HOST_QOS_PROFILE=0 QOS_MANIFESTS_DIR=none`` (the host kube-scheduler serves default-scheduler only, no
+host extender, no hack/manifests webhook): real kubelet nodes whose containerd really runs containers. This
+module imports the image built by ``hack/build-image.sh`` into the real nodes, applies config/ through
+``hack/deploy-local.sh`` (config/local = config/default adapted to a registry-less one-host cluster), and checks
+what a platform team would: the qos-scheduler Deployment (kube-scheduler + extender sidecar) runs as real
+containers and wins its leases, the apiserver reaches the admission webhook served by a pod, a qos pod is
+gated, released, filtered and bound by the in-cluster extender and really runs, Prometheus scrapes the
+in-cluster extender, the agent DaemonSet is Ready on every real node, and the autoscaler sidecar adds a kwok
+node for a pod no node can hold.
+
+Runs in phase 2 of hack/run-live-tests.sh (marker ``deployed``); fails, never skips, without that cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from extender.kube.sync_client import Kube, KubeError, http_json
+
+pytestmark = [pytest.mark.live, pytest.mark.deployed]
+
+ROOT = Path(__file__).resolve().parents[1]
+NS = "kube-qos-system"
+AGENT_NS = "kube-qos-agent"
+GATE = "qos.kube-qos-extender.io/ordering"
+MARKER = "qos.kube-qos-extender.io/managed"
+PROVISIONED_BY = "qos.kube-qos-extender.io/provisioned-by"
+BUSYBOX = "qos-local/busybox:1.35.0"
+IMAGES = ("kube-qos-extender.tar", "kube-scheduler.tar")
+
+
+def _fail(msg: str) -> None:
+    pytest.fail(msg, pytrace=False)
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> str:
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        _fail(f"{' '.join(cmd)}: no answer in {timeout:.0f}s")
+    if out.returncode != 0:
+        _fail(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+    return out.stdout
+
+
+@dataclass
+class Product:
+    kube: Kube
+    env: dict[str, str]
+    state: Path
+    bin_dir: Path
+    real_nodes: list[str]
+    prometheus_url: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def ctr(self, node: str, *args: str) -> str:
+        sock = f"/run/qos-local-nodes/{node}/containerd.sock"
+        return _run([str(self.bin_dir / "ctr"), "--address", sock, "-n", "k8s.io", *args], self.env, 60)
+
+    def prom(self, query: str) -> list[dict[str, Any]]:
+        doc = http_json(f"{self.prometheus_url}/api/v1/query?query={quote(query)}")
+        assert doc["status"] == "success", doc
+        result: list[dict[str, Any]] = doc["data"]["result"]
+        return result
+
+
+def _ready(obj: dict[str, Any]) -> bool:
+    conds = obj.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+@pytest.fixture(scope="module")
+def product() -> Iterator[Product]:
+    env = dict(os.environ)
+    missing = [k for k in ("KUBECONFIG", "QOS_STATE", "QOS_BIN_DIR", "PROMETHEUS_URL") if not env.get(k)]
+    if missing:
+        _fail(
+            f"the deployed e2e needs the product cluster: {', '.join(missing)} not set. Run hack/run-live-tests.sh "
+            "(phase 2), or: QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 QOS_MANIFESTS_DIR=none hack/local-up.sh "
+            "real:service:m1.medium=1 real:batch:m1.large=1"
+        )
+    state = Path(env["QOS_STATE"])
+    listing = _run([str(ROOT / "hack/real-nodes.sh"), "list"], env, 30)
+    real = [line.split()[0] for line in listing.splitlines() if line.strip()]
+    if len(real) < 2:
+        _fail(f"the deployed e2e needs two real nodes (one per node group); hack/real-nodes.sh list: {listing!r}")
+    images = Path(env.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender"))) / "images"
+    tars = [images / t for t in IMAGES]
+    absent = [str(t) for t in tars if not t.is_file()]
+    if absent:
+        _fail(f"images not built: {', '.join(absent)} (run hack/build-image.sh)")
+    kube = Kube(env["KUBECONFIG"])
+    p = Product(kube, env, state, Path(env["QOS_BIN_DIR"]), real, env["PROMETHEUS_URL"].rstrip("/"))
+    t0 = time.monotonic()
+    _run([str(ROOT / "hack/real-nodes.sh"), "import", *map(str, tars)], env, 600)
+    p.timings["image_import_seconds"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    out = _run([str(ROOT / "hack/deploy-local.sh")], env, 900)
+    p.timings["deploy_rollout_seconds"] = time.monotonic() - t0
+    p.env.update(line.split("=", 1) for line in out.splitlines() if "=" in line)  # type: ignore[misc]
+    try:
+        yield p
+    finally:
+        (state / "deployed-timings.json").write_text(json.dumps(p.timings, indent=1, sort_keys=True))
+        for n in kube.nodes(label_selector=PROVISIONED_BY):
+            with contextlib.suppress(KubeError):
+                kube.delete_node(n["metadata"]["name"])
+        kube.close()
+
+
+@pytest.fixture
+def namespace(product: Product) -> Iterator[str]:
+    ns = f"qos-deployed-{uuid.uuid4().hex[:6]}"
+    product.kube.ensure_namespace(ns)
+    try:
+        yield ns
+    finally:
+        product.kube.delete_namespace(ns)
+
+
+def test_images_are_in_every_real_node(product: Product) -> None:
+    for node in product.real_nodes:
+        refs = product.ctr(node, "images", "ls", "-q").split()
+        assert "docker.io/library/kube-qos-extender:dev" in refs, (node, refs)
+        assert "registry.k8s.io/kube-scheduler:v1.35.8" in refs, (node, refs)
+
+
+def test_qos_scheduler_runs_as_real_containers_and_wins_its_leases(product: Product) -> None:
+    pods = product.kube.pods(NS, label_selector="app.kubernetes.io/name=qos-scheduler")
+    running = [p for p in pods if p["status"].get("phase") == "Running" and _ready(p)]
+    assert running, [(p["metadata"]["name"], p["status"].get("phase")) for p in pods]
+    names = {p["metadata"]["name"] for p in running}
+    for pod in running:
+        node = pod["spec"]["nodeName"]
+        assert node in product.real_nodes, f"{pod['metadata']['name']} on {node}, not a real node"
+        statuses = {c["name"]: c for c in pod["status"]["containerStatuses"]}
+        assert set(statuses) == {"kube-scheduler", "extender"}, statuses.keys()
+        tasks = product.ctr(node, "tasks", "ls")
+        for c in statuses.values():
+            assert c["ready"] and "running" in c["state"], c
+            cid = c["containerID"].removeprefix("containerd://")
+            line = next((t for t in tasks.splitlines() if t.startswith(cid)), "")
+            assert "RUNNING" in line, f"container {c['name']} ({cid}) is not a running task on {node}:\n{tasks}"
+    # kube-scheduler's identity is <hostname>_<uuid>; the hostname of a pod is its name
+    lease = product.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases/qos-scheduler")
+    holder = lease["spec"].get("holderIdentity", "")
+    assert holder.split("_")[0] in names, (holder, names)
+    # the QoS controller's own Lease (identity $POD_NAME)
+    leases = product.kube.get(f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases")["items"]
+    controller = [lease for lease in leases if lease["metadata"]["name"].startswith("kube-qos-extender-")]
+    assert controller, [lease["metadata"]["name"] for lease in leases]
+    assert controller[0]["spec"].get("holderIdentity") in names, controller[0]["spec"]
+
+
+def _qos_pod(name: str, *, kind: str, cpu: str, memory: str, image: str = BUSYBOX) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "annotations": {"qos.kube-qos-extender.io/class": "gold", "qos.kube-qos-extender.io/kind": kind},
+        },
+        "spec": {
+            "schedulerName": "qos-scheduler",
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 1; done"],
+                    "resources": {"requests": {"cpu": cpu, "memory": memory}},
+                }
+            ],
+        },
+    }
+
+
+def _cores(quantity: str) -> int:
+    return -(-int(quantity[:-1]) // 1000) if quantity.endswith("m") else int(quantity)
+
+
+def _requests(product: Product, verb: str) -> float:
+    rows = product.prom(
+        f'sum(qos_extender_requests_total{{job="kube-qos-extender-in-cluster",verb="{verb}",outcome="ok"}})'
+    )
+    return float(rows[0]["value"][1]) if rows else 0.0
+
+
+def test_qos_pod_is_gated_released_filtered_bound_and_runs(product: Product, namespace: str) -> None:
+    kube = product.kube
+    before = {v: _requests(product, v) for v in ("filter", "bind")}
+    t0 = time.monotonic()
+    created = kube.create_pod(namespace, _qos_pod("svc", kind="service", cpu="100m", memory="32Mi"))
+    # The apiserver called the admission webhook served by the extender pod (the only webhook in this cluster:
+    # hack/manifests was not applied): the object it stored is gated and carries the routing marker.
+    gates = [g["name"] for g in created["spec"].get("schedulingGates") or []]
+    assert GATE in gates, created["spec"]
+    assert MARKER in created["spec"]["containers"][0]["resources"]["requests"], created["spec"]["containers"][0]
+    path = f"/api/v1/namespaces/{namespace}/pods/svc"
+
+    def running() -> dict[str, Any] | None:
+        pod = kube.get(path)
+        return pod if pod["status"].get("phase") == "Running" and _ready(pod) else None
+
+    pod = kube.wait(running, "the qos pod Running", timeout=120)
+    product.timings["qos_pod_create_to_running_seconds"] = time.monotonic() - t0
+    node = pod["spec"]["nodeName"]
+    assert node in product.real_nodes, node
+    assert kube.get(f"/api/v1/nodes/{node}")["metadata"]["labels"]["qos.kube-qos-extender.io/node-group"] == "service"
+    reasons = {e.get("reason") for e in kube.events(namespace)}
+    assert "QoSReleased" in reasons, reasons
+    # it really runs: the kubelet serves its log (apiserver -> kubelet on the node's address)
+    logs = _run([str(product.bin_dir / "kubectl"), "logs", "-n", namespace, "svc"], product.env, 60)
+    assert "tick" in logs, logs
+    # the in-cluster extender filtered and bound it, as Prometheus saw by scraping the extender pod
+    kube.wait(
+        lambda: all(_requests(product, v) > before[v] for v in ("filter", "bind")),
+        "Prometheus to see the in-cluster extender's filter and bind",
+        timeout=60,
+        interval=1.0,
+    )
+
+
+def test_prometheus_scrapes_the_in_cluster_extender(product: Product) -> None:
+    def up() -> list[dict[str, Any]] | None:
+        rows = product.prom('up{job="kube-qos-extender-in-cluster"} == 1')
+        return rows or None
+
+    rows = product.kube.wait(up, "Prometheus target kube-qos-extender-in-cluster up", timeout=60, interval=1.0)
+    assert all(r["metric"].get("node") in product.real_nodes for r in rows), rows
+    assert product.prom('qos_extender_snapshot_nodes{job="kube-qos-extender-in-cluster"}') or product.prom(
+        '{job="kube-qos-extender-in-cluster",__name__=~"qos_extender_.+"}'
+    )
+
+
+def test_agent_daemonset_is_ready_on_every_real_node(product: Product) -> None:
+    ds = product.kube.get(f"/apis/apps/v1/namespaces/{AGENT_NS}/daemonsets/qos-agent")
+    st = ds["status"]
+    assert st.get("numberReady") == st.get("desiredNumberScheduled") == len(product.real_nodes), st
+    pods = product.kube.pods(AGENT_NS)
+    on = {p["spec"].get("nodeName") for p in pods if _ready(p)}
+    assert set(product.real_nodes) <= on, (product.real_nodes, on)
+
+
+def test_autoscaler_sidecar_adds_a_kwok_node_for_a_pod_no_node_holds(product: Product, namespace: str) -> None:
+    kube = product.kube
+    assert not kube.nodes(label_selector=PROVISIONED_BY)
+    # more cpu than any real node has (they report this machine's cores): only a bought node can hold it
+    cores = max(_cores(kube.get(f"/api/v1/nodes/{n}")["status"]["allocatable"]["cpu"]) for n in product.real_nodes)
+    t0 = time.monotonic()
+    kube.create_pod(namespace, _qos_pod("big", kind="batch", cpu=str(cores + 1), memory="1Gi"))
+    path = f"/api/v1/namespaces/{namespace}/pods/big"
+
+    def bound() -> str | None:
+        node = kube.get(path)["spec"].get("nodeName")
+        return node if isinstance(node, str) else None
+
+    node = kube.wait(bound, "the big pod bound to a node the autoscaler bought", timeout=240, interval=1.0)
+    product.timings["scale_up_create_to_bound_seconds"] = time.monotonic() - t0
+    labels = kube.get(f"/api/v1/nodes/{node}")["metadata"]["labels"]
+    assert labels.get(PROVISIONED_BY) and labels.get("type") == "kwok", labels
+    reasons = {e.get("reason") for e in kube.events(namespace)}
+    assert "TriggeredScaleUp" in reasons, reasons
