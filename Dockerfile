@@ -1,32 +1,57 @@
-# syntax=docker/dockerfile:1.7
 # kube-qos-extender: one image for `qos-extender serve | agent | autoscaler | simulate`.
-# Multi-stage: wheels are built with the full toolchain, the runtime stage is python slim + the venv only,
-# running as an unprivileged user (65532) with no shell tools beyond the base image.
+# Multi-stage: the build stage makes the venv (dependencies from PyPI as manylinux wheels, no compiler needed;
+# the gRPC stubs of the cluster-autoscaler expander generated ahead of time); the runtime stage is the same base
+# + that venv only, running as the unprivileged user 65532.
 #
-# Pinned by tag here; pin by digest in your registry mirror (`python:3.11.14-slim-bookworm@sha256:...`).
-# NOTE: this Dockerfile has not been built in the project's CI: the build machines have no Docker engine
-# (hack/README.md). hack/kind-up.sh builds it on a machine with Docker.
+# Built and tested without any registry by hack/build-image.sh (classic builder, DOCKER_BUILDKIT=0, with
+# --build-arg PYTHON_IMAGE=qos-local/python:3.11-bookworm, a debootstrapped Debian bookworm + python3) and
+# e2e/test_image.py. Any Debian-like base with python3 >= 3.11 and its venv module works; the default is pinned
+# by tag here, pin it by digest in your registry mirror (`python:3.11.14-slim-bookworm@sha256:...`).
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+LABEL io.kube-qos-extender.stage=build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
+    QOS_PROTO_CACHE=/opt/venv/share/kube-qos-extender/protos
 WORKDIR /src
-RUN python -m venv /opt/venv
-COPY pyproject.toml README.md ./
+# Dependencies first, in their own layer (pinned with == in pyproject.toml): a code change does not install
+# numpy, scipy and grpcio again. An optional wheelhouse/ in the build context (hack/build-image.sh fills it
+# with the wheels of the dependencies and build requirements, fetched by the host's pip with the host's CA
+# trust and cache) makes the build use no index at all; without it pip downloads from PyPI as usual.
+COPY pyproject.toml wheelhous[e] /wheelhouse/
+RUN if ls /wheelhouse/*.whl > /dev/null 2>&1; then \
+      printf '[global]\nno-index = true\nfind-links = /wheelhouse\n' > /etc/pip.conf; fi \
+ && python3 -m venv /opt/venv \
+ && python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/wheelhouse/pyproject.toml", "rb"))["project"]["dependencies"]))' \
+      > /tmp/requirements.txt \
+ && /opt/venv/bin/pip install -r /tmp/requirements.txt
+COPY pyproject.toml ./
+COPY README.md ./
 COPY extender/ extender/
 COPY config/extender.yaml config/extender.yaml
-# Dependencies are pinned in pyproject.toml (==); numpy/scipy come as manylinux wheels, no compiler needed.
-RUN /opt/venv/bin/pip install --no-compile . \
- && /opt/venv/bin/python -m compileall -q /opt/venv/lib \
- && mkdir -p /opt/venv/share/kube-qos-extender && cp config/extender.yaml /opt/venv/share/kube-qos-extender/
+# The stubs go to $QOS_PROTO_CACHE/<hash of the .proto files + grpcio-tools version>: the runtime finds them
+# there and never writes (read-only root filesystem). protogen makes that folder with mkdtemp (mode 0700,
+# owner root): a+rX lets user 65532 read it. pip itself is not needed at run time.
+RUN /opt/venv/bin/pip install --no-deps . \
+ && /opt/venv/bin/python -m extender.autoscaler.protogen \
+ && /opt/venv/bin/python -m compileall -q "${QOS_PROTO_CACHE}" \
+ && cp config/extender.yaml /opt/venv/share/kube-qos-extender/extender.yaml \
+ && chmod -R a+rX,go-w /opt/venv/share/kube-qos-extender \
+ && /opt/venv/bin/pip uninstall -q -y pip \
+ && /opt/venv/bin/qos-extender --help > /dev/null
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="kube-qos-extender" \
       org.opencontainers.image.description="SLO- and cost-aware kube-scheduler extender" \
       org.opencontainers.image.licenses="Apache-2.0"
-ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+RUN echo 'nonroot:x:65532:65532:nonroot:/home/nonroot:/usr/sbin/nologin' >> /etc/passwd \
+ && echo 'nonroot:x:65532:' >> /etc/group \
+ && mkdir -p /home/nonroot && chown 65532:65532 /home/nonroot
+ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/home/nonroot \
+    QOS_PROTO_CACHE=/opt/venv/share/kube-qos-extender/protos
 COPY --from=build /opt/venv /opt/venv
 USER 65532:65532
+WORKDIR /home/nonroot
 EXPOSE 8443
 ENTRYPOINT ["qos-extender"]
 CMD ["serve", "--config", "/etc/qos-extender/config/extender.yaml"]

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export QOS_CACHE ?= $(HOME)/.cache/kube-qos-extender
 
-.PHONY: demo test venv lint typecheck unit live e2e tools criu bench clean
+.PHONY: demo test venv lint typecheck unit live e2e tools criu image bench clean
 
 $(BIN)/qos-extender: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,12 @@ typecheck: venv
 # cached under $(QOS_CACHE) outside the repo: ~13 min cold, instant afterwards.
 tools:
 	hack/build-tools.sh
+
+# Container images, no registry needed: docker.io (and its own dockerd when none answers), a debootstrapped
+# python base, pause, busybox, kube-scheduler and kube-qos-extender:dev, saved under $(QOS_CACHE)/images.
+# The wheels come from the venv's pip (hence venv).
+image: venv
+	hack/build-image.sh
 
 # CRIU >= 4.1 built from Debian trixie's source (bookworm's 3.17 fails on this kernel); `criu check` must pass.
 criu:
