@@ -1,7 +1,8 @@
-"""Python stubs for our cluster-autoscaler expander protos, generated with grpcio-tools on first use.
+"""Python stubs for our cluster-autoscaler protos, generated with grpcio-tools on first use.
 
-Nothing generated is committed or hand-written: the stubs are built from ``protos/`` (our own ``expander.proto``
-and ``k8s_core_v1_minimal.proto``, see protos/ORIGIN.md) into a cache directory keyed by the hash of the .proto
+Nothing generated is committed or hand-written: the stubs are built from ``protos/`` (our own ``expander.proto``,
+``externalgrpc.proto`` and ``k8s_core_v1_minimal.proto``, see protos/ORIGIN.md) into a cache directory keyed by
+the hash of the .proto
 files and the grpcio-tools version, then imported. A second call (or another process) reuses the directory.
 ``python -m extender.autoscaler.protogen`` builds them ahead of time (e.g. in an image build) and prints the
 directory. Only the .proto files are needed at run time, so an installed wheel (package data ``protos/*.proto``)
@@ -20,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROTO_DIR", "ExpanderStubs", "generate", "load_expander"]
+__all__ = ["PROTO_DIR", "ExpanderStubs", "ExternalGrpcStubs", "generate", "load_expander", "load_externalgrpc"]
 
 PROTO_DIR = Path(__file__).resolve().parent / "protos"
-_PROTOS = ("k8s_core_v1_minimal.proto", "expander.proto")
-_MARKER = "expander_pb2_grpc.py"
+_PROTOS = ("k8s_core_v1_minimal.proto", "expander.proto", "externalgrpc.proto")
+_MARKER = "externalgrpc_pb2_grpc.py"  # the tree is renamed into place whole: present = complete
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,23 +96,46 @@ def generate(target: Path | None = None) -> Path:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ExternalGrpcStubs:
+    """The externalgrpc cloud provider's generated modules, shaped like ``ExpanderStubs``."""
+
+    pb2: Any
+    grpc: Any
+    core: Any
+    directory: Path
+    decode_error: type[Exception]
+
+
 _loaded: ExpanderStubs | None = None
+_loaded_egrpc: ExternalGrpcStubs | None = None
+
+
+def _import(name: str) -> tuple[Any, Any, Any, Path, type[Exception]]:
+    directory = generate()
+    if str(directory) not in sys.path:
+        sys.path.append(str(directory))
+    pb2 = importlib.import_module(f"{name}_pb2")
+    grpc_mod = importlib.import_module(f"{name}_pb2_grpc")
+    core = importlib.import_module("k8s_core_v1_minimal_pb2")
+    decode_error = importlib.import_module("google.protobuf.message").DecodeError
+    return pb2, grpc_mod, core, directory, decode_error
 
 
 def load_expander() -> ExpanderStubs:
     """Generate (once) and import the expander stubs."""
     global _loaded
-    if _loaded is not None:
-        return _loaded
-    directory = generate()
-    if str(directory) not in sys.path:
-        sys.path.append(str(directory))
-    pb2 = importlib.import_module("expander_pb2")
-    grpc_mod = importlib.import_module("expander_pb2_grpc")
-    core = importlib.import_module("k8s_core_v1_minimal_pb2")
-    decode_error = importlib.import_module("google.protobuf.message").DecodeError
-    _loaded = ExpanderStubs(pb2, grpc_mod, core, directory, decode_error)
+    if _loaded is None:
+        _loaded = ExpanderStubs(*_import("expander"))
     return _loaded
+
+
+def load_externalgrpc() -> ExternalGrpcStubs:
+    """Generate (once) and import the externalgrpc cloud provider stubs."""
+    global _loaded_egrpc
+    if _loaded_egrpc is None:
+        _loaded_egrpc = ExternalGrpcStubs(*_import("externalgrpc"))
+    return _loaded_egrpc
 
 
 if __name__ == "__main__":
