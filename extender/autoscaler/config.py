@@ -11,6 +11,7 @@ option -- never a silent default, never an endless scale-up.
 from __future__ import annotations
 
 import math
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,13 @@ from extender.config import (
     load_yaml_config,
 )
 from extender.core.autoscale import ScoreWeights, validate_catalogue
-from extender.core.model import Flavour, InvalidInputError
+from extender.core.model import Flavour, InvalidInputError, NodeGroup
 
 __all__ = [
     "DEFAULT_AUTOSCALER_CONFIG",
     "AutoscalerSettings",
     "CaExpanderSettings",
+    "CloudProviderSettings",
     "LagDistribution",
     "load_autoscaler_config",
     "parse_autoscaler_config",
@@ -42,6 +44,7 @@ __all__ = [
 DEFAULT_AUTOSCALER_CONFIG = Path(__file__).resolve().parent / "autoscaler.yaml"
 PROVIDERS = ("kwok", "cluster-autoscaler")
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
+BACKENDS = ("kwok",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +65,36 @@ class LagDistribution:
 
 
 @dataclass(frozen=True, slots=True)
+class CloudProviderSettings:
+    """The externalgrpc cloud provider cluster-autoscaler calls with --cloud-provider=externalgrpc (mTLS).
+
+    Node groups = ``groups`` x the flavour catalogue, each between ``min_size`` and ``max_size`` nodes; new nodes
+    come from ``backend`` (kwok: the local stand-in for a cloud API). ``node_group_options``: answer
+    NodeGroupGetOptions with CA's defaults but our idle period and provisioning timeout (false: UNIMPLEMENTED, CA
+    keeps its flags)."""
+
+    cert_file: str
+    key_file: str
+    client_ca_file: str
+    listen: str = "127.0.0.1:8086"
+    backend: str = "kwok"
+    groups: tuple[NodeGroup, ...] = (NodeGroup.SERVICE, NodeGroup.BATCH)
+    min_size: int = 0
+    max_size: int = 10
+    node_name_prefix: str = "qos-ca"
+    gpu_label: str = "qos.kube-qos-extender.io/accelerator"
+    node_group_options: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class CaExpanderSettings:
-    """The gRPC expander server cluster-autoscaler calls with --expander=grpc (TLS is mandatory there)."""
+    """The gRPC expander server cluster-autoscaler calls with --expander=grpc (TLS is mandatory there), and the
+    optional externalgrpc cloud provider (``cloud_provider``; None: not served)."""
 
     listen: str = "127.0.0.1:7000"
     cert_file: str | None = None
     key_file: str | None = None
+    cloud_provider: CloudProviderSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +155,103 @@ def _parse_lag(raw: object, path: str) -> LagDistribution:
     )
 
 
-def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSettings:
-    s = _section(raw, path, {"listen", "cert_file", "key_file"})
-    listen = _req_str(s, "listen", path, "127.0.0.1:7000")
+def _listen(s: dict[str, Any], path: str, default: str) -> str:
+    listen = _req_str(s, "listen", path, default)
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{path}.listen: must be host:port, got {listen!r}")
+    return listen
+
+
+def _required_file(s: dict[str, Any], key: str, path: str, base: Path | None, why: str) -> str:
+    value = _file(s, key, path, base)
+    if value is None:
+        raise ConfigError(f"{path}.{key}: required ({why})")
+    return value
+
+
+def _check_tls(cert: str, key: str, client_ca: str, path: str) -> None:
+    """Read the PEM files now, so a wrong file is a config error at start, not a failed handshake later."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{path}.cert_file / key_file: not a matching PEM certificate and key ({exc})") from exc
+    try:
+        ctx.load_verify_locations(cafile=client_ca)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"{path}.client_ca_file: not a PEM CA bundle ({exc})") from exc
+
+
+CLOUD_PROVIDER = {
+    "listen",
+    "cert_file",
+    "key_file",
+    "client_ca_file",
+    "backend",
+    "groups",
+    "min_size",
+    "max_size",
+    "node_name_prefix",
+    "gpu_label",
+    "node_group_options",
+}
+
+
+def _parse_cloud_provider(raw: object, path: str, base: Path | None) -> CloudProviderSettings:
+    s = _section(raw, path, CLOUD_PROVIDER)
+    why = "cluster-autoscaler's externalgrpc provider speaks mTLS"
+    cert = _required_file(s, "cert_file", path, base, f"{why}: the server certificate CA's cloud-config cacert trusts")
+    key = _required_file(s, "key_file", path, base, f"{why}: the key of cert_file")
+    client_ca = _required_file(
+        s, "client_ca_file", path, base, f"{why}: the CA that signed CA's client certificate (cloud-config cert)"
+    )
+    _check_tls(cert, key, client_ca, path)
+    groups_raw = s.get("groups", ["service", "batch"])
+    names = [g.value for g in NodeGroup]
+    if (
+        not isinstance(groups_raw, list)
+        or not groups_raw
+        or not all(isinstance(g, str) and g in names for g in groups_raw)
+        or len(set(groups_raw)) != len(groups_raw)
+    ):
+        raise ConfigError(
+            f"{path}.groups: must be a non-empty list of distinct {' / '.join(names)}, got {groups_raw!r}"
+        )
+    min_size = _int(s, "min_size", path, 0, minimum=0, maximum=10_000)
+    max_size = _int(s, "max_size", path, 10, minimum=1, maximum=10_000)
+    if max_size < min_size:
+        raise ConfigError(f"{path}.max_size: must be >= min_size ({min_size}), got {max_size}")
+    prefix = _req_str(s, "node_name_prefix", path, "qos-ca")
+    if not prefix.replace("-", "").isalnum() or prefix != prefix.lower() or len(prefix) > 40:
+        raise ConfigError(f"{path}.node_name_prefix: must be lowercase letters, digits and '-' (<= 40), got {prefix!r}")
+    return CloudProviderSettings(
+        cert_file=cert,
+        key_file=key,
+        client_ca_file=client_ca,
+        listen=_listen(s, path, "127.0.0.1:8086"),
+        backend=_req_str(s, "backend", path, "kwok", choices=BACKENDS),
+        groups=tuple(NodeGroup(g) for g in groups_raw),
+        min_size=min_size,
+        max_size=max_size,
+        node_name_prefix=prefix,
+        gpu_label=_req_str(s, "gpu_label", path, "qos.kube-qos-extender.io/accelerator"),
+        node_group_options=_bool(s, "node_group_options", path, False),
+    )
+
+
+def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSettings:
+    s = _section(raw, path, {"listen", "cert_file", "key_file", "cloud_provider"})
+    listen = _listen(s, path, "127.0.0.1:7000")
     cert, key = _file(s, "cert_file", path, base), _file(s, "key_file", path, base)
     if (cert is None) != (key is None):
         raise ConfigError(f"{path}: cert_file and key_file must be set together")
-    return CaExpanderSettings(listen=listen, cert_file=cert, key_file=key)
+    cloud = None
+    if s.get("cloud_provider") is not None:
+        cloud = _parse_cloud_provider(s["cloud_provider"], f"{path}.cloud_provider", base)
+        if cloud.listen == listen:
+            raise ConfigError(f"{path}.cloud_provider.listen: must differ from {path}.listen ({listen})")
+    return CaExpanderSettings(listen=listen, cert_file=cert, key_file=key, cloud_provider=cloud)
 
 
 TOP = {"autoscaler", "flavours"}
@@ -226,6 +340,11 @@ def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | 
         raise ConfigError(
             f"{p}.cluster_autoscaler.cert_file: required with provider cluster-autoscaler "
             "(CA's gRPC expander refuses insecure connections)"
+        )
+    if settings.expander.cloud_provider is not None and settings.provider != "cluster-autoscaler":
+        raise ConfigError(
+            f"{p}.cluster_autoscaler.cloud_provider: only with provider cluster-autoscaler "
+            f"(got {settings.provider!r}): with the kwok provider the sidecar buys the nodes itself"
         )
     if not math.isfinite(settings.scan_interval_seconds):  # pragma: no cover - _number checks it
         raise ConfigError(f"{p}.scan_interval_seconds: must be finite")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from extender.autoscaler.config import AutoscalerSettings
@@ -143,6 +143,7 @@ class AutoscalerLoop:
         self.underutil = reschedule.UnderutilState()
         self.attempts: dict[str, int] = {}
         self._said: set[tuple[str, str, str]] = set()
+        self._adopted_arrivals: list[tuple[str, float]] = []
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -172,6 +173,19 @@ class AutoscalerLoop:
 
     def owned(self, node: Node) -> bool:
         return node.labels.get(PROVISIONED_BY_LABEL) == PROVISIONED_BY_VALUE
+
+    def adopt_ledger(
+        self,
+        ledger: autoscale.ProvisioningLedger,
+        groups: Mapping[str, NodeGroup],
+        arrived: Iterable[tuple[str, float]] = (),
+    ) -> None:
+        """Plan against someone else's purchases: with the externalgrpc cloud provider cluster-autoscaler buys the
+        nodes and the provider keeps the ledger; this (dry-run) loop takes it before each scan, so its plans count
+        the room on nodes CA is booting, and the lags the provider measured feed the forecast."""
+        self.ledger = ledger
+        self.groups = dict(groups)
+        self._adopted_arrivals.extend(arrived)
 
     def lag_estimate(self) -> float:
         return autoscale.measured_lag(
@@ -233,6 +247,11 @@ class AutoscalerLoop:
         )
 
     def _arrivals(self, d: Decisions, present: Mapping[str, Node], now: float) -> None:
+        for name, lag in self._adopted_arrivals:
+            self.lag_samples.append(lag)
+            del self.lag_samples[: -max(self.s.lag_window, 1)]
+            d.arrived.append((name, lag))
+        self._adopted_arrivals.clear()
         for entry in self.ledger.entries:
             node = present.get(entry.node_name)
             if node is None:

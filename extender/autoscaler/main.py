@@ -3,7 +3,9 @@
 One process: the shared reflectors keep an AutoscalerSnapshot in sync; a scan runs every
 ``scan_interval_seconds``, and sooner (after ``burst_debounce_seconds``) when a pod newly becomes
 Unschedulable. Provider ``kwok`` executes the plans; provider ``cluster-autoscaler`` serves the gRPC expander
-and runs the loop in dry-run (plans become metrics only: CA buys the nodes and removes them).
+and runs the loop in dry-run (plans become metrics only: CA buys the nodes and removes them), and with
+``cluster_autoscaler.cloud_provider`` also the externalgrpc cloud provider (our flavours as CA's node groups, nodes
+from the kwok backend; its provisioning ledger is handed to the dry-run loop before every scan).
 /metrics, /healthz and /readyz are served over HTTP on ``metrics.host:port``.
 """
 
@@ -59,6 +61,7 @@ class RunningAutoscaler:
     scans: int = 0
     last: Decisions | None = None
     scanned: asyncio.Event = field(default_factory=asyncio.Event)
+    cloud_provider: Any = None  # providers.externalgrpc.CloudProviderServer when served
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -70,6 +73,8 @@ class RunningAutoscaler:
             await self.provider.close()
         if self.expander is not None:
             await self.expander.stop()
+        if self.cloud_provider is not None:
+            await self.cloud_provider.stop()
         await self.runner.cleanup()
         await self.api_client.close()
 
@@ -139,6 +144,10 @@ async def _scan_forever(r: RunningAutoscaler, wake: asyncio.Event, clock: Callab
         wake.clear()
         started = time.perf_counter()
         try:
+            if r.cloud_provider is not None:  # CA buys through it: plan against its ledger
+                await r.cloud_provider.refresh()
+                state = r.cloud_provider.state
+                r.loop.adopt_ledger(state.ledger, state.groups_of_ledger(), state.drain_arrivals())
             d = r.loop.step(r.snapshot, clock())
         except Exception:  # a bug in one scan must not stop the sidecar; it is logged and retried
             log.exception("autoscaler scan failed")
@@ -176,6 +185,7 @@ async def start_autoscaler(
     ]
     provider: Provider | None = None
     expander: Any = None
+    cloud_provider: Any = None
     if settings.provider == "cluster-autoscaler":
         from extender.autoscaler.providers.cluster_autoscaler import ExpanderServer
 
@@ -191,6 +201,13 @@ async def start_autoscaler(
             metrics=metrics,
         )
         await expander.start()
+        if settings.expander.cloud_provider is not None:
+            cloud_provider = _cloud_provider(config, settings, snapshot, api_client, metrics, clock)
+            try:
+                await cloud_provider.start()
+            except Exception:
+                await expander.stop()
+                raise
     else:
         from extender.autoscaler.providers.kwok import KwokProvider
 
@@ -219,6 +236,7 @@ async def start_autoscaler(
         int(port),
         reflectors,
     )
+    running.cloud_provider = cloud_provider
     holder.append(running)
     running.tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
     if events is not None:
@@ -233,10 +251,60 @@ async def start_autoscaler(
                 "metrics_port": port,
                 "flavours": [f.name for f in settings.flavours],
                 "expander_port": expander.port if expander is not None else None,
+                "cloud_provider_port": cloud_provider.port if cloud_provider is not None else None,
             }
         },
     )
     return running
+
+
+def _cloud_provider(
+    config: ExtenderConfig,
+    settings: AutoscalerSettings,
+    snapshot: AutoscalerSnapshot,
+    api_client: Any,
+    metrics: AutoscalerMetrics,
+    clock: Callable[[], float],
+) -> Any:
+    """The externalgrpc cloud provider over the kwok backend (the only backend: the local stand-in for a cloud)."""
+    from extender.autoscaler.nodegroups import NodeGroups
+    from extender.autoscaler.providers.externalgrpc import CloudProviderServer, NodeGroupOptions
+    from extender.autoscaler.providers.kwok import PROVIDER_ID_PREFIX, KwokProvider, node_manifest
+
+    cp = settings.expander.cloud_provider
+    assert cp is not None
+    state = NodeGroups.build(
+        settings.flavours,
+        config.node_groups,
+        cp.groups,
+        min_size=cp.min_size,
+        max_size=cp.max_size,
+        provider_id_prefix=PROVIDER_ID_PREFIX,
+        node_name_prefix=cp.node_name_prefix,
+        provisioning_timeout_seconds=settings.provisioning_timeout_seconds,
+        max_nodes=settings.max_nodes,
+    )
+    backend = KwokProvider(api_client, settings.kwok_lag, config.kubernetes.request_timeout_seconds)
+    options = (
+        NodeGroupOptions(settings.idle_seconds, settings.provisioning_timeout_seconds)
+        if cp.node_group_options
+        else None
+    )
+    return CloudProviderServer(
+        config,
+        state,
+        snapshot,
+        backend,
+        node_manifest,
+        listen=cp.listen,
+        cert_pem=Path(cp.cert_file).read_bytes(),
+        key_pem=Path(cp.key_file).read_bytes(),
+        client_ca_pem=Path(cp.client_ca_file).read_bytes(),
+        gpu_label=cp.gpu_label,
+        options=options,
+        metrics=metrics,
+        clock=clock,
+    )
 
 
 async def _serve(config: ExtenderConfig, settings: AutoscalerSettings, consolidation: Any = None) -> None:
@@ -294,6 +362,14 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
         print(
             f"provider={settings.provider} scan={settings.scan_interval_seconds}s cycle={settings.batch_cycle_seconds}s"
         )
+        cp = settings.expander.cloud_provider
+        if cp is not None:
+            groups = len(cp.groups) * len(settings.flavours)
+            print(
+                f"externalgrpc cloud provider on {cp.listen} (mTLS): {groups} node groups "
+                f"({'/'.join(g.value for g in cp.groups)} x flavours), size {cp.min_size}..{cp.max_size}, "
+                f"backend {cp.backend}"
+            )
         return 0
     setup_logging(config.log_level)
     try:

@@ -104,6 +104,26 @@ class AutoscalerMetrics:
         self.expander_choice = Counter(
             _P + "expander_choices", "Flavour chosen among cluster-autoscaler's options.", ["flavour"], registry=r
         )
+        self.cloudprovider_requests = Counter(
+            _P + "cloudprovider_requests",
+            "cluster-autoscaler externalgrpc CloudProvider calls by method and gRPC status code.",
+            ["method", "code"],
+            registry=r,
+        )
+        self.cloudprovider_duration = Histogram(
+            _P + "cloudprovider_duration_seconds",
+            "Time to answer one externalgrpc CloudProvider call.",
+            ["method"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self.cloudprovider_nodes = Counter(
+            _P + "cloudprovider_nodes",
+            "Nodes cluster-autoscaler asked for through the externalgrpc provider, by node group and action "
+            "(requested, deleted, cancelled, expired).",
+            ["node_group", "action"],
+            registry=r,
+        )
 
         self._plan_labels: dict[str, set[str]] = {}
 

@@ -4,7 +4,8 @@ and then creating a kwok-managed Node object of the chosen flavour; kwok makes i
 Node shape = hack/local-up.sh's ``node_manifest``: annotation ``kwok.x-k8s.io/node: fake`` (kwok manages only
 those), labels ``type=kwok``, ``node.kubernetes.io/instance-type``, the node-group selector labels,
 capacity = allocatable = the flavour's cpu / memory / pods, price in ``qos.kube-qos-extender.io/price-per-hour``;
-plus ``qos.kube-qos-extender.io/provisioned-by`` so the sidecar only ever removes nodes it bought.
+plus ``qos.kube-qos-extender.io/provisioned-by`` so the sidecar only ever removes nodes it bought, and
+``spec.providerID = kwok://<name>`` (the instance id cluster-autoscaler's externalgrpc provider matches Nodes by).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from extender.autoscaler.config import LagDistribution
 from extender.autoscaler.loop import ProvisionRequest
 from extender.kube.client import ApiError, read_json
 
-__all__ = ["KwokProvider", "node_manifest", "sample_lag"]
+__all__ = ["PROVIDER_ID_PREFIX", "KwokProvider", "node_manifest", "sample_lag"]
 
 log = logging.getLogger("extender.autoscaler.kwok")
 
 KUBE_VERSION = "v1.35.8"
 KWOK_VERSION = "v0.8.0"
+PROVIDER_ID_PREFIX = "kwok://"
 
 
 def sample_lag(dist: LagDistribution, rng: random.Random) -> float:
@@ -68,7 +70,7 @@ def node_manifest(request: ProvisionRequest) -> dict[str, Any]:
                 **request.labels,
             },
         },
-        "spec": {},
+        "spec": {"providerID": f"{PROVIDER_ID_PREFIX}{request.name}"},
         "status": {
             "allocatable": dict(resources),
             "capacity": dict(resources),
