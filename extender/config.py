@@ -49,7 +49,9 @@ __all__ = [
     "parse_config",
 ]
 
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "config" / "extender.yaml"
+# Shipped inside the package (package data), so an installed wheel or the image finds its defaults without the
+# source tree; config/extender.yaml is a symlink to it, the documented reference users copy and edit.
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "extender.yaml"
 
 PROFILES = ("cost", "spread")
 UNLABELLED_POLICIES = ("any", "batch", "service", "none")

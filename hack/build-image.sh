@@ -420,7 +420,7 @@ build_extender() {
   mkdir -p "${ctx}"
   wheels_key="$(fill_wheelhouse "${ctx}/wheelhouse")"
   base_id="$(docker image inspect -f '{{.Id}}' "${IMAGE_PYTHON}")"
-  local files=(Dockerfile .dockerignore pyproject.toml README.md config/extender.yaml extender)
+  local files=(Dockerfile .dockerignore pyproject.toml README.md extender)
   inputs="$(cd "${REPO_ROOT}" && {
     echo "${base_id} ${wheels_key}"
     declare -f build_extender

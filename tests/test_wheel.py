@@ -401,11 +401,6 @@ def test_agent_requires_mtls_and_starts_with_it(installed: Installed) -> None:
     assert rc == 0, d.output()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="extender/config.py: DEFAULT_CONFIG_PATH is <site-packages>/config/extender.yaml, which only exists in "
-    "the source tree (config/ is not in the package): every command without --config fails when installed",
-)
 def test_default_extender_config_when_installed(installed: Installed) -> None:
     r = installed.run("autoscaler", "--check-config")
     assert r.returncode == 0, r.stderr
