@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,9 @@ def _simulate(args: argparse.Namespace) -> int:
     from extender.sim.report import format_table, report_json, write_plots
     from extender.sim.workloads import load_workload
 
+    if args.plots and importlib.util.find_spec("matplotlib") is None:
+        # matplotlib is the `plots` extra (not in the image): say so before minutes of simulation, not after
+        raise InvalidInputError("--plots needs matplotlib: pip install 'kube-qos-extender[plots]'")
     workload = load_workload(args.workload, args.hosts)
     overrides = {k: v for k, v in (("seed", args.seed), ("qos_quantum", args.quantum)) if v is not None}
     if args.alpha is not None:

@@ -52,3 +52,19 @@ def test_simulate_bad_inputs_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtur
     hosts.write_text('{1,"Host_1",3.75,3.75,[]}.\n')
     assert main(["simulate", "--workload", str(bad), "--hosts", str(hosts)]) == 2
     assert "bad.csv:2" in capsys.readouterr().err
+
+
+def test_plots_without_matplotlib_is_a_clear_error_before_simulating(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image and a plain install have no matplotlib (the `plots` extra): --plots must say so, not crash."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    rc = main(["simulate", "--workload", "rodriguez-bursty", "--policy", "htas", "--plots", str(tmp_path / "p")])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert "kube-qos-extender[plots]" in captured.err
+    assert captured.out == ""  # nothing was simulated
+    assert not (tmp_path / "p").exists()
