@@ -30,7 +30,7 @@ tools:
 # Container images, no registry needed: docker.io (and its own dockerd when none answers), a debootstrapped
 # python base, pause, busybox, kube-scheduler and kube-qos-extender:dev, saved under $(QOS_CACHE)/images.
 # The wheels come from the venv's pip (hence venv).
-image: venv
+image: venv tools
 	hack/build-image.sh
 
 # CRIU >= 4.1 built from Debian trixie's source (bookworm's 3.17 fails on this kernel); `criu check` must pass.
@@ -42,8 +42,9 @@ unit: venv criu
 	$(BIN)/pytest -m "not live" tests
 
 # Tests against a real kube-apiserver / kube-scheduler / kwok / Prometheus. Uses $KUBECONFIG when given,
-# else brings the local control plane up (hack/local-up.sh) and tears it down afterwards.
-live: venv tools criu
+# else two local clusters one after the other (hack/run-live-tests.sh): the host topology (kwok nodes), then
+# the product deployed for real (real kubelet nodes, the image, config/ applied: e2e/test_deployed.py).
+live: venv tools criu image
 	hack/run-live-tests.sh
 
 e2e: live
