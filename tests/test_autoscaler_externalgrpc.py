@@ -874,3 +874,73 @@ def test_cli_names_the_missing_certificate(pki: Pki, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "externalgrpc cloud provider on 127.0.0.1:8086 (mTLS): 12 node groups" in proc.stdout
+
+
+# ------------------------------------------------------------------------------- config/cluster-autoscaler
+
+CA_DIR = Path(__file__).resolve().parent.parent / "config" / "cluster-autoscaler"
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    import yaml
+
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _duration_seconds(text: str) -> float:
+    return float(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
+
+
+def test_the_cluster_autoscaler_manifests_agree_with_the_sidecar(pki: Pki) -> None:
+    """Source-level: the files of config/cluster-autoscaler against each other and the sidecar's loader (the
+    rendering and the API server's dry run are e2e/test_manifests.py's job)."""
+    import yaml
+
+    from extender.config import load_config
+
+    extender = load_config(CA_DIR.parent / "autoscaler" / "extender.yaml")
+    ours = yaml.safe_load((CA_DIR / "cloud-provider" / "autoscaler.yaml").read_text())
+    component = yaml.safe_load((CA_DIR.parent / "autoscaler" / "cluster-autoscaler" / "autoscaler.yaml").read_text())
+    cloud = ours["autoscaler"]["cluster_autoscaler"].pop("cloud_provider")
+    assert ours == component  # only cloud_provider added to the expander Component's file
+    ours["autoscaler"]["cluster_autoscaler"]["cloud_provider"] = cloud
+    mounts = {"cert_file": pki.server_crt, "key_file": pki.server_key, "client_ca_file": pki.ca_crt}
+    stand_in = {**cloud, **{k: str(v) for k, v in mounts.items()}}
+    ca_section = {**ours["autoscaler"]["cluster_autoscaler"], "cert_file": str(pki.server_crt)}
+    ca_section.update(key_file=str(pki.server_key), cloud_provider=stand_in)
+    settings = parse_autoscaler_config(
+        {**ours, "autoscaler": {**ours["autoscaler"], "cluster_autoscaler": ca_section}}, extender
+    )
+    cp = settings.expander.cloud_provider
+    assert cp is not None and cp.listen == "0.0.0.0:8086" and settings.provider == "cluster-autoscaler"
+
+    (service, role, binding) = _docs(CA_DIR / "cloud-provider" / "cloud-provider.yaml")
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == 8086 and port["targetPort"] == "grpc-cloud"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["create", "delete"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qos-autoscaler", "namespace": "kube-qos-system"}]
+    comp = yaml.safe_load((CA_DIR / "cloud-provider" / "kustomization.yaml").read_text())
+    ops = yaml.safe_load(comp["patches"][0]["patch"])
+    assert {"name": "grpc-cloud", "containerPort": 8086} in [o["value"] for o in ops]
+    (mount,) = [o["value"] for o in ops if o["path"].endswith("volumeMounts/-")]
+    assert all(str(Path(cloud[k]).parent) == mount["mountPath"] for k in mounts)
+
+    cloud_config = CloudConfig.load(CA_DIR / "cloud-config.yaml")
+    svc = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert cloud_config.address == f"{svc}:8086"
+    docs = {d["kind"]: d for d in _docs(CA_DIR / "cluster-autoscaler.yaml")}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in c["args"])
+    assert c["image"] == "registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.2"
+    assert args["cloud-provider"] == "externalgrpc" and args["expander"] == "grpc"
+    mounted = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert args["cloud-config"] == f"{mounted['cloud-config']}/cloud-config.yaml"
+    for f in (cloud_config.cert, cloud_config.key, cloud_config.cacert):
+        assert str(Path(f).parent) == mounted["externalgrpc-client"]
+    assert args["grpc-expander-url"] == "qos-autoscaler-expander.kube-qos-system.svc:7000"
+    assert args["grpc-expander-cert"] == f"{mounted['expander-ca']}/ca.crt"
+    assert _duration_seconds(args["scale-down-unneeded-time"]) == settings.idle_seconds
+    assert _duration_seconds(args["max-node-provision-time"]) == settings.provisioning_timeout_seconds
+    assert args["namespace"] == docs["Role"]["metadata"]["namespace"] == "kube-qos-system"
+    assert pod["serviceAccountName"] == docs["ServiceAccount"]["metadata"]["name"] == "cluster-autoscaler"
