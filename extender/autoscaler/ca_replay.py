@@ -512,11 +512,15 @@ async def _probe(config: CloudConfig) -> int:
         await client.refresh()
         for g in await client.node_groups():
             template = await client.template_node(g.id)
-            room = _template_room(template) if template is not None else None
             instances = await client.nodes(g.id)
+            if template is not None:
+                room = _template_room(template)
+                shape = f"cpu {room.cpu_milli}m, memory {room.memory_bytes // 2**20}Mi, pods {room.pods}"
+            else:
+                shape = "none"
             print(
                 f"{g.id}: size {await client.target_size(g.id)} [{g.min_size}..{g.max_size}], "
-                f"{len(instances)} instances, template {room}"
+                f"{len(instances)} instances, template {shape}"
             )
         print(f"GPU label {await client.gpu_label()!r}")
     except grpc.aio.AioRpcError as exc:
