@@ -47,6 +47,15 @@ __all__ = [
     "load_config",
     "load_yaml_config",
     "parse_config",
+    "parse_flavours",
+    "read_bool",
+    "read_file_path",
+    "read_int",
+    "read_labels",
+    "read_number",
+    "read_req_str",
+    "read_str",
+    "section",
 ]
 
 # Shipped inside the package (package data), so an installed wheel or the image finds its defaults without the
@@ -201,13 +210,15 @@ class ExtenderConfig:
 
 
 # ---------------------------------------------------------------------------------------------- checkers
+# Public and shared: the autoscaler and consolidation configs are parsed with these same strict readers, so
+# every file rejects unknown keys, wrong types and out-of-range values the same way, naming the option path.
 
 
 def _fail(path: str, message: str) -> ConfigError:
     return ConfigError(f"{path}: {message}")
 
 
-def _section(raw: object, path: str, allowed: set[str]) -> dict[str, Any]:
+def section(raw: object, path: str, allowed: set[str]) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -223,14 +234,14 @@ def _section(raw: object, path: str, allowed: set[str]) -> dict[str, Any]:
     return dict(raw)
 
 
-def _bool(raw: dict[str, Any], key: str, path: str, default: bool) -> bool:
+def read_bool(raw: dict[str, Any], key: str, path: str, default: bool) -> bool:
     value = raw.get(key, default)
     if not isinstance(value, bool):
         raise _fail(f"{path}.{key}", f"must be true or false, got {value!r}")
     return value
 
 
-def _number(
+def read_number(
     raw: dict[str, Any],
     key: str,
     path: str,
@@ -250,7 +261,7 @@ def _number(
     return float(value)
 
 
-def _int(raw: dict[str, Any], key: str, path: str, default: int, *, minimum: int, maximum: int) -> int:
+def read_int(raw: dict[str, Any], key: str, path: str, default: int, *, minimum: int, maximum: int) -> int:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(f"{path}.{key}", f"must be an integer, got {value!r}")
@@ -259,7 +270,9 @@ def _int(raw: dict[str, Any], key: str, path: str, default: int, *, minimum: int
     return value
 
 
-def _str(raw: dict[str, Any], key: str, path: str, default: str | None, *, choices: tuple[str, ...] = ()) -> str | None:
+def read_str(
+    raw: dict[str, Any], key: str, path: str, default: str | None, *, choices: tuple[str, ...] = ()
+) -> str | None:
     value = raw.get(key, default)
     if value is None:
         return None
@@ -270,15 +283,15 @@ def _str(raw: dict[str, Any], key: str, path: str, default: str | None, *, choic
     return value
 
 
-def _req_str(raw: dict[str, Any], key: str, path: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
-    value = _str(raw, key, path, default, choices=choices)
+def read_req_str(raw: dict[str, Any], key: str, path: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
+    value = read_str(raw, key, path, default, choices=choices)
     if value is None:
         raise _fail(f"{path}.{key}", "must not be null")
     return value
 
 
-def _file(raw: dict[str, Any], key: str, path: str, base: Path | None) -> str | None:
-    value = _str(raw, key, path, None)
+def read_file_path(raw: dict[str, Any], key: str, path: str, base: Path | None) -> str | None:
+    value = read_str(raw, key, path, None)
     if value is None:
         return None
     p = Path(value)
@@ -289,7 +302,7 @@ def _file(raw: dict[str, Any], key: str, path: str, base: Path | None) -> str | 
     return str(p)
 
 
-def _labels(raw: dict[str, Any], key: str, path: str, default: Mapping[str, str]) -> dict[str, str]:
+def read_labels(raw: dict[str, Any], key: str, path: str, default: Mapping[str, str]) -> dict[str, str]:
     value = raw.get(key, dict(default))
     if not isinstance(value, dict):
         raise _fail(f"{path}.{key}", f"must be a mapping of label -> value, got {type(value).__name__}")
@@ -306,29 +319,29 @@ def _labels(raw: dict[str, Any], key: str, path: str, default: Mapping[str, str]
 
 def _parse_server(raw: object, base: Path | None) -> ServerConfig:
     path = "server"
-    s = _section(raw, path, {"host", "port", "max_body_bytes", "request_timeout_seconds", "tls"})
-    t = _section(s.get("tls"), f"{path}.tls", {"cert_file", "key_file", "client_ca_file"})
+    s = section(raw, path, {"host", "port", "max_body_bytes", "request_timeout_seconds", "tls"})
+    t = section(s.get("tls"), f"{path}.tls", {"cert_file", "key_file", "client_ca_file"})
     tls = TlsConfig(
-        cert_file=_file(t, "cert_file", f"{path}.tls", base),
-        key_file=_file(t, "key_file", f"{path}.tls", base),
-        client_ca_file=_file(t, "client_ca_file", f"{path}.tls", base),
+        cert_file=read_file_path(t, "cert_file", f"{path}.tls", base),
+        key_file=read_file_path(t, "key_file", f"{path}.tls", base),
+        client_ca_file=read_file_path(t, "client_ca_file", f"{path}.tls", base),
     )
     if (tls.cert_file is None) != (tls.key_file is None):
         raise _fail(f"{path}.tls", "cert_file and key_file must be set together")
     if tls.client_ca_file is not None and tls.cert_file is None:
         raise _fail(f"{path}.tls.client_ca_file", "client certificates need TLS: set cert_file and key_file too")
     return ServerConfig(
-        host=_req_str(s, "host", path, "127.0.0.1"),
-        port=_int(s, "port", path, 8888, minimum=0, maximum=65535),
-        max_body_bytes=_int(s, "max_body_bytes", path, 64 * 1024 * 1024, minimum=1024, maximum=2**31),
-        request_timeout_seconds=_number(s, "request_timeout_seconds", path, 4.0, minimum=0, exclusive_min=True),
+        host=read_req_str(s, "host", path, "127.0.0.1"),
+        port=read_int(s, "port", path, 8888, minimum=0, maximum=65535),
+        max_body_bytes=read_int(s, "max_body_bytes", path, 64 * 1024 * 1024, minimum=1024, maximum=2**31),
+        request_timeout_seconds=read_number(s, "request_timeout_seconds", path, 4.0, minimum=0, exclusive_min=True),
         tls=tls,
     )
 
 
 def _parse_kubernetes(raw: object, base: Path | None) -> KubernetesConfig:
     path = "kubernetes"
-    k = _section(
+    k = section(
         raw,
         path,
         {
@@ -342,29 +355,29 @@ def _parse_kubernetes(raw: object, base: Path | None) -> KubernetesConfig:
             "event_component",
         },
     )
-    initial = _number(k, "backoff_initial_seconds", path, 0.5, minimum=0, exclusive_min=True)
-    maximum = _number(k, "backoff_max_seconds", path, 30.0, minimum=0, exclusive_min=True)
+    initial = read_number(k, "backoff_initial_seconds", path, 0.5, minimum=0, exclusive_min=True)
+    maximum = read_number(k, "backoff_max_seconds", path, 30.0, minimum=0, exclusive_min=True)
     if maximum < initial:
         raise _fail(f"{path}.backoff_max_seconds", f"must be >= backoff_initial_seconds ({initial})")
     return KubernetesConfig(
-        kubeconfig=_file(k, "kubeconfig", path, base),
-        context=_str(k, "context", path, None),
-        watch_timeout_seconds=_int(k, "watch_timeout_seconds", path, 300, minimum=1, maximum=3600),
+        kubeconfig=read_file_path(k, "kubeconfig", path, base),
+        context=read_str(k, "context", path, None),
+        watch_timeout_seconds=read_int(k, "watch_timeout_seconds", path, 300, minimum=1, maximum=3600),
         backoff_initial_seconds=initial,
         backoff_max_seconds=maximum,
-        request_timeout_seconds=_number(k, "request_timeout_seconds", path, 30.0, minimum=0, exclusive_min=True),
-        events=_bool(k, "events", path, True),
-        event_component=_req_str(k, "event_component", path, "qos-extender"),
+        request_timeout_seconds=read_number(k, "request_timeout_seconds", path, 30.0, minimum=0, exclusive_min=True),
+        events=read_bool(k, "events", path, True),
+        event_component=read_req_str(k, "event_component", path, "qos-extender"),
     )
 
 
 def _parse_bind(raw: object, server: ServerConfig) -> BindConfig:
     path = "bind"
-    b = _section(
+    b = section(
         raw, path, {"timeout_seconds", "attempt_timeout_seconds", "backoff_initial_seconds", "ledger_ttl_seconds"}
     )
-    total = _number(b, "timeout_seconds", path, 3.0, minimum=0, exclusive_min=True)
-    attempt = _number(b, "attempt_timeout_seconds", path, 1.0, minimum=0, exclusive_min=True)
+    total = read_number(b, "timeout_seconds", path, 3.0, minimum=0, exclusive_min=True)
+    attempt = read_number(b, "attempt_timeout_seconds", path, 1.0, minimum=0, exclusive_min=True)
     if attempt > total:
         raise _fail(f"{path}.attempt_timeout_seconds", f"must be <= bind.timeout_seconds ({total})")
     if total >= server.request_timeout_seconds:
@@ -376,14 +389,14 @@ def _parse_bind(raw: object, server: ServerConfig) -> BindConfig:
     return BindConfig(
         timeout_seconds=total,
         attempt_timeout_seconds=attempt,
-        backoff_initial_seconds=_number(b, "backoff_initial_seconds", path, 0.05, minimum=0, exclusive_min=True),
-        ledger_ttl_seconds=_number(b, "ledger_ttl_seconds", path, 30.0, minimum=0, exclusive_min=True),
+        backoff_initial_seconds=read_number(b, "backoff_initial_seconds", path, 0.05, minimum=0, exclusive_min=True),
+        ledger_ttl_seconds=read_number(b, "ledger_ttl_seconds", path, 30.0, minimum=0, exclusive_min=True),
     )
 
 
 def _parse_scheduling(raw: object) -> SchedulingConfig:
     path = "scheduling"
-    s = _section(raw, path, {"profile", "scaling_cycle_seconds", "managed_resources", "marker_resource"})
+    s = section(raw, path, {"profile", "scaling_cycle_seconds", "managed_resources", "marker_resource"})
     managed = s.get("managed_resources", [])
     if not isinstance(managed, list) or not all(isinstance(m, str) and m for m in managed):
         raise _fail(f"{path}.managed_resources", f"must be a list of resource names, got {managed!r}")
@@ -394,7 +407,7 @@ def _parse_scheduling(raw: object) -> SchedulingConfig:
             raise _fail(f"{path}.managed_resources", f"{name!r} is not an extended resource name (domain/name)")
     if len(set(managed)) != len(managed):
         raise _fail(f"{path}.managed_resources", "duplicate resource names")
-    marker = _str(s, "marker_resource", path, MARKER_RESOURCE)
+    marker = read_str(s, "marker_resource", path, MARKER_RESOURCE)
     if marker is not None and "/" not in marker:
         raise _fail(f"{path}.marker_resource", f"{marker!r} is not an extended resource name (domain/name)")
     if marker is not None and marker in managed:
@@ -403,8 +416,8 @@ def _parse_scheduling(raw: object) -> SchedulingConfig:
             f"{marker!r} is the marker_resource: nodes never advertise it, so filter must not check it",
         )
     return SchedulingConfig(
-        profile=_req_str(s, "profile", path, "cost", choices=PROFILES),
-        scaling_cycle_seconds=_number(s, "scaling_cycle_seconds", path, 300.0, minimum=0, exclusive_min=True),
+        profile=read_req_str(s, "profile", path, "cost", choices=PROFILES),
+        scaling_cycle_seconds=read_number(s, "scaling_cycle_seconds", path, 300.0, minimum=0, exclusive_min=True),
         managed_resources=tuple(managed),
         marker_resource=marker,
     )
@@ -412,17 +425,17 @@ def _parse_scheduling(raw: object) -> SchedulingConfig:
 
 def _parse_pod_defaults(raw: object, classes: Mapping[str, ServiceClass]) -> PodDefaults:
     path = "pod_defaults"
-    d = _section(raw, path, {"class", "class_from_priority", "kind", "batch_runtime_seconds"})
-    class_name = _req_str(d, "class", path, "bronze")
+    d = section(raw, path, {"class", "class_from_priority", "kind", "batch_runtime_seconds"})
+    class_name = read_req_str(d, "class", path, "bronze")
     if class_name not in classes:
         raise _fail(f"{path}.class", f"unknown class {class_name!r} (defined: {', '.join(sorted(classes))})")
-    kind = _req_str(d, "kind", path, "service", choices=("batch", "service"))
+    kind = read_req_str(d, "kind", path, "service", choices=("batch", "service"))
     runtime: float | None = None
     if d.get("batch_runtime_seconds") is not None:
-        runtime = _number(d, "batch_runtime_seconds", path, 0.0, minimum=0)
+        runtime = read_number(d, "batch_runtime_seconds", path, 0.0, minimum=0)
     return PodDefaults(
         class_name=class_name,
-        class_from_priority=_bool(d, "class_from_priority", path, True),
+        class_from_priority=read_bool(d, "class_from_priority", path, True),
         kind=WorkloadKind(kind),
         batch_runtime_seconds=runtime,
     )
@@ -430,12 +443,12 @@ def _parse_pod_defaults(raw: object, classes: Mapping[str, ServiceClass]) -> Pod
 
 def _parse_node_groups(raw: object) -> NodeGroupsConfig:
     path = "node_groups"
-    g = _section(raw, path, {"batch", "service", "unlabelled", "enforce", "flavour_label"})
+    g = section(raw, path, {"batch", "service", "unlabelled", "enforce", "flavour_label"})
     selectors: dict[str, dict[str, str]] = {}
     defaults = NodeGroupsConfig()
     for group, default in (("batch", defaults.batch_selector), ("service", defaults.service_selector)):
-        section = _section(g.get(group, {}), f"{path}.{group}", {"match_labels"})
-        selectors[group] = _labels(section, "match_labels", f"{path}.{group}", default)
+        group_raw = section(g.get(group, {}), f"{path}.{group}", {"match_labels"})
+        selectors[group] = read_labels(group_raw, "match_labels", f"{path}.{group}", default)
         if not selectors[group]:
             raise _fail(f"{path}.{group}.match_labels", "must not be empty (an empty selector matches every node)")
     if selectors["batch"] == selectors["service"]:
@@ -443,9 +456,9 @@ def _parse_node_groups(raw: object) -> NodeGroupsConfig:
     return NodeGroupsConfig(
         batch_selector=selectors["batch"],
         service_selector=selectors["service"],
-        unlabelled=_req_str(g, "unlabelled", path, "any", choices=UNLABELLED_POLICIES),
-        enforce=_bool(g, "enforce", path, True),
-        flavour_label=_req_str(g, "flavour_label", path, "node.kubernetes.io/instance-type"),
+        unlabelled=read_req_str(g, "unlabelled", path, "any", choices=UNLABELLED_POLICIES),
+        enforce=read_bool(g, "enforce", path, True),
+        flavour_label=read_req_str(g, "flavour_label", path, "node.kubernetes.io/instance-type"),
     )
 
 
@@ -460,14 +473,14 @@ def _parse_classes(raw: object) -> dict[str, ServiceClass]:
         if not isinstance(name, str) or not name:
             raise _fail(path, f"class names must be non-empty strings, got {name!r}")
         cpath = f"{path}.{name}"
-        c = _section(body, cpath, {"slo", "importance", "safety_margin_seconds", "priority"})
+        c = section(body, cpath, {"slo", "importance", "safety_margin_seconds", "priority"})
         for required in ("slo", "importance"):
             if required not in c:
                 raise _fail(f"{cpath}.{required}", "is required")
-        slo = _number(c, "slo", cpath, 1.0, minimum=0, maximum=1.0, exclusive_min=True)
-        importance = _int(c, "importance", cpath, 1, minimum=1, maximum=1000)
-        margin = _number(c, "safety_margin_seconds", cpath, 10.0)
-        priority = _int(c, "priority", cpath, 0, minimum=-(2**31), maximum=10**9)
+        slo = read_number(c, "slo", cpath, 1.0, minimum=0, maximum=1.0, exclusive_min=True)
+        importance = read_int(c, "importance", cpath, 1, minimum=1, maximum=1000)
+        margin = read_number(c, "safety_margin_seconds", cpath, 10.0)
+        priority = read_int(c, "priority", cpath, 0, minimum=-(2**31), maximum=10**9)
         try:
             out[name] = ServiceClass(name, slo, importance, margin, priority)
         except InvalidInputError as exc:  # pragma: no cover - the checks above are stricter
@@ -477,22 +490,22 @@ def _parse_classes(raw: object) -> dict[str, ServiceClass]:
 
 def _parse_policy(raw: object, classes: Mapping[str, ServiceClass]) -> QosPolicy:
     path = "qos"
-    q = _section(
+    q = section(
         raw,
         path,
         {"alpha_seconds", "min_run_quantum_seconds", "q_hysteresis_seconds", "overhead_cap", "relax_by_importance"},
     )
     return QosPolicy(
         classes=classes,
-        alpha_seconds=_number(q, "alpha_seconds", path, 2.0, minimum=0),
-        min_run_quantum_seconds=_number(q, "min_run_quantum_seconds", path, RECOMMENDED_QUANTUM_SECONDS, minimum=0),
-        q_hysteresis_seconds=_number(q, "q_hysteresis_seconds", path, RECOMMENDED_HYSTERESIS_SECONDS, minimum=0),
-        overhead_cap=_bool(q, "overhead_cap", path, True),
-        relax_by_importance=_bool(q, "relax_by_importance", path, True),
+        alpha_seconds=read_number(q, "alpha_seconds", path, 2.0, minimum=0),
+        min_run_quantum_seconds=read_number(q, "min_run_quantum_seconds", path, RECOMMENDED_QUANTUM_SECONDS, minimum=0),
+        q_hysteresis_seconds=read_number(q, "q_hysteresis_seconds", path, RECOMMENDED_HYSTERESIS_SECONDS, minimum=0),
+        overhead_cap=read_bool(q, "overhead_cap", path, True),
+        relax_by_importance=read_bool(q, "relax_by_importance", path, True),
     )
 
 
-def _parse_flavours(raw: object) -> tuple[Flavour, ...]:
+def parse_flavours(raw: object) -> tuple[Flavour, ...]:
     path = "flavours"
     if raw is None:
         return ()
@@ -502,11 +515,11 @@ def _parse_flavours(raw: object) -> tuple[Flavour, ...]:
     seen: set[str] = set()
     for i, body in enumerate(raw):
         fpath = f"{path}[{i}]"
-        f = _section(body, fpath, {"name", "cpu", "memory", "pods", "price_per_hour"})
+        f = section(body, fpath, {"name", "cpu", "memory", "pods", "price_per_hour"})
         for required in ("name", "cpu", "memory", "price_per_hour"):
             if required not in f:
                 raise _fail(f"{fpath}.{required}", "is required")
-        name = _req_str(f, "name", fpath, "")
+        name = read_req_str(f, "name", fpath, "")
         if name in seen:
             raise _fail(f"{fpath}.name", f"duplicate flavour {name!r}")
         seen.add(name)
@@ -518,8 +531,8 @@ def _parse_flavours(raw: object) -> tuple[Flavour, ...]:
             mem = memory_bytes(f["memory"])
         except InvalidInputError as exc:
             raise _fail(f"{fpath}.memory", str(exc)) from exc
-        pods = _int(f, "pods", fpath, 110, minimum=1, maximum=100000)
-        price = _number(f, "price_per_hour", fpath, 0.0, minimum=0, exclusive_min=True)
+        pods = read_int(f, "pods", fpath, 110, minimum=1, maximum=100000)
+        price = read_number(f, "price_per_hour", fpath, 0.0, minimum=0, exclusive_min=True)
         try:
             out.append(Flavour(name, Resources(cpu, mem, pods), price))
         except InvalidInputError as exc:
@@ -529,7 +542,7 @@ def _parse_flavours(raw: object) -> tuple[Flavour, ...]:
 
 def _parse_controller(raw: object) -> ControllerConfig:
     path = "controller"
-    c = _section(
+    c = section(
         raw,
         path,
         {
@@ -548,26 +561,26 @@ def _parse_controller(raw: object) -> ControllerConfig:
             "leader_election",
         },
     )
-    gate = _req_str(c, "gate_name", path, "qos.kube-qos-extender.io/ordering")
+    gate = read_req_str(c, "gate_name", path, "qos.kube-qos-extender.io/ordering")
     if "/" not in gate:
         raise _fail(f"{path}.gate_name", f"{gate!r} must be a qualified name (domain/name) owned by this controller")
-    watchdog = _number(c, "watchdog_seconds", path, 10.0, minimum=0, exclusive_min=True)
-    max_gate = _number(c, "max_gate_seconds", path, 3600.0, minimum=0, exclusive_min=True)
+    watchdog = read_number(c, "watchdog_seconds", path, 10.0, minimum=0, exclusive_min=True)
+    max_gate = read_number(c, "max_gate_seconds", path, 3600.0, minimum=0, exclusive_min=True)
     if max_gate < watchdog:
         raise _fail(f"{path}.max_gate_seconds", f"must be >= watchdog_seconds ({watchdog})")
     return ControllerConfig(
-        enabled=_bool(c, "enabled", path, False),
+        enabled=read_bool(c, "enabled", path, False),
         watchdog_seconds=watchdog,
         gate_name=gate,
-        scheduler_name=_req_str(c, "scheduler_name", path, "qos-scheduler"),
+        scheduler_name=read_req_str(c, "scheduler_name", path, "qos-scheduler"),
         max_gate_seconds=max_gate,
-        time_compression=_number(c, "time_compression", path, 1.0, minimum=0, exclusive_min=True, maximum=1000.0),
-        persistence=_req_str(c, "persistence", path, "annotation", choices=PERSISTENCE_MODES),
-        persist_interval_seconds=_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),
-        persist_min_interval_seconds=_number(c, "persist_min_interval_seconds", path, 2.0, minimum=0),
-        pin_node=_bool(c, "pin_node", path, True),
+        time_compression=read_number(c, "time_compression", path, 1.0, minimum=0, exclusive_min=True, maximum=1000.0),
+        persistence=read_req_str(c, "persistence", path, "annotation", choices=PERSISTENCE_MODES),
+        persist_interval_seconds=read_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),
+        persist_min_interval_seconds=read_number(c, "persist_min_interval_seconds", path, 2.0, minimum=0),
+        pin_node=read_bool(c, "pin_node", path, True),
         instance=_instance_name(c, path),
-        host_score=_req_str(c, "host_score", path, "profile", choices=HOST_SCORES),
+        host_score=read_req_str(c, "host_score", path, "profile", choices=HOST_SCORES),
         leader_election=_parse_leader_election(c.get("leader_election"), f"{path}.leader_election"),
     )
 
@@ -577,14 +590,14 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 def _instance_name(c: dict[str, Any], path: str) -> str:
     """A DNS label: it becomes a Lease name suffix, an annotation and a namespace label value."""
-    name = _req_str(c, "instance", path, "default")
+    name = read_req_str(c, "instance", path, "default")
     if not _DNS_LABEL.match(name):
         raise _fail(f"{path}.instance", f"{name!r} must be a lowercase DNS label of at most 40 characters")
     return name
 
 
 def _parse_leader_election(raw: object, path: str) -> LeaderElectionConfig:
-    le = _section(
+    le = section(
         raw,
         path,
         {
@@ -597,9 +610,9 @@ def _parse_leader_election(raw: object, path: str) -> LeaderElectionConfig:
             "retry_period_seconds",
         },
     )
-    duration = _int(le, "lease_duration_seconds", path, 15, minimum=2, maximum=3600)
-    renew = _number(le, "renew_deadline_seconds", path, 10.0, minimum=1)
-    retry = _number(le, "retry_period_seconds", path, 2.0, minimum=1)
+    duration = read_int(le, "lease_duration_seconds", path, 15, minimum=2, maximum=3600)
+    renew = read_number(le, "renew_deadline_seconds", path, 10.0, minimum=1)
+    retry = read_number(le, "retry_period_seconds", path, 2.0, minimum=1)
     # client-go's (and kubernetes-asyncio's) invariants: a renewal must fit in the deadline with jitter,
     # and the deadline must end before another candidate may take the lease.
     if duration <= renew:
@@ -607,10 +620,10 @@ def _parse_leader_election(raw: object, path: str) -> LeaderElectionConfig:
     if renew <= 1.2 * retry:
         raise _fail(f"{path}.retry_period_seconds", f"must be < renew_deadline_seconds / 1.2 ({renew / 1.2:.2f})")
     return LeaderElectionConfig(
-        enabled=_bool(le, "enabled", path, True),
-        lease_name=_str(le, "lease_name", path, None),
-        lease_namespace=_req_str(le, "lease_namespace", path, "kube-system"),
-        identity=_str(le, "identity", path, None),
+        enabled=read_bool(le, "enabled", path, True),
+        lease_name=read_str(le, "lease_name", path, None),
+        lease_namespace=read_req_str(le, "lease_namespace", path, "kube-system"),
+        identity=read_str(le, "identity", path, None),
         lease_duration_seconds=duration,
         renew_deadline_seconds=renew,
         retry_period_seconds=retry,
@@ -634,10 +647,10 @@ TOP_LEVEL = {
 
 def parse_config(raw: object, base: Path | None = None) -> ExtenderConfig:
     """Validate a parsed YAML document; ``base`` resolves relative file paths (the config file's folder)."""
-    top = _section(raw, "", TOP_LEVEL)
+    top = section(raw, "", TOP_LEVEL)
     classes = _parse_classes(top.get("classes"))
     server = _parse_server(top.get("server"), base)
-    logging_section = _section(top.get("logging"), "logging", {"level"})
+    logging_section = section(top.get("logging"), "logging", {"level"})
     try:
         policy = _parse_policy(top.get("qos"), classes)
     except InvalidInputError as exc:  # pragma: no cover - the checks above are stricter
@@ -650,8 +663,8 @@ def parse_config(raw: object, base: Path | None = None) -> ExtenderConfig:
         pod_defaults=_parse_pod_defaults(top.get("pod_defaults"), classes),
         node_groups=_parse_node_groups(top.get("node_groups")),
         policy=policy,
-        flavours=_parse_flavours(top.get("flavours")),
-        log_level=_req_str(logging_section, "level", "logging", "INFO", choices=LOG_LEVELS),
+        flavours=parse_flavours(top.get("flavours")),
+        log_level=read_req_str(logging_section, "level", "logging", "INFO", choices=LOG_LEVELS),
         controller=_parse_controller(top.get("controller")),
     )
 

@@ -19,14 +19,14 @@ from typing import Any
 from extender.config import (
     ConfigError,
     ExtenderConfig,
-    _bool,
-    _file,
-    _int,
-    _number,
-    _parse_flavours,
-    _req_str,
-    _section,
     load_yaml_config,
+    parse_flavours,
+    read_bool,
+    read_file_path,
+    read_int,
+    read_number,
+    read_req_str,
+    section,
 )
 from extender.core.autoscale import ScoreWeights, validate_catalogue
 from extender.core.model import Flavour, InvalidInputError, NodeGroup
@@ -134,11 +134,11 @@ def _names(raw: dict[str, Any], key: str, path: str, default: tuple[str, ...]) -
 
 
 def _parse_lag(raw: object, path: str) -> LagDistribution:
-    s = _section(raw, path, {"distribution", "seconds", "min", "max", "sd", "sigma", "seed"})
-    dist = _req_str(s, "distribution", path, "fixed", choices=DISTRIBUTIONS)
-    seconds = _number(s, "seconds", path, 30.0, minimum=0)
-    minimum = _number(s, "min", path, 0.0, minimum=0)
-    maximum = _number(s, "max", path, max(seconds, minimum), minimum=0)
+    s = section(raw, path, {"distribution", "seconds", "min", "max", "sd", "sigma", "seed"})
+    dist = read_req_str(s, "distribution", path, "fixed", choices=DISTRIBUTIONS)
+    seconds = read_number(s, "seconds", path, 30.0, minimum=0)
+    minimum = read_number(s, "min", path, 0.0, minimum=0)
+    maximum = read_number(s, "max", path, max(seconds, minimum), minimum=0)
     if dist == "uniform" and maximum < minimum:
         raise ConfigError(f"{path}.max: must be >= min ({minimum}), got {maximum}")
     seed = s.get("seed")
@@ -149,14 +149,14 @@ def _parse_lag(raw: object, path: str) -> LagDistribution:
         seconds=seconds,
         minimum=minimum,
         maximum=maximum,
-        sd=_number(s, "sd", path, 0.0, minimum=0),
-        sigma=_number(s, "sigma", path, 0.0, minimum=0),
+        sd=read_number(s, "sd", path, 0.0, minimum=0),
+        sigma=read_number(s, "sigma", path, 0.0, minimum=0),
         seed=seed,
     )
 
 
 def _listen(s: dict[str, Any], path: str, default: str) -> str:
-    listen = _req_str(s, "listen", path, default)
+    listen = read_req_str(s, "listen", path, default)
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{path}.listen: must be host:port, got {listen!r}")
@@ -164,7 +164,7 @@ def _listen(s: dict[str, Any], path: str, default: str) -> str:
 
 
 def _required_file(s: dict[str, Any], key: str, path: str, base: Path | None, why: str) -> str:
-    value = _file(s, key, path, base)
+    value = read_file_path(s, key, path, base)
     if value is None:
         raise ConfigError(f"{path}.{key}: required ({why})")
     return value
@@ -199,7 +199,7 @@ CLOUD_PROVIDER = {
 
 
 def _parse_cloud_provider(raw: object, path: str, base: Path | None) -> CloudProviderSettings:
-    s = _section(raw, path, CLOUD_PROVIDER)
+    s = section(raw, path, CLOUD_PROVIDER)
     why = "cluster-autoscaler's externalgrpc provider speaks mTLS"
     cert = _required_file(s, "cert_file", path, base, f"{why}: the server certificate CA's cloud-config cacert trusts")
     key = _required_file(s, "key_file", path, base, f"{why}: the key of cert_file")
@@ -218,11 +218,11 @@ def _parse_cloud_provider(raw: object, path: str, base: Path | None) -> CloudPro
         raise ConfigError(
             f"{path}.groups: must be a non-empty list of distinct {' / '.join(names)}, got {groups_raw!r}"
         )
-    min_size = _int(s, "min_size", path, 0, minimum=0, maximum=10_000)
-    max_size = _int(s, "max_size", path, 10, minimum=1, maximum=10_000)
+    min_size = read_int(s, "min_size", path, 0, minimum=0, maximum=10_000)
+    max_size = read_int(s, "max_size", path, 10, minimum=1, maximum=10_000)
     if max_size < min_size:
         raise ConfigError(f"{path}.max_size: must be >= min_size ({min_size}), got {max_size}")
-    prefix = _req_str(s, "node_name_prefix", path, "qos-ca")
+    prefix = read_req_str(s, "node_name_prefix", path, "qos-ca")
     if not prefix.replace("-", "").isalnum() or prefix != prefix.lower() or len(prefix) > 40:
         raise ConfigError(f"{path}.node_name_prefix: must be lowercase letters, digits and '-' (<= 40), got {prefix!r}")
     return CloudProviderSettings(
@@ -230,20 +230,20 @@ def _parse_cloud_provider(raw: object, path: str, base: Path | None) -> CloudPro
         key_file=key,
         client_ca_file=client_ca,
         listen=_listen(s, path, "127.0.0.1:8086"),
-        backend=_req_str(s, "backend", path, "kwok", choices=BACKENDS),
+        backend=read_req_str(s, "backend", path, "kwok", choices=BACKENDS),
         groups=tuple(NodeGroup(g) for g in groups_raw),
         min_size=min_size,
         max_size=max_size,
         node_name_prefix=prefix,
-        gpu_label=_req_str(s, "gpu_label", path, "qos.kube-qos-extender.io/accelerator"),
-        node_group_options=_bool(s, "node_group_options", path, False),
+        gpu_label=read_req_str(s, "gpu_label", path, "qos.kube-qos-extender.io/accelerator"),
+        node_group_options=read_bool(s, "node_group_options", path, False),
     )
 
 
 def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSettings:
-    s = _section(raw, path, {"listen", "cert_file", "key_file", "cloud_provider"})
+    s = section(raw, path, {"listen", "cert_file", "key_file", "cloud_provider"})
     listen = _listen(s, path, "127.0.0.1:7000")
-    cert, key = _file(s, "cert_file", path, base), _file(s, "key_file", path, base)
+    cert, key = read_file_path(s, "cert_file", path, base), read_file_path(s, "key_file", path, base)
     if (cert is None) != (key is None):
         raise ConfigError(f"{path}: cert_file and key_file must be set together")
     cloud = None
@@ -280,58 +280,58 @@ SECTION = {
 
 def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | None = None) -> AutoscalerSettings:
     """Validate the autoscaler document; the flavour catalogue comes from it or from the extender file."""
-    top = _section(raw, "", TOP)
-    a = _section(top.get("autoscaler"), "autoscaler", SECTION)
+    top = section(raw, "", TOP)
+    a = section(top.get("autoscaler"), "autoscaler", SECTION)
     p = "autoscaler"
-    flavours = _parse_flavours(top["flavours"]) if "flavours" in top else extender.flavours
+    flavours = parse_flavours(top["flavours"]) if "flavours" in top else extender.flavours
     try:
         validate_catalogue(flavours)
     except InvalidInputError as exc:
         raise ConfigError(f"flavours: {exc} (set `flavours` here or in the extender config)") from exc
-    w = _section(a.get("score_weights"), f"{p}.score_weights", {"cpu", "memory"})
+    w = section(a.get("score_weights"), f"{p}.score_weights", {"cpu", "memory"})
     try:
         weights = ScoreWeights(
-            _number(w, "cpu", f"{p}.score_weights", 0.5, minimum=0),
-            _number(w, "memory", f"{p}.score_weights", 0.5, minimum=0),
+            read_number(w, "cpu", f"{p}.score_weights", 0.5, minimum=0),
+            read_number(w, "memory", f"{p}.score_weights", 0.5, minimum=0),
         )
     except InvalidInputError as exc:
         raise ConfigError(f"{p}.score_weights: {exc}") from exc
-    lag = _section(a.get("lag"), f"{p}.lag", {"default_seconds", "window", "quantile"})
-    quantile = _number(lag, "quantile", f"{p}.lag", 0.9, minimum=0, maximum=1.0, exclusive_min=True)
-    limits = _section(a.get("limits"), f"{p}.limits", {"max_nodes_per_cycle", "max_nodes", "max_attempts_per_pod"})
-    metrics = _section(a.get("metrics"), f"{p}.metrics", {"host", "port"})
-    kwok = _section(a.get("kwok"), f"{p}.kwok", {"lag"})
-    cycle = _number(
+    lag = section(a.get("lag"), f"{p}.lag", {"default_seconds", "window", "quantile"})
+    quantile = read_number(lag, "quantile", f"{p}.lag", 0.9, minimum=0, maximum=1.0, exclusive_min=True)
+    limits = section(a.get("limits"), f"{p}.limits", {"max_nodes_per_cycle", "max_nodes", "max_attempts_per_pod"})
+    metrics = section(a.get("metrics"), f"{p}.metrics", {"host", "port"})
+    kwok = section(a.get("kwok"), f"{p}.kwok", {"lag"})
+    cycle = read_number(
         a, "batch_cycle_seconds", p, extender.scheduling.scaling_cycle_seconds, minimum=0, exclusive_min=True
     )
-    prefix = _req_str(a, "node_name_prefix", p, "qos-as")
+    prefix = read_req_str(a, "node_name_prefix", p, "qos-as")
     if not prefix.replace("-", "").isalnum() or prefix != prefix.lower() or len(prefix) > 40:
         raise ConfigError(f"{p}.node_name_prefix: must be lowercase letters, digits and '-' (<= 40), got {prefix!r}")
     settings = AutoscalerSettings(
         scheduler_names=_names(a, "scheduler_names", p, ("qos-scheduler",)),
-        provider=_req_str(a, "provider", p, "kwok", choices=PROVIDERS),
-        dry_run=_bool(a, "dry_run", p, False),
-        scan_interval_seconds=_number(a, "scan_interval_seconds", p, 30.0, minimum=0, exclusive_min=True),
+        provider=read_req_str(a, "provider", p, "kwok", choices=PROVIDERS),
+        dry_run=read_bool(a, "dry_run", p, False),
+        scan_interval_seconds=read_number(a, "scan_interval_seconds", p, 30.0, minimum=0, exclusive_min=True),
         batch_cycle_seconds=cycle,
-        burst_debounce_seconds=_number(a, "burst_debounce_seconds", p, 2.0, minimum=0),
-        idle_seconds=_number(a, "idle_seconds", p, 300.0, minimum=0),
-        provisioning_timeout_seconds=_number(
+        burst_debounce_seconds=read_number(a, "burst_debounce_seconds", p, 2.0, minimum=0),
+        idle_seconds=read_number(a, "idle_seconds", p, 300.0, minimum=0),
+        provisioning_timeout_seconds=read_number(
             a, "provisioning_timeout_seconds", p, 900.0, minimum=0, exclusive_min=True
         ),
-        underutil_threshold=_number(a, "underutil_threshold", p, 0.5, minimum=0, maximum=1.0, exclusive_min=True),
-        underutil_sustain_seconds=_number(a, "underutil_sustain_seconds", p, 300.0, minimum=0),
-        batch_queue_quiet_seconds=_number(a, "batch_queue_quiet_seconds", p, 300.0, minimum=0),
+        underutil_threshold=read_number(a, "underutil_threshold", p, 0.5, minimum=0, maximum=1.0, exclusive_min=True),
+        underutil_sustain_seconds=read_number(a, "underutil_sustain_seconds", p, 300.0, minimum=0),
+        batch_queue_quiet_seconds=read_number(a, "batch_queue_quiet_seconds", p, 300.0, minimum=0),
         weights=weights,
-        lag_default_seconds=_number(lag, "default_seconds", f"{p}.lag", 120.0, minimum=0),
-        lag_window=_int(lag, "window", f"{p}.lag", 20, minimum=1, maximum=10_000),
+        lag_default_seconds=read_number(lag, "default_seconds", f"{p}.lag", 120.0, minimum=0),
+        lag_window=read_int(lag, "window", f"{p}.lag", 20, minimum=1, maximum=10_000),
         lag_quantile=quantile,
-        max_nodes_per_cycle=_int(limits, "max_nodes_per_cycle", f"{p}.limits", 50, minimum=1, maximum=10_000),
-        max_nodes=_int(limits, "max_nodes", f"{p}.limits", 200, minimum=1, maximum=100_000),
-        max_attempts_per_pod=_int(limits, "max_attempts_per_pod", f"{p}.limits", 3, minimum=1, maximum=1000),
+        max_nodes_per_cycle=read_int(limits, "max_nodes_per_cycle", f"{p}.limits", 50, minimum=1, maximum=10_000),
+        max_nodes=read_int(limits, "max_nodes", f"{p}.limits", 200, minimum=1, maximum=100_000),
+        max_attempts_per_pod=read_int(limits, "max_attempts_per_pod", f"{p}.limits", 3, minimum=1, maximum=1000),
         node_name_prefix=prefix,
-        scale_down_provisioned_only=_bool(a, "scale_down_provisioned_only", p, True),
-        metrics_host=_req_str(metrics, "host", f"{p}.metrics", "127.0.0.1"),
-        metrics_port=_int(metrics, "port", f"{p}.metrics", 8890, minimum=0, maximum=65535),
+        scale_down_provisioned_only=read_bool(a, "scale_down_provisioned_only", p, True),
+        metrics_host=read_req_str(metrics, "host", f"{p}.metrics", "127.0.0.1"),
+        metrics_port=read_int(metrics, "port", f"{p}.metrics", 8890, minimum=0, maximum=65535),
         flavours=tuple(flavours),
         kwok_lag=_parse_lag(kwok.get("lag"), f"{p}.kwok.lag"),
         expander=_parse_expander(a.get("cluster_autoscaler"), f"{p}.cluster_autoscaler", base),
@@ -346,7 +346,7 @@ def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | 
             f"{p}.cluster_autoscaler.cloud_provider: only with provider cluster-autoscaler "
             f"(got {settings.provider!r}): with the kwok provider the sidecar buys the nodes itself"
         )
-    if not math.isfinite(settings.scan_interval_seconds):  # pragma: no cover - _number checks it
+    if not math.isfinite(settings.scan_interval_seconds):  # pragma: no cover - read_number checks it
         raise ConfigError(f"{p}.scan_interval_seconds: must be finite")
     return settings
 

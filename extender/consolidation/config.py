@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from extender.config import ConfigError, _bool, _file, _int, _number, _req_str, _section, load_yaml_config
+from extender.config import (
+    ConfigError,
+    load_yaml_config,
+    read_bool,
+    read_file_path,
+    read_int,
+    read_number,
+    read_req_str,
+    section,
+)
 
 __all__ = ["ConsolidationSettings", "load_consolidation_config", "parse_consolidation_config"]
 
@@ -44,37 +53,39 @@ SECTION = {
 
 
 def parse_consolidation_config(raw: object, base: Path | None = None) -> ConsolidationSettings:
-    top = _section(raw, "", {"consolidation"})
+    top = section(raw, "", {"consolidation"})
     p = "consolidation"
-    c = _section(top.get("consolidation"), p, SECTION)
-    a = _section(c.get("agent"), f"{p}.agent", {"port", "scheme", "cert_file", "key_file", "ca_file"})
-    scheme = _req_str(a, "scheme", f"{p}.agent", "https", choices=("https", "http"))
-    cert, key, ca = (_file(a, k, f"{p}.agent", base) for k in ("cert_file", "key_file", "ca_file"))
-    enabled = _bool(c, "enabled", p, False)
+    c = section(top.get("consolidation"), p, SECTION)
+    a = section(c.get("agent"), f"{p}.agent", {"port", "scheme", "cert_file", "key_file", "ca_file"})
+    scheme = read_req_str(a, "scheme", f"{p}.agent", "https", choices=("https", "http"))
+    cert, key, ca = (read_file_path(a, k, f"{p}.agent", base) for k in ("cert_file", "key_file", "ca_file"))
+    enabled = read_bool(c, "enabled", p, False)
     if enabled and scheme == "https" and (cert is None or key is None or ca is None):
         raise ConfigError(
             f"{p}.agent: cert_file, key_file and ca_file are required (the agents accept mTLS clients only)"
         )
     quiet = c.get("batch_queue_quiet_seconds")
-    name = _req_str(c, "destination_scheduler_name", p, "qos-consolidation")
+    name = read_req_str(c, "destination_scheduler_name", p, "qos-consolidation")
     if not name or len(name) > 253:
         raise ConfigError(f"{p}.destination_scheduler_name: must be a non-empty name, got {name!r}")
     return ConsolidationSettings(
         enabled=enabled,
-        agent_port=_int(a, "port", f"{p}.agent", 9443, minimum=1, maximum=65535),
+        agent_port=read_int(a, "port", f"{p}.agent", 9443, minimum=1, maximum=65535),
         agent_scheme=scheme,
         cert_file=cert,
         key_file=key,
         ca_file=ca,
-        migration_timeout_seconds=_number(c, "migration_timeout_seconds", p, 300.0, minimum=0, exclusive_min=True),
-        request_attempts=_int(c, "request_attempts", p, 3, minimum=1, maximum=100),
+        migration_timeout_seconds=read_number(c, "migration_timeout_seconds", p, 300.0, minimum=0, exclusive_min=True),
+        request_attempts=read_int(c, "request_attempts", p, 3, minimum=1, maximum=100),
         destination_scheduler_name=name,
-        destination_ready_timeout_seconds=_number(
+        destination_ready_timeout_seconds=read_number(
             c, "destination_ready_timeout_seconds", p, 60.0, minimum=0, exclusive_min=True
         ),
-        left_alone_seconds=_number(c, "left_alone_seconds", p, 3600.0, minimum=0),
-        provisioned_only=_bool(c, "provisioned_only", p, True),
-        batch_queue_quiet_seconds=None if quiet is None else _number(c, "batch_queue_quiet_seconds", p, 0, minimum=0),
+        left_alone_seconds=read_number(c, "left_alone_seconds", p, 3600.0, minimum=0),
+        provisioned_only=read_bool(c, "provisioned_only", p, True),
+        batch_queue_quiet_seconds=None
+        if quiet is None
+        else read_number(c, "batch_queue_quiet_seconds", p, 0, minimum=0),
     )
 
 
