@@ -26,16 +26,21 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
 
 from extender.agent.client import AgentClient, PeerError
 from extender.agent.config import TlsConfig
 from extender.agent.protocol import FailureKind
+from extender.autoscaler.config import AutoscalerSettings
+from extender.autoscaler.events import AutoscalerEvents
 from extender.autoscaler.handoff import Consolidation
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, Notice
-from extender.config import ConfigError
+from extender.autoscaler.metrics import AutoscalerMetrics
+from extender.autoscaler.providers.base import Provider
+from extender.autoscaler.view import AutoscalerSnapshot
+from extender.config import ConfigError, ExtenderConfig
 from extender.consolidation import decide
 from extender.consolidation.config import ConsolidationSettings
 from extender.consolidation.decide import MoveVerdict, NodeOutcome
@@ -46,16 +51,34 @@ from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs, BindError
 from extender.kube.client import ApiError, read_json
 
-if TYPE_CHECKING:
-    from extender.autoscaler.main import RunningAutoscaler
-
-__all__ = ["ConsolidationFlow"]
+__all__ = ["AutoscalerRuntime", "ConsolidationFlow"]
 
 log = logging.getLogger("extender.consolidation")
 
 
 class _Abort(Exception):
     """The plan cannot be completed: uncordon, leave the node alone, say why."""
+
+
+class AutoscalerRuntime(Protocol):
+    """What the flow uses of a started autoscaler (``autoscaler.main.RunningAutoscaler`` satisfies it): its
+    API client, provider, snapshot, settings, Events and /metrics registry. Narrow on purpose, so the flow
+    depends on the autoscaler's parts, never on the process that wires them (no import cycle)."""
+
+    @property
+    def config(self) -> ExtenderConfig: ...
+    @property
+    def settings(self) -> AutoscalerSettings: ...
+    @property
+    def snapshot(self) -> AutoscalerSnapshot: ...
+    @property
+    def metrics(self) -> AutoscalerMetrics: ...
+    @property
+    def api_client(self) -> Any: ...
+    @property
+    def provider(self) -> Provider | None: ...
+    @property
+    def events(self) -> AutoscalerEvents | None: ...
 
 
 class ConsolidationFlow:
@@ -80,7 +103,7 @@ class ConsolidationFlow:
         self._last_pending: float | None = None
         self._done_at = -math.inf
         self._task: asyncio.Task[None] | None = None
-        self._running: RunningAutoscaler | None = None
+        self._running: AutoscalerRuntime | None = None
         self._client: AgentClient | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -89,7 +112,7 @@ class ConsolidationFlow:
         self.latest = consolidation
         self._wake.set()
 
-    async def start(self, running: RunningAutoscaler) -> None:
+    async def start(self, running: AutoscalerRuntime) -> None:
         """Attach to a started autoscaler (its API client, provider, snapshot, Events, /metrics registry)."""
         if running.provider is None:
             raise ConfigError(
@@ -113,7 +136,7 @@ class ConsolidationFlow:
             await self._client.close()
 
     @property
-    def r(self) -> RunningAutoscaler:
+    def r(self) -> AutoscalerRuntime:
         assert self._running is not None, "ConsolidationFlow.start() first"
         return self._running
 
