@@ -65,7 +65,13 @@ class KubeletConfig:
     key_file: str | None = None
     ca_file: str | None = None
     checkpoint_timeout_seconds: int = 60
-    checkpoint_dir: str = "/var/lib/kubelet/checkpoints"
+    checkpoint_dir: str = "/var/lib/kubelet/checkpoints"  # the kubelet's <root-dir>/checkpoints, as mounted here
+    # Destination: the node's containerd (checkpoint images are imported into it, namespace k8s.io); None: this
+    # node refuses to be a destination (prepare answers 409).
+    containerd_socket: str | None = "/run/containerd/containerd.sock"
+    containerd_namespace: str = "k8s.io"
+    image_prefix: str = "localhost/qos-checkpoint"  # checkpoint images: <prefix>/<namespace>.<pod>:<sha256[:20]>
+    import_timeout_seconds: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ class WorkloadRef:
     namespace: str | None = None
     pod: str | None = None
     container: str | None = None
+    image: str | None = None  # kubelet backend, destination: the checkpoint image the new pod is created from
 
     @property
     def pod_key(self) -> str | None:
@@ -44,6 +45,7 @@ class WorkloadRef:
                 ("namespace", self.namespace),
                 ("pod", self.pod),
                 ("container", self.container),
+                ("image", self.image),
             )
             if v is not None
         }
@@ -52,7 +54,7 @@ class WorkloadRef:
     def from_json(raw: Any) -> WorkloadRef:
         if not isinstance(raw, dict):
             raise ValueError("workload must be an object")
-        unknown = set(raw) - {"pid", "namespace", "pod", "container"}
+        unknown = set(raw) - {"pid", "namespace", "pod", "container", "image"}
         if unknown:
             raise ValueError(f"unknown workload field(s): {', '.join(sorted(unknown))}")
         pid = raw.get("pid")
@@ -62,7 +64,10 @@ class WorkloadRef:
             v = raw.get(k)
             if v is not None and (not isinstance(v, str) or not v or len(v) > 253 or "/" in v):
                 raise ValueError(f"workload.{k} must be a non-empty name, got {v!r}")
-        return WorkloadRef(pid, raw.get("namespace"), raw.get("pod"), raw.get("container"))
+        image = raw.get("image")
+        if image is not None and not (isinstance(image, str) and 0 < len(image) <= 512 and image.strip() == image):
+            raise ValueError(f"workload.image must be an image reference, got {image!r}")
+        return WorkloadRef(pid, raw.get("namespace"), raw.get("pod"), raw.get("container"), image)
 
     def __str__(self) -> str:
         if self.pid is not None:

@@ -1,24 +1,31 @@
 """The ``kubelet`` backend: KEP-2008 container checkpoints at the source, an OCI checkpoint image at the destination.
 
-CANNOT RUN HERE (no kubelet, no CRI-O/containerd): only the request construction, the archive naming and the
-OCI image layout/annotations are tested. What it does on a real node:
+Ran for real on this project's real kubelet nodes (hack/real-nodes.sh; e2e/test_migration_real.py):
 
 - checkpoint: ``POST https://<node>:10250/checkpoint/{ns}/{pod}/{container}?timeout=s`` with a client cert the
   kubelet authorises for ``nodes/checkpoint`` (feature gate ContainerCheckpoint, beta and on since 1.30). The
-  kubelet answers ``{"items": ["/var/lib/kubelet/checkpoints/checkpoint-<pod>_<ns>-<container>-<RFC3339>.tar"]}``;
-  the agent (a DaemonSet with that hostPath) copies the tar into the migration's image directory. The kubelet
-  always leaves the container running: the final checkpoint is followed by deleting the source pod (the
-  controller's job), so the protocol's final image is taken the same way.
+  kubelet answers ``{"items": ["<root-dir>/checkpoints/checkpoint-<pod>_<ns>-<container>-<RFC3339>.tar"]}``, a
+  path on the node; the agent (a DaemonSet) has that directory mounted at ``kubelet.checkpoint_dir`` and opens
+  the archive of that *name* there (``archive_in``), copies it into the migration's image directory and unlinks
+  the kubelet's copy. The kubelet always leaves the container running: the source pod is deleted by the
+  controller once the destination runs, so the protocol's final image is taken the same way.
 - restore: the checkpoint tar becomes the single layer of an OCI image layout with the checkpoint annotations
-  CRI-O (``enable_criu_support``) and containerd >= 2.1 look for (``org.criu.checkpoint.container.name``;
-  older CRI-O: ``io.kubernetes.cri-o.annotations.checkpoint.name``). Pushing it to a registry the destination
-  node can pull from, and creating the destination pod with that image, are left to the controller.
+  containerd >= 2.1 (``enable_experimental_restore_via_create``) and CRI-O look for
+  (``org.criu.checkpoint.container.name``; older CRI-O: ``io.kubernetes.cri-o.annotations.checkpoint.name``),
+  imported and unpacked into the node's containerd through its Transfer API (``extender.agent.containerd``; no
+  registry, no ``ctr``) as ``<image_prefix>/<namespace>-<pod>:<layer sha256[:20]>``. The restored workload
+  names that image; the controller creates the destination pod from it (``imagePullPolicy: Never``), and
+  containerd restores the container instead of starting it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
+import os
+import re
 import shutil
 import ssl
 from datetime import UTC, datetime
@@ -28,12 +35,15 @@ from urllib.parse import quote
 
 from extender.agent.backends.base import BackendError, CheckpointResult, WorkloadNotFoundError, WorkloadRef
 from extender.agent.config import KubeletConfig
+from extender.agent.containerd import ContainerdError, ContainerdImporter
 
 __all__ = [
     "CRIO_LEGACY_NAME_ANNOTATION",
     "KubeletBackend",
+    "archive_in",
     "checkpoint_annotations",
     "checkpoint_archive_name",
+    "checkpoint_image_ref",
     "checkpoint_url",
     "write_oci_layout",
 ]
@@ -44,6 +54,31 @@ _CONFIG_MEDIA = "application/vnd.oci.image.config.v1+json"
 _MANIFEST_MEDIA = "application/vnd.oci.image.manifest.v1+json"
 _INDEX_MEDIA = "application/vnd.oci.image.index.v1+json"
 _ARCHIVE = "checkpoint.tar"
+# checkpoint-<pod>_<namespace>-<container>-<RFC3339>.tar: DNS names, "_", and the timestamp's ":" "+" "."
+_KUBELET_ARCHIVE_RE = re.compile(r"checkpoint-[A-Za-z0-9][A-Za-z0-9._:+-]*\.tar")
+_REPO_COMPONENT_RE = re.compile(r"[^a-z0-9]+")
+
+
+def archive_in(checkpoint_dir: str | Path, returned: object) -> Path:
+    """Where this agent reads the archive the kubelet named: ``checkpoint_dir`` / its file name.
+
+    The kubelet answers a path on the *node* (``<root-dir>/checkpoints/...``); the agent sees that directory
+    wherever it is mounted. Only a plain kubelet archive name is accepted: no other directory, no traversal."""
+    if not isinstance(returned, str) or not returned or "\0" in returned:
+        raise BackendError(f"kubelet answered an archive path that is not a path: {returned!r}")
+    name = returned.rsplit("/", 1)[-1]
+    if not _KUBELET_ARCHIVE_RE.fullmatch(name) or ".." in name:
+        raise BackendError(f"kubelet answered an unexpected archive name {name!r} (from {returned!r})")
+    return Path(checkpoint_dir) / name
+
+
+def checkpoint_image_ref(prefix: str, namespace: str, pod: str, layer_digest: str) -> str:
+    """``<prefix>/<namespace>-<pod>:<sha256[:20]>``: a valid reference, unique per checkpoint archive."""
+    repo = _REPO_COMPONENT_RE.sub("-", f"{namespace}-{pod}".lower()).strip("-")[:120].strip("-") or "pod"
+    digest = layer_digest.removeprefix("sha256:")
+    if not re.fullmatch(r"[0-9a-f]{20,64}", digest):
+        raise ValueError(f"not a sha256 digest: {layer_digest!r}")
+    return f"{prefix.rstrip('/')}/{repo}:{digest[:20]}"
 
 
 def checkpoint_url(node: str, port: int, ref: WorkloadRef, timeout_seconds: int) -> str:
@@ -96,7 +131,12 @@ def write_oci_layout(archive: Path, layout: Path, annotations: dict[str, str], r
         while chunk := f.read(1 << 20):
             h.update(chunk)
     layer_digest = h.hexdigest()
-    shutil.copyfile(archive, layout / "blobs" / "sha256" / layer_digest)
+    blob = layout / "blobs" / "sha256" / layer_digest
+    if not blob.exists():
+        try:
+            os.link(archive, blob)  # same directory tree: no second copy of a possibly large archive
+        except OSError:
+            shutil.copyfile(archive, blob)
     layer_size = archive.stat().st_size
     config = {
         "architecture": "amd64",
@@ -134,12 +174,22 @@ class KubeletBackend:
     name = "kubelet"
     fenced_by_pid = False
 
-    def __init__(self, node_address: str, config: KubeletConfig) -> None:
+    def __init__(self, node_address: str, config: KubeletConfig, importer: ContainerdImporter | None = None) -> None:
         self.node = node_address
         self.config = config
+        if importer is None and config.containerd_socket:
+            importer = ContainerdImporter(
+                config.containerd_socket, config.containerd_namespace, config.import_timeout_seconds
+            )
+        self.importer = importer
 
     async def features(self) -> dict[str, Any]:
-        return {"kubelet": f"{self.node}:{self.config.port}", "dirty_tracking": False}
+        return {
+            "kubelet": f"{self.node}:{self.config.port}",
+            "checkpoint_dir": self.config.checkpoint_dir,
+            "containerd": self.config.containerd_socket,
+            "dirty_tracking": False,
+        }
 
     def precopy_is_incremental(self) -> bool:
         return False
@@ -174,14 +224,19 @@ class KubeletBackend:
             raise BackendError(f"kubelet checkpoint request failed: {exc}") from None
         if not items:
             raise BackendError("kubelet checkpoint answered without an archive path")
+        src = archive_in(self.config.checkpoint_dir, items[0])
         image_dir.mkdir(parents=True, exist_ok=True)
-        src = Path(str(items[0]))
         try:
-            shutil.copyfile(src, image_dir / _ARCHIVE)
-            src.unlink()  # nothing else cleans /var/lib/kubelet/checkpoints, and the tar holds secrets
+            await asyncio.to_thread(shutil.copyfile, src, image_dir / _ARCHIVE)
         except OSError as exc:
-            raise BackendError(f"cannot read kubelet archive {src}: {exc}") from None
-        return CheckpointResult(image_dir, {"identity": str(ref), "kubelet_archive": src.name, **ref.to_json()})
+            raise BackendError(f"cannot read kubelet archive {src} (kubelet answered {items[0]!r}): {exc}") from None
+        finally:
+            # nothing else cleans <root-dir>/checkpoints, and the tar holds the container's memory and secrets
+            with contextlib.suppress(OSError):
+                src.unlink()
+        size = (image_dir / _ARCHIVE).stat().st_size
+        meta = {"identity": str(ref), "kubelet_archive": src.name, "archive_bytes": size, **ref.to_json()}
+        return CheckpointResult(image_dir, meta)
 
     def image_complete(self, image_dir: Path) -> bool:
         return (image_dir / _ARCHIVE).is_file()
@@ -189,18 +244,37 @@ class KubeletBackend:
     async def prepare(self, meta: dict[str, Any]) -> None:
         if "kubelet_archive" not in meta:
             raise BackendError("a kubelet agent restores only kubelet checkpoint archives")
+        if self.importer is None:
+            raise BackendError("this agent has no containerd socket configured (kubelet.containerd_socket)")
+        try:
+            await self.importer.check()
+        except ContainerdError as exc:
+            raise BackendError(f"the node's containerd cannot take a checkpoint image: {exc}") from None
 
     async def restore(self, image_dir: Path, meta: dict[str, Any], target: WorkloadRef | None) -> WorkloadRef:
+        """Import the checkpoint as an image into this node's containerd; the workload to create names it."""
         source = WorkloadRef.from_json({k: meta[k] for k in ("namespace", "pod", "container") if k in meta})
         dest = target or source
+        if self.importer is None:
+            raise BackendError("this agent has no containerd socket configured (kubelet.containerd_socket)")
+        if not (source.namespace and source.pod and source.container and dest.namespace and dest.pod):
+            raise BackendError("restore needs the source's namespace/pod/container and the destination pod")
+        archive = image_dir / _ARCHIVE
         layout = image_dir / "oci"
-        digest = write_oci_layout(
-            image_dir / _ARCHIVE, layout, checkpoint_annotations(source), f"checkpoint-{source.pod}"
-        )
-        raise BackendError(
-            f"OCI checkpoint image written ({layout}, {digest}); creating pod {dest.pod_key} from it needs a registry "
-            "and a CRI runtime with checkpoint support, which this agent does not drive"
-        )
+        layer = await asyncio.to_thread(_sha256, archive)
+        ref = checkpoint_image_ref(self.config.image_prefix, dest.namespace, dest.pod, layer)
+        digest = await asyncio.to_thread(write_oci_layout, archive, layout, checkpoint_annotations(source), ref)
+        try:
+            await self.importer.import_layout(layout, self.config.image_prefix)
+            got = await self.importer.image_digest(ref)
+        except ContainerdError as exc:
+            raise BackendError(f"importing checkpoint image {ref}: {exc}") from None
+        finally:
+            await asyncio.to_thread(shutil.rmtree, layout, True)
+        if got != digest:
+            raise BackendError(f"containerd holds {ref} as {got}, not the imported manifest {digest}")
+        return WorkloadRef(namespace=dest.namespace, pod=dest.pod, container=dest.container or source.container,
+                           image=ref)  # fmt: skip
 
     async def is_running(self, ref: WorkloadRef, meta: dict[str, Any]) -> bool:
         # A kubelet checkpoint never stops the container: the source runs until the controller deletes its pod.
@@ -214,3 +288,11 @@ class KubeletBackend:
 
     async def close(self) -> None:
         return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
