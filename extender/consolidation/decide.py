@@ -33,7 +33,9 @@ __all__ = [
     "agent_url",
     "batch_queue_quiet",
     "check_plan",
+    "checkpoint_blocker",
     "confirm_destination",
+    "container_failure",
     "destination_manifest",
     "destination_name",
     "may_cordon",
@@ -218,13 +220,68 @@ def destination_name(source: str, token: str) -> str:
     return base[: 253 - len(suffix)].rstrip("-.") + suffix
 
 
+# Volumes a checkpoint restore on another node can take: recreated from the API for the new pod. Anything else
+# (emptyDir: its content is not in the checkpoint; hostPath/local: another node's disk; PVCs and other network
+# volumes: the source pod still holds them while the destination starts) is refused.
+CHECKPOINT_VOLUMES = frozenset({"configMap", "secret", "downwardAPI", "projected"})
+# Waiting reasons of the destination container that will not fix themselves within the ready timeout.
+CONTAINER_FAILURES = frozenset(
+    {"CreateContainerError", "CreateContainerConfigError", "ErrImageNeverPull", "InvalidImageName",
+     "RunContainerError", "CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff"}
+)  # fmt: skip
+
+
+def checkpoint_blocker(pod: Mapping[str, Any]) -> str | None:
+    """Why the kubelet backend (a container checkpoint restored into a new pod on another node) cannot move
+    this pod, or None. On top of ``pod_blocker``: exactly one container (one checkpoint per move), no init
+    containers (the new pod would run them again), only volumes the new pod gets from the API."""
+    key = object_key(pod)
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    containers = spec.get("containers") or []
+    if len(containers) != 1:
+        return f"pod {key} has {len(containers)} containers: a checkpoint migration moves single-container pods"
+    if spec.get("initContainers"):
+        return f"pod {key} has init containers: the restored pod would run them again"
+    for v in spec.get("volumes") or []:
+        kinds = sorted(k for k in v if k != "name") if isinstance(v, Mapping) else ["?"]
+        if not set(kinds) <= CHECKPOINT_VOLUMES:
+            return (
+                f"pod {key} has volume {v.get('name') if isinstance(v, Mapping) else v!r} ({', '.join(kinds)}): "
+                "its content does not move with a checkpoint"
+            )
+    return None
+
+
+def container_failure(pod: Mapping[str, Any] | None) -> str | None:
+    """A destination container stuck in a state it will not leave by waiting (the runtime refused the restore,
+    the image is not on the node, ...): its reason and message, else None."""
+    status = (pod or {}).get("status")
+    for c in (status.get("containerStatuses") if isinstance(status, Mapping) else None) or []:
+        waiting = ((c.get("state") or {}).get("waiting") or {}) if isinstance(c, Mapping) else {}
+        if waiting.get("reason") in CONTAINER_FAILURES:
+            return f"container {c.get('name')}: {waiting['reason']}: {str(waiting.get('message', ''))[:300]}"
+        terminated = ((c.get("state") or {}).get("terminated") or {}) if isinstance(c, Mapping) else {}
+        if terminated:
+            return (
+                f"container {c.get('name')} terminated: {terminated.get('reason')} (exit {terminated.get('exitCode')})"
+            )
+    return None
+
+
 def destination_manifest(
-    source: Mapping[str, Any], name: str, *, scheduler_name: str, migration: str
+    source: Mapping[str, Any],
+    name: str,
+    *,
+    scheduler_name: str,
+    migration: str,
+    checkpoint_image: str | None = None,
 ) -> dict[str, Any]:
     """The destination pod: the source's spec and metadata under a new name, not bound (our binder binds it),
     ``schedulerName`` = one no scheduler serves (so no scheduler races our Binding), without what the API
     server or its admission set (uid, nodeName, service-account token volume, computed priority) and without
-    the source's progress (the agent's restore writes the checkpointed one)."""
+    the source's progress (the agent's restore writes the checkpointed one). ``checkpoint_image``
+    (kubelet backend): every container's image, pulled never (the destination agent imported it)."""
     meta = _meta(source)
     spec = copy.deepcopy(dict(source.get("spec") or {}))
     for field in ("nodeName", "schedulingGates"):
@@ -247,6 +304,10 @@ def destination_manifest(
                 else:
                     c.pop("volumeMounts", None)
     spec["schedulerName"] = scheduler_name
+    if checkpoint_image is not None:  # kubelet backend: the runtime restores the container from this image
+        for c in spec.get("containers") or []:
+            c["image"] = checkpoint_image
+            c["imagePullPolicy"] = "Never"  # imported into the destination node's runtime; no registry has it
     annotations = {k: v for k, v in _annotations(source).items() if k not in _DROP_ANNOTATIONS}
     annotations[MIGRATED_FROM_ANNOTATION] = object_key(source)
     annotations[MIGRATION_ID_ANNOTATION] = migration
@@ -308,6 +369,17 @@ def confirm_destination(pod: Mapping[str, Any] | None, node: str, record: Mappin
     if bound != node:
         return f"the destination pod is on {bound!r}, not {node!r}"
     meta = record.get("meta")
+    restored = record.get("restored_workload")
+    if isinstance(meta, Mapping) and meta.get("kubelet_archive"):
+        image = restored.get("image") if isinstance(restored, Mapping) else None
+        containers = spec.get("containers") if isinstance(spec, Mapping) else None
+        if not image or not containers or any(c.get("image") != image for c in containers):
+            return f"the destination pod does not run the checkpoint image {image!r}"
+        status = pod.get("status")
+        states = [c.get("state") or {} for c in (status.get("containerStatuses") if isinstance(status, Mapping)
+                                                 else None) or []]  # fmt: skip
+        if not states or not all("running" in st for st in states):
+            return "the destination container is not running"
     if isinstance(meta, Mapping) and meta.get("simulated"):
         ann = _annotations(pod)
         if ann.get(STOPPED_ANNOTATION) == "true":

@@ -105,6 +105,7 @@ class ConsolidationFlow:
         self._task: asyncio.Task[None] | None = None
         self._running: AutoscalerRuntime | None = None
         self._client: AgentClient | None = None
+        self._events: Any = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -120,12 +121,18 @@ class ConsolidationFlow:
             )
         self._running = running
         self.metrics = ConsolidationMetrics(running.metrics.registry)
-        self._core = k8s.CoreV1Api(running.api_client)
-        self._binder = KubeBinder(running.api_client, running.config.bind)
-        tls = TlsConfig(self.s.cert_file, self.s.key_file, self.s.ca_file)
-        self._client = AgentClient(tls, timeout_seconds=self.s.migration_timeout_seconds)
+        self.attach(running.api_client, running.config.bind, events=running.events)
         self._task = asyncio.create_task(self._run(), name="consolidation")
         log.info("consolidation flow started", extra={"decision": {"provisioned_only": self.s.provisioned_only}})
+
+    def attach(self, api_client: Any, bind: Any, *, events: Any = None) -> None:
+        """The API client, binder settings (``ExtenderConfig.bind``), Events sink and agent client ``move_pod``
+        needs; ``start`` calls it. Alone, it lets a caller move single pods without running the autoscaler."""
+        self._core = k8s.CoreV1Api(api_client)
+        self._binder = KubeBinder(api_client, bind)
+        self._events = events
+        tls = TlsConfig(self.s.cert_file, self.s.key_file, self.s.ca_file)
+        self._client = AgentClient(tls, timeout_seconds=self.s.migration_timeout_seconds)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -193,8 +200,8 @@ class ConsolidationFlow:
 
     def _say(self, kind: str, namespace: str, name: str, uid: str, reason: str, message: str, warning: bool) -> None:
         log.info(message, extra={"decision": {"object": f"{kind}/{namespace}/{name}", "reason": reason}})
-        if self.r.events is not None:
-            self.r.events.emit(Notice(kind, namespace, name, uid, reason, message, warning))
+        if self._events is not None:
+            self._events.emit(Notice(kind, namespace, name, uid, reason, message, warning))
 
     async def _node(self, name: str) -> dict[str, Any] | None:
         try:
@@ -248,7 +255,7 @@ class ConsolidationFlow:
                 raise _Abort(why)
             by_key = {decide.object_key(p): p for p in live}
             for i, (key, dest) in enumerate(plan.moves, start=1):
-                move = await self._move(decide.migration_id(plan_id, i), by_key[key], source, dest)
+                move = await self.move_pod(decide.migration_id(plan_id, i), by_key[key], source, dest)
                 moves.append(move)
                 if move["verdict"] is not MoveVerdict.COMMIT:
                     raise _Abort(f"moving {key} to {dest}: {move['outcome']}: {move['reason']}")
@@ -282,7 +289,9 @@ class ConsolidationFlow:
 
     # ------------------------------------------------------------------------------------------ one pod
 
-    async def _move(self, mid: str, src: dict[str, Any], source: str, dest: str) -> dict[str, Any]:
+    async def move_pod(self, mid: str, src: dict[str, Any], source: str, dest: str) -> dict[str, Any]:
+        """Move one pod (its JSON) from node ``source`` to ``dest`` through the agents; never raises for a
+        failed move: the result says how it ended (``verdict``, ``outcome``, ``reason``, the agent's record)."""
         t0 = time.monotonic()
         meta = src["metadata"]
         ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid", "")
@@ -296,19 +305,42 @@ class ConsolidationFlow:
             missing = [n for n, u in urls.items() if u is None]
             if missing:
                 raise _Refused(f"no agent address for node(s) {', '.join(missing)} (annotation or InternalIP)")
-            manifest: Any = decide.destination_manifest(
-                src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid
-            )
-            made = await read_json(await self._core.create_namespaced_pod(ns, manifest, _preload_content=False))
-            created = True
-            try:
-                await self._binder.bind(BindArgs(ns, dname, made["metadata"]["uid"], dest))
-            except BindError as exc:
-                raise _Refused(f"binding the destination pod: {exc}") from None
-            await self._wait_running(ns, dname)
-            record = await self._migrate(mid, urls[source], urls[dest], ns, name, dname)
-            outcome = str(record.get("outcome")) if record is not None else "unknown"
-            reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
+            if await self._backend(urls[source]) == "kubelet":
+                # A container checkpoint restored into a new pod: the agents first make the checkpoint image on
+                # the destination node, then the pod is created from it. The source never stops, so anything
+                # failing before the source is deleted rolls back by deleting the destination pod.
+                why = decide.checkpoint_blocker(src)
+                if why is not None:
+                    raise _Refused(why)
+                container = src["spec"]["containers"][0]["name"]
+                record = await self._migrate(mid, urls[source], urls[dest], ns, name, dname, container)
+                outcome = str(record.get("outcome")) if record is not None else "unknown"
+                reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
+                if outcome == "succeeded":
+                    assert record is not None
+                    image = (record.get("restored_workload") or {}).get("image")
+                    try:
+                        if not image:
+                            raise _Refused("the destination agent named no checkpoint image")
+                        manifest: Any = decide.destination_manifest(
+                            src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid,
+                            checkpoint_image=str(image),
+                        )  # fmt: skip
+                        created = await self._create_bound(ns, dname, manifest, dest)
+                        await self._wait_running(ns, dname)
+                    except Exception as exc:  # the source kept running: nothing is lost by giving up here
+                        why = str(exc) if isinstance(exc, _Refused) else f"{type(exc).__name__}: {exc}"
+                        outcome = "rolled_back"
+                        reason = f"restoring from the checkpoint image on {dest} failed: {why}"
+            else:
+                manifest = decide.destination_manifest(
+                    src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid
+                )
+                created = await self._create_bound(ns, dname, manifest, dest)
+                await self._wait_running(ns, dname)
+                record = await self._migrate(mid, urls[source], urls[dest], ns, name, dname)
+                outcome = str(record.get("outcome")) if record is not None else "unknown"
+                reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
         except _Refused as exc:
             outcome, reason = "refused", str(exc)
         except Exception as exc:  # API/network errors before the agent was asked: nothing moved
@@ -339,16 +371,44 @@ class ConsolidationFlow:
         )
         return result
 
+    async def _backend(self, agent: str | None) -> str | None:
+        """The source agent's backend (``GET /v1/info``): kubelet moves go in another order."""
+        assert self._client is not None and agent
+        try:
+            info = await self._client.request("GET", f"{agent}/v1/info")
+        except PeerError as exc:
+            raise _Refused(f"source agent unreachable: {exc.reason}") from None
+        backend = info.get("backend")
+        return str(backend) if backend is not None else None
+
+    async def _create_bound(self, ns: str, name: str, manifest: Any, node: str) -> bool:
+        """Create the destination pod and bind it to ``node`` through our binder. True once created."""
+        made = await read_json(await self._core.create_namespaced_pod(ns, manifest, _preload_content=False))
+        try:
+            await self._binder.bind(BindArgs(ns, name, made["metadata"]["uid"], node))
+        except BindError as exc:
+            await self._delete_pod(ns, name)
+            raise _Refused(f"binding the destination pod: {exc}") from None
+        return True
+
     async def _migrate(
-        self, mid: str, source_url: str | None, dest_url: str | None, ns: str, name: str, dname: str
+        self,
+        mid: str,
+        source_url: str | None,
+        dest_url: str | None,
+        ns: str,
+        name: str,
+        dname: str,
+        container: str | None = None,
     ) -> dict[str, Any] | None:
         """POST the migration to the source agent; an unanswered POST is repeated with the same id (the agent
         answers the recorded outcome, or 409 while it is still running it). None: never learned the outcome."""
         assert self._client is not None and source_url and dest_url
+        extra = {"container": container} if container else {}
         body = {
             "id": mid,
-            "workload": {"namespace": ns, "pod": name},
-            "destination": {"url": dest_url, "workload": {"namespace": ns, "pod": dname}},
+            "workload": {"namespace": ns, "pod": name, **extra},
+            "destination": {"url": dest_url, "workload": {"namespace": ns, "pod": dname, **extra}},
         }
         for attempt in range(self.s.request_attempts):
             try:
@@ -381,6 +441,9 @@ class ConsolidationFlow:
                 return
             if pod is None or phase in ("Succeeded", "Failed"):
                 raise _Refused(f"destination pod {ns}/{name} is {phase or 'gone'}")
+            failed = decide.container_failure(pod)
+            if failed is not None:
+                raise _Refused(f"destination pod {ns}/{name}: {failed}")
             if time.monotonic() > deadline:
                 raise _Refused(
                     f"destination pod {ns}/{name} not Running after {self.s.destination_ready_timeout_seconds:.0f}s"

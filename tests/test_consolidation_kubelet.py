@@ -1,0 +1,107 @@
+"""The consolidation flow's decisions for the kubelet backend (a container checkpoint restored into a new pod on
+another node): which pods it refuses, the destination pod made from the checkpoint image, when it counts as
+restored, which destination container states end the wait at once. The real move: e2e/test_migration_real.py."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from extender.consolidation import decide
+
+IMAGE = "localhost/qos-checkpoint/ns-job-mv-1:" + "ab" * 10
+
+
+def src(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "metadata": {"name": "job", "namespace": "ns", "uid": "u1", "annotations": {"keep": "me"}},
+        "spec": {
+            "nodeName": "a",
+            "containers": [{"name": "c", "image": "qos-local/busybox:1.35.0", "imagePullPolicy": "IfNotPresent"}],
+            "volumes": [{"name": "kube-api-access-x", "projected": {"sources": []}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    base["spec"].update(spec)
+    return base
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ({}, None),
+        (
+            {
+                "volumes": [
+                    {"name": "c", "configMap": {}},
+                    {"name": "s", "secret": {}},
+                    {"name": "d", "downwardAPI": {}},
+                ]
+            },
+            None,
+        ),
+        ({"volumes": None}, None),
+        ({"containers": [{"name": "c"}, {"name": "d"}]}, "2 containers"),
+        ({"containers": []}, "0 containers"),
+        ({"initContainers": [{"name": "i"}]}, "init containers"),
+        ({"volumes": [{"name": "scratch", "emptyDir": {}}]}, "volume 'scratch' (emptyDir)"),
+        ({"volumes": [{"name": "h", "hostPath": {"path": "/x"}}]}, "volume 'h' (hostPath)"),
+        ({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}]}, "(persistentVolumeClaim)"),
+    ],
+)
+def test_checkpoint_blocker(spec: dict[str, Any], why: str | None) -> None:
+    got = decide.checkpoint_blocker(src(**spec))
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and why in got and "ns/job" in got
+
+
+def test_destination_manifest_runs_the_checkpoint_image_never_pulled() -> None:
+    s = src()
+    before = copy.deepcopy(s)
+    m = decide.destination_manifest(s, "job-mv-1", scheduler_name="qos-consolidation", migration="m-1",
+                                    checkpoint_image=IMAGE)  # fmt: skip
+    assert s == before
+    (c,) = m["spec"]["containers"]
+    assert c["image"] == IMAGE and c["imagePullPolicy"] == "Never"
+    assert "nodeName" not in m["spec"] and m["spec"]["schedulerName"] == "qos-consolidation"
+    assert m["metadata"]["annotations"][decide.MIGRATED_FROM_ANNOTATION] == "ns/job"
+    plain = decide.destination_manifest(s, "job-mv-2", scheduler_name="q", migration="m-2")
+    assert plain["spec"]["containers"][0]["image"] == "qos-local/busybox:1.35.0"
+
+
+def _restored(state: dict[str, Any], image: str = IMAGE, node: str = "b") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "job-mv-1"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": image}]},
+        "status": {"phase": "Running", "containerStatuses": [{"name": "c", "state": state}]},
+    }
+
+
+def test_confirm_destination_for_a_checkpoint_restore() -> None:
+    rec = {
+        "outcome": "succeeded",
+        "meta": {"kubelet_archive": "checkpoint-x.tar"},
+        "restored_workload": {"image": IMAGE},
+    }
+    assert decide.confirm_destination(_restored({"running": {"startedAt": "t"}}), "b", rec) is None
+    assert "not running" in (decide.confirm_destination(_restored({"waiting": {}}), "b", rec) or "")
+    assert "checkpoint image" in (decide.confirm_destination(_restored({"running": {}}, image="x:y"), "b", rec) or "")
+    assert "not 'c'" in (decide.confirm_destination(_restored({"running": {}}), "c", rec) or "")
+    no_image = {**rec, "restored_workload": {}}
+    assert "checkpoint image" in (decide.confirm_destination(_restored({"running": {}}), "b", no_image) or "")
+
+
+def test_container_failure_ends_the_wait_only_for_states_that_do_not_heal() -> None:
+    waiting = _restored({"waiting": {"reason": "CreateContainerError", "message": "failed to restore: criu"}})
+    assert decide.container_failure(waiting) == "container c: CreateContainerError: failed to restore: criu"
+    assert decide.container_failure(_restored({"waiting": {"reason": "ContainerCreating"}})) is None
+    assert decide.container_failure(_restored({"running": {}})) is None
+    assert decide.container_failure(_restored({"terminated": {"reason": "Error", "exitCode": 1}})) == (
+        "container c terminated: Error (exit 1)"
+    )
+    assert decide.container_failure(None) is None
+    assert decide.container_failure({"status": {}}) is None
