@@ -111,6 +111,13 @@ async def test_checkpoint_copies_the_archive_the_kubelet_names_from_the_mounted_
         await backend.prepare(result.meta)
 
 
+async def test_discard_only_touches_this_agents_checkpoint_images(tmp_path: Path) -> None:
+    backend = KubeletBackend("127.0.0.1", KubeletConfig(containerd_socket=str(tmp_path / "absent.sock")))
+    for image in (None, "docker.io/library/busybox:1", "localhost/qos-checkpoint-evil/x:1"):
+        with pytest.raises(BackendError, match="not a checkpoint image"):
+            await backend.discard(WorkloadRef(namespace="n", pod="p", image=image))
+
+
 async def test_prepare_refuses_without_a_reachable_containerd(tmp_path: Path) -> None:
     backend = KubeletBackend("127.0.0.1", KubeletConfig(containerd_socket=str(tmp_path / "absent.sock")))
     with pytest.raises(BackendError, match="no containerd socket"):

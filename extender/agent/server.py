@@ -8,6 +8,8 @@ Routes (all JSON; errors as ``{"error": reason}``):
   POST /v1/migrations/{id}/restore             source -> destination: restore the final image (idempotent)
   POST /v1/migrations/{id}/commit              source -> destination: confirmed, delete the archives
   POST /v1/migrations/{id}/abort               source -> destination: the fence (answers the final state)
+  POST /v1/migrations/{id}/discard             controller -> destination: the restored workload was not used
+                                               (kubelet: its pod never ran): drop what the restore left
   GET  /v1/info, /healthz, /metrics
   PUT  /v1/test/faults                         TEST ONLY, 404 unless started with test fault injection
 """
@@ -419,6 +421,29 @@ async def post_abort(request: web.Request) -> web.Response:
     return _json({"state": DestinationState.ABORTED.value})
 
 
+async def post_discard(request: web.Request) -> web.Response:
+    """After a committed migration whose restored workload the controller gave up on (kubelet backend: the pod
+    made from the checkpoint image never ran): remove what the restore left on this node (the image)."""
+    agent = _agent(request)
+    mid = _mid(request)
+    async with agent.lock(mid):
+        rec = agent.journal.get("destination", mid)
+        if rec is None:
+            return _error(404, f"no migration {mid} here")
+        restored = rec.get("restored_workload")
+        discard = getattr(agent.backend, "discard", None)
+        if DestinationState(rec["state"]) not in _DONE or not isinstance(restored, dict):
+            return _error(409, f"migration {mid} is {rec['state']}: nothing restored to discard")
+        if discard is not None:
+            try:
+                await discard(WorkloadRef.from_json(restored))
+            except BackendError as exc:
+                return _error(500, f"discarding {restored}: {exc}")
+        rec["discarded"] = True
+        agent.journal.save("destination", rec)
+    return _json({"discarded": restored})
+
+
 # ---------------------------------------------------------------- misc
 async def get_info(request: web.Request) -> web.Response:
     agent = _agent(request)
@@ -473,6 +498,7 @@ def make_app(agent: Agent) -> web.Application:
     app.router.add_post("/v1/migrations/{id}/restore", post_restore)
     app.router.add_post("/v1/migrations/{id}/commit", post_commit)
     app.router.add_post("/v1/migrations/{id}/abort", post_abort)
+    app.router.add_post("/v1/migrations/{id}/discard", post_discard)
     app.router.add_get("/v1/info", get_info)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

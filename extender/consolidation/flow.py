@@ -332,6 +332,10 @@ class ConsolidationFlow:
                         why = str(exc) if isinstance(exc, _Refused) else f"{type(exc).__name__}: {exc}"
                         outcome = "rolled_back"
                         reason = f"restoring from the checkpoint image on {dest} failed: {why}"
+                        if created:
+                            await self._delete_pod(ns, dname)
+                            created = False
+                        reason += await self._discard(urls[dest], mid)
             else:
                 manifest = decide.destination_manifest(
                     src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid
@@ -380,6 +384,15 @@ class ConsolidationFlow:
             raise _Refused(f"source agent unreachable: {exc.reason}") from None
         backend = info.get("backend")
         return str(backend) if backend is not None else None
+
+    async def _discard(self, agent: str | None, mid: str) -> str:
+        """Ask the destination agent to drop the checkpoint image nobody runs (best effort; says how it went)."""
+        assert self._client is not None and agent
+        try:
+            await self._client.request("POST", f"{agent}/v1/migrations/{mid}/discard", {})
+        except PeerError as exc:
+            return f"; the checkpoint image stays on the destination ({exc.reason})"
+        return "; checkpoint image discarded"
 
     async def _create_bound(self, ns: str, name: str, manifest: Any, node: str) -> bool:
         """Create the destination pod and bind it to ``node`` through our binder. True once created."""

@@ -276,6 +276,16 @@ class KubeletBackend:
         return WorkloadRef(namespace=dest.namespace, pod=dest.pod, container=dest.container or source.container,
                            image=ref)  # fmt: skip
 
+    async def discard(self, ref: WorkloadRef) -> None:
+        """The checkpoint image of a restore nobody used (its pod never ran): delete it from containerd."""
+        ours = self.config.image_prefix.rstrip("/") + "/"
+        if self.importer is None or not ref.image or not ref.image.startswith(ours):
+            raise BackendError(f"not a checkpoint image of this agent: {ref.image!r}")
+        try:
+            await self.importer.delete_image(ref.image)
+        except ContainerdError as exc:
+            raise BackendError(str(exc)) from None
+
     async def is_running(self, ref: WorkloadRef, meta: dict[str, Any]) -> bool:
         # A kubelet checkpoint never stops the container: the source runs until the controller deletes its pod.
         return True
