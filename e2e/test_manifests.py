@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -246,7 +247,9 @@ def test_kind_overlay_renders_without_operator_crds() -> None:
 
 # ------------------------------------------------------------------------------------------------------------
 # The whole product (issue 12): config/agent, config/autoscaler (+ its Components), config/default (base +
-# controller + agent + autoscaler), config/local (this project's local real cluster) and hack/deploy-local.sh.
+# controller + agent + autoscaler), config/local (this project's local real cluster), config/cluster-autoscaler
+# (config/default + the expander and cloud-provider Components + cluster-autoscaler 1.35 with
+# --cloud-provider=externalgrpc --expander=grpc) and hack/deploy-local.sh.
 # Source-level checks (configs vs loaders, RBAC vs code) are in tests/test_manifests.py; here: what kustomize
 # renders, what the real API server accepts (dry run, Pod Security) and what RBAC really authorizes.
 
@@ -254,13 +257,13 @@ COMPOSITIONS = {  # test-only overlays: config/default plus one Component
     "default+cluster-autoscaler": "autoscaler/cluster-autoscaler",
     "default+consolidation": "autoscaler/consolidation",
 }
-OVERLAYS = ("agent", "autoscaler", "default", "local", *COMPOSITIONS)
+OVERLAYS = ("agent", "autoscaler", "default", "local", "cluster-autoscaler", *COMPOSITIONS)
 NAMESPACES = {"kube-qos-system", "kube-qos-agent"}
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    out = {name: _render(name) for name in ("base", "agent", "autoscaler", "default", "local")}
+    out = {name: _render(name) for name in ("base", "agent", "autoscaler", "default", "local", "cluster-autoscaler")}
     for name, component in COMPOSITIONS.items():
         d = tmp_path_factory.mktemp(name.replace("+", "-"))  # kustomize wants relative paths, not absolute
         (d / "kustomization.yaml").write_text(
@@ -312,6 +315,8 @@ def test_new_kustomizations_render(rendered: dict[str, list[dict[str, Any]]], na
                     "qos-agent-kubelet-client",
                     "qos-autoscaler-expander-tls",
                     "qos-autoscaler-agent-client",
+                    "qos-autoscaler-cloud-provider-tls",  # config/cluster-autoscaler
+                    "cluster-autoscaler-externalgrpc-client",  # config/cluster-autoscaler
                 }, v
 
 
@@ -385,6 +390,115 @@ def test_rendered_configmaps_load_with_the_projects_loaders(
     assert parse_config(ext).controller.enabled
 
 
+def _stand_in_pem(d: Path) -> tuple[str, str]:
+    """A self-signed certificate and its key (the certificate doubles as a CA bundle): the loader reads the files."""
+    crt, key = d / "stand-in.crt", d / "stand-in.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(crt), "-days", "1", "-subj", "/CN=stand-in"],
+        capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    return str(crt), str(key)
+
+
+def _volume_of(workload: dict[str, Any], container: str, path: str) -> dict[str, Any]:
+    """The volume of ``workload``/``container`` that holds ``path`` (longest mountPath prefix)."""
+    spec = workload["spec"]["template"]["spec"]
+    (c,) = [c for c in spec["containers"] if c["name"] == container]
+    hits = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert hits, f"{path} is on no volume of {workload['metadata']['name']}/{container}"
+    name = max(hits, key=lambda m: len(m["mountPath"]))["name"]
+    volumes: list[dict[str, Any]] = [v for v in spec["volumes"] if v["name"] == name]
+    (volume,) = volumes
+    return volume
+
+
+def test_cluster_autoscaler_overlay_configs_load_and_match_the_pods(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """config/cluster-autoscaler = config/default + the expander Component + the cloud-provider Component + CA: the
+    rendered qos-autoscaler-config loads with the project's loader (cloud provider on 0.0.0.0:8086), the rendered
+    cluster-autoscaler-cloud-config with ca_replay.CloudConfig.load, and both agree with the rendered pods, Services
+    and Secrets."""
+    from extender.autoscaler.ca_replay import CloudConfig
+    from extender.autoscaler.config import load_autoscaler_config
+
+    docs = rendered["cluster-autoscaler"]
+
+    def bare(d: dict[str, Any]) -> tuple[str, str | None, str]:
+        k, ns, n = _key(d)
+        return (k, ns, n.rsplit("-", 1)[0] if k == "ConfigMap" else n)
+
+    own = {
+        bare(d)
+        for f in ("cluster-autoscaler.yaml", "cloud-provider/cloud-provider.yaml")
+        for d in yaml.safe_load_all((ROOT / "config" / "cluster-autoscaler" / f).read_text())
+        if d
+    }
+    cloud_config_cm = ("ConfigMap", "kube-qos-system", "cluster-autoscaler-cloud-config")
+    expected = set(map(bare, rendered["default+cluster-autoscaler"])) | own | {cloud_config_cm}
+    assert set(map(bare, docs)) == expected
+
+    # The sidecar's config: the cloud-provider Component's file won the merge (listed after the expander's).
+    data = _configmap(docs, "qos-autoscaler-config")
+    assert data["autoscaler.yaml"] == (ROOT / "config/cluster-autoscaler/cloud-provider/autoscaler.yaml").read_text()
+    assert data["extender.yaml"] == (ROOT / "config/autoscaler/extender.yaml").read_text()
+    files = _load_rendered(tmp_path, data)
+    raw = yaml.safe_load(data["autoscaler.yaml"])
+    ca = raw["autoscaler"]["cluster_autoscaler"]
+    cloud = ca["cloud_provider"]
+    in_pod = {
+        **{f"cluster_autoscaler.{k}": ca[k] for k in ("cert_file", "key_file")},
+        **{f"cloud_provider.{k}": cloud[k] for k in ("cert_file", "key_file", "client_ca_file")},
+    }
+    crt, key = _stand_in_pem(tmp_path)  # files inside the pod: stand-ins that exist here (the loader reads them)
+    ca.update(cert_file=crt, key_file=key)
+    cloud.update(cert_file=crt, key_file=key, client_ca_file=crt)
+    files["autoscaler.yaml"].write_text(yaml.safe_dump(raw))
+    settings = load_autoscaler_config(files["autoscaler.yaml"], load_config(files["extender.yaml"]))
+    cp = settings.expander.cloud_provider
+    assert settings.provider == "cluster-autoscaler" and cp is not None
+    assert cp.listen == "0.0.0.0:8086" and cp.backend == "kwok" and settings.expander.listen == "0.0.0.0:7000"
+
+    # ... and the rendered qos-autoscaler pod: the files on the right Secrets, the ports, the Services.
+    sidecar = _named(docs, "Deployment", "qos-autoscaler")
+    (c,) = sidecar["spec"]["template"]["spec"]["containers"]
+    for option, path in in_pod.items():
+        secret = "qos-autoscaler-expander-tls" if option.startswith("cluster_") else "qos-autoscaler-cloud-provider-tls"
+        assert _volume_of(sidecar, c["name"], path)["secret"]["secretName"] == secret, (option, path)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["grpc-cloud"] == int(cp.listen.rsplit(":", 1)[1])
+    assert ports["grpc-expander"] == int(settings.expander.listen.rsplit(":", 1)[1])
+    labels = sidecar["spec"]["template"]["metadata"]["labels"]
+    service = _named(docs, "Service", "qos-autoscaler-cloud-provider")
+    (sp,) = service["spec"]["ports"]
+    assert service["spec"]["selector"].items() <= labels.items() and sp["targetPort"] == "grpc-cloud"
+
+    # CA's cloud-config: the Service above, the client certificate files on CA's client Secret.
+    cc = _configmap(docs, "cluster-autoscaler-cloud-config")
+    assert set(cc) == {"cloud-config.yaml"}
+    cloud_config = CloudConfig.load(_load_rendered(tmp_path, cc)["cloud-config.yaml"])
+    svc = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert cloud_config.address == f"{svc}:{sp['port']}"
+    assert cloud_config.cert and cloud_config.key and cloud_config.cacert, "without cert CA dials plaintext"
+    ca_dep = _named(docs, "Deployment", "cluster-autoscaler")
+    (ca_c,) = ca_dep["spec"]["template"]["spec"]["containers"]
+    for path in (cloud_config.cert, cloud_config.key, cloud_config.cacert):
+        volume = _volume_of(ca_dep, ca_c["name"], path)
+        assert volume["secret"]["secretName"] == "cluster-autoscaler-externalgrpc-client", path
+    args = dict(a.split("=", 1) for a in ca_c["args"])
+    assert args["--cloud-provider"] == "externalgrpc" and args["--expander"] == "grpc"
+    cm_volume = _volume_of(ca_dep, ca_c["name"], args["--cloud-config"])
+    assert cm_volume["configMap"]["name"].startswith("cluster-autoscaler-cloud-config-")
+    assert args["--cloud-config"].rsplit("/", 1)[1] == "cloud-config.yaml"
+    expander = _named(docs, "Service", "qos-autoscaler-expander")
+    (ep,) = expander["spec"]["ports"]
+    assert args["--grpc-expander-url"] == f"qos-autoscaler-expander.kube-qos-system.svc:{ep['port']}"
+    assert _volume_of(ca_dep, ca_c["name"], args["--grpc-expander-cert"])["secret"]["secretName"] == (
+        "qos-autoscaler-expander-tls"
+    )
+
+
 def test_local_overlay_fits_this_machine(rendered: dict[str, list[dict[str, Any]]]) -> None:
     docs = rendered["local"]
     assert not {d["kind"] for d in docs} & {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -442,7 +556,7 @@ def _apply_for_real(docs: list[dict[str, Any]], path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("name", ["default", "local", *COMPOSITIONS])
+@pytest.mark.parametrize("name", ["default", "local", "cluster-autoscaler", *COMPOSITIONS])
 def test_api_server_accepts_the_new_objects(
     rendered: dict[str, list[dict[str, Any]]], name: str, tmp_path: Path
 ) -> None:
@@ -470,10 +584,13 @@ def test_api_server_accepts_the_new_objects(
 
 def test_pod_security_admits_every_pod_where_it_runs(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
     """The pods of each workload, as Pods, through the real admission chain (Pod Security enforce level of
-    their namespace, ServiceAccount, priority); the agent's pod in the scheduler's namespace is refused, so
-    the check is not vacuous."""
-    docs = rendered["default"]
-    _apply_for_real([d for d in docs if d["kind"] in ("Namespace", "ServiceAccount")], tmp_path / "sa.yaml")
+    their namespace, ServiceAccount, priority), for config/default and config/cluster-autoscaler (which adds
+    cluster-autoscaler's pod and ServiceAccount); the agent's pod in the scheduler's namespace is refused, so the
+    check is not vacuous."""
+    overlays = ("default", "cluster-autoscaler")
+    for name in overlays:
+        accounts = [d for d in rendered[name] if d["kind"] in ("Namespace", "ServiceAccount")]
+        _apply_for_real(accounts, tmp_path / f"sa-{name}.yaml")
 
     def pod(w: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         return {
@@ -498,17 +615,23 @@ def test_pod_security_admits_every_pod_where_it_runs(rendered: dict[str, list[di
             check=False,
         )
 
-    for w in _pod_templates(docs):
-        proc = create(pod(w))
-        assert proc.returncode == 0, (w["metadata"]["name"], proc.stderr)
-    agent = _named(docs, "DaemonSet", "qos-agent")
+    admitted = set()
+    for name in overlays:
+        for w in _pod_templates(rendered[name]):
+            proc = create(pod(w))
+            assert proc.returncode == 0, (name, w["metadata"]["name"], proc.stderr)
+            admitted.add((name, w["metadata"]["name"]))
+    assert ("cluster-autoscaler", "cluster-autoscaler") in admitted
+    agent = _named(rendered["default"], "DaemonSet", "qos-agent")
     moved = pod(agent, "kube-qos-system")
     moved["spec"]["serviceAccountName"] = "qos-scheduler"
     refused = create(moved)
     assert refused.returncode != 0 and 'violates PodSecurity "restricted' in refused.stderr, refused.stderr
 
 
-def _allowed(user: str, groups: list[str], verb: str, resource: str, name: str = "", namespace: str = "") -> bool:
+def _allowed(
+    user: str, groups: list[str], verb: str, resource: str, name: str = "", namespace: str = "", group: str = ""
+) -> bool:
     res, _, sub = resource.partition("/")
     review = {
         "apiVersion": "authorization.k8s.io/v1",
@@ -518,6 +641,7 @@ def _allowed(user: str, groups: list[str], verb: str, resource: str, name: str =
             "groups": groups,
             "resourceAttributes": {
                 "verb": verb,
+                "group": group,
                 "resource": res,
                 "subresource": sub,
                 "name": name,
@@ -556,7 +680,9 @@ def test_rbac_authorizes_what_the_code_calls_and_nothing_more(
     assert not _allowed(*agent_user, "list", "pods")
     for verb, resource in (("create", "events"), ("get", "pods"), ("patch", "pods"), ("get", "nodes")):
         assert not _allowed(*agent_sa, verb, resource, namespace="default"), (verb, resource)
-    # The autoscaler (kwok provider): reflectors, Events, kwok nodes; no pod writes without consolidation.
+    # The autoscaler (kwok provider): reflectors, Events, kwok nodes; no pod writes without consolidation. (The
+    # config/cluster-autoscaler test removes and restores qos-autoscaler-kwok: wait for the authorizer's cache.)
+    assert _eventually(lambda: _allowed(*autoscaler, "create", "nodes"), True)
     for verb, resource, ns in (
         ("list", "nodes", ""),
         ("watch", "nodes", ""),
@@ -578,6 +704,76 @@ def test_rbac_authorizes_what_the_code_calls_and_nothing_more(
         ("get", "leases", "kube-qos-system"),
     ):
         assert not _allowed(*autoscaler, verb, resource, namespace=ns), (verb, resource)
+
+
+def _eventually(check: Any, want: bool, timeout: float = 10.0) -> bool:
+    """The authorizer's RBAC caches follow deletes and applies through informers: wait for ``want``."""
+    deadline = time.monotonic() + timeout
+    while (got := bool(check())) != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return got
+
+
+def test_cluster_autoscaler_rbac_authorizes_the_cloud_provider_writes(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """config/cluster-autoscaler's RBAC, applied for real: qos-autoscaler creates and deletes the kwok Nodes CA buys
+    through ClusterRole qos-autoscaler-cloud-provider (qos-autoscaler-kwok is not in this overlay) and gets nothing of
+    cluster-autoscaler's own roles; those go to CA's ServiceAccount."""
+    docs = rendered["cluster-autoscaler"]
+    autoscaler_sa = {"kind": "ServiceAccount", "name": "qos-autoscaler", "namespace": "kube-qos-system"}
+    bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding") and autoscaler_sa in d["subjects"]}
+    assert bound == {"qos-autoscaler", "qos-autoscaler-cloud-provider"}
+    # config/default's test applied qos-autoscaler-kwok for real; this overlay removes it: so does the cluster
+    # (restored at the end, for config/default's test).
+    removed = [
+        d for d in rendered["default"] if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] not in bound
+    ]
+    removed = [d for d in removed if autoscaler_sa in d["subjects"]]
+    assert [d["metadata"]["name"] for d in removed] == ["qos-autoscaler-kwok"]
+    for binding in ("qos-autoscaler-kwok", "qos-autoscaler-consolidation"):
+        subprocess.run(
+            [*_kubectl(), "delete", "clusterrolebinding", binding, "--ignore-not-found"],
+            capture_output=True, check=True, timeout=60,
+        )  # fmt: skip
+    kinds = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    rbac = [d for d in docs if d["kind"] in kinds]
+    _apply_for_real(rbac, tmp_path / "rbac.yaml")
+    autoscaler = ("system:serviceaccount:kube-qos-system:qos-autoscaler", ["system:serviceaccounts"])
+    ca = ("system:serviceaccount:kube-qos-system:cluster-autoscaler", ["system:serviceaccounts"])
+    ns = "kube-qos-system"
+    assert _eventually(lambda: _allowed(*autoscaler, "create", "nodes"), True)
+    for verb, resource, namespace in (
+        ("delete", "nodes", ""),
+        ("list", "nodes", ""),
+        ("watch", "pods", ""),
+        ("create", "events", "default"),
+    ):
+        assert _allowed(*autoscaler, verb, resource, namespace=namespace), (verb, resource)
+    # What cluster-autoscaler itself needs (its own roles) is not the sidecar's.
+    ca_only = (
+        ("", "update", "nodes", "", ""),
+        ("", "create", "pods/eviction", "default", ""),
+        ("", "get", "configmaps", ns, "cluster-autoscaler-status"),
+        ("coordination.k8s.io", "update", "leases", ns, "cluster-autoscaler"),
+        ("policy", "list", "poddisruptionbudgets", "default", ""),
+    )
+    for group, verb, resource, namespace, name in ca_only:
+        assert not _allowed(*autoscaler, verb, resource, name=name, namespace=namespace, group=group), resource
+        assert _allowed(*ca, verb, resource, name=name, namespace=namespace, group=group), (verb, resource)
+    for verb, resource in (("patch", "nodes"), ("get", "secrets"), ("delete", "pods")):
+        assert not _allowed(*autoscaler, verb, resource, namespace=ns if resource != "nodes" else ""), (verb, resource)
+    assert not _allowed(*ca, "get", "secrets", namespace=ns)
+    # Not vacuous: without the cloud-provider binding the sidecar may not create Nodes.
+    subprocess.run(
+        [*_kubectl(), "delete", "clusterrolebinding", "qos-autoscaler-cloud-provider"],
+        capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    try:
+        assert not _eventually(lambda: _allowed(*autoscaler, "create", "nodes"), False)
+    finally:
+        _apply_for_real(rbac, tmp_path / "rbac.yaml")
+        _apply_for_real(removed, tmp_path / "restore.yaml")
 
 
 def test_deploy_local_dry_run(tmp_path: Path) -> None:

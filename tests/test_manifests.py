@@ -1,6 +1,7 @@
 """config/ as shipped, without a cluster or kubectl: the configuration files the workloads mount parse with the
 project's own loaders (so an invalid shipped config fails here) and agree with the manifests that mount them,
-the copies of reference configs did not drift, and every ClusterRole grants exactly what the code calls.
+the copies of reference configs did not drift, and every ClusterRole grants exactly what the code calls (in
+config/cluster-autoscaler, cluster-autoscaler's own roles are classified as CA's and bound to CA only, not matched).
 
 The rendered objects (kustomize), the API server's server-side dry run, Pod Security admission and real
 authorization checks (SubjectAccessReview) are in e2e/test_manifests.py.
@@ -404,9 +405,65 @@ def test_autoscaler_roles_grant_exactly_what_the_code_calls() -> None:
         ]
 
 
+CLUSTER_AUTOSCALER = CONFIG / "cluster-autoscaler"
+CA_CLOUD_PROVIDER_RBAC = CLUSTER_AUTOSCALER / "cloud-provider" / "cloud-provider.yaml"
+# config/cluster-autoscaler's roles that are cluster-autoscaler's own (what CA 1.35 reads and writes, bound to its
+# ServiceAccount cluster-autoscaler), not our code's: excluded from the code-grant matching. That they are bound to
+# CA's ServiceAccount and to nothing of ours is checked below; what they grant is upstream's business.
+CLUSTER_AUTOSCALER_OWN = {("ClusterRole", "qos-cluster-autoscaler"), ("Role", "cluster-autoscaler")}
+
+
+def _function_calls(path: Path, function: str) -> set[str]:
+    """Names called inside ``function`` of a source file."""
+    tree = ast.parse(path.read_text())
+    (fn,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == function]
+    return {n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def test_cluster_autoscaler_overlay_grants_the_autoscaler_exactly_what_its_code_calls() -> None:
+    """config/cluster-autoscaler: the sidecar serving CA's externalgrpc provider writes kwok Nodes through ClusterRole
+    qos-autoscaler-cloud-provider (the expander Component removed qos-autoscaler-kwok); CA's own roles are classified,
+    bound to CA only, and not matched against our code."""
+    kustomization = _load(CLUSTER_AUTOSCALER / "kustomization.yaml")
+    assert kustomization["resources"] == ["../default", "cluster-autoscaler.yaml"]
+    assert kustomization["components"] == ["../autoscaler/cluster-autoscaler", "cloud-provider"]  # order: merge
+    assert _component(CLUSTER_AUTOSCALER / "cloud-provider")["resources"] == ["cloud-provider.yaml"]
+    expander = _component(AUTOSCALER / "cluster-autoscaler")
+    removed = {p["target"]["name"] for p in expander["patches"] if "$patch: delete" in p["patch"]}
+    assert removed == {"qos-autoscaler-kwok"}
+    # Used: with cloud_provider set the sidecar builds KwokProvider (create_node / delete_node) as the node groups'
+    # backend (main._cloud_provider); the planning loop itself gets no provider (provider cluster-autoscaler).
+    raw = _load(CLUSTER_AUTOSCALER / "cloud-provider" / "autoscaler.yaml")["autoscaler"]
+    assert raw["provider"] == "cluster-autoscaler" and raw["cluster_autoscaler"]["cloud_provider"]["backend"] == "kwok"
+    assert "KwokProvider" in _function_calls(ROOT / "extender" / "autoscaler" / "main.py", "_cloud_provider")
+    kwok = api_rules(*KWOK_PROVIDER)
+    assert kwok == {("", "nodes", "create"), ("", "nodes", "delete")}
+    # Granted: exactly that, bound to the autoscaler's ServiceAccount only.
+    assert role_rules(CA_CLOUD_PROVIDER_RBAC, "qos-autoscaler-cloud-provider") == kwok
+    binding = _one(CA_CLOUD_PROVIDER_RBAC, "ClusterRoleBinding", "qos-autoscaler-cloud-provider")
+    assert binding["roleRef"]["name"] == "qos-autoscaler-cloud-provider"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qos-autoscaler", "namespace": "kube-qos-system"}]
+    # In this overlay the autoscaler holds qos-autoscaler (reflectors, Events) + qos-autoscaler-cloud-provider.
+    assert role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler") | kwok == api_rules(*AUTOSCALER_CORE, *KWOK_PROVIDER)
+    # Every role of the overlay's own files is either matched against our code above or cluster-autoscaler's.
+    files = (CLUSTER_AUTOSCALER / "cluster-autoscaler.yaml", CA_CLOUD_PROVIDER_RBAC)
+    docs = [d for f in files for d in _docs(f)]
+    roles = {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    assert roles == {("ClusterRole", "qos-autoscaler-cloud-provider")} | CLUSTER_AUTOSCALER_OWN
+    ca_sa = {"kind": "ServiceAccount", "name": "cluster-autoscaler", "namespace": "kube-qos-system"}
+    ca_pod = _one(CLUSTER_AUTOSCALER / "cluster-autoscaler.yaml", "Deployment")["spec"]["template"]["spec"]
+    assert ca_pod["serviceAccountName"] == ca_sa["name"]
+    bindings = [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    for b in bindings:
+        ref = (b["roleRef"]["kind"], b["roleRef"]["name"])
+        assert (ref in CLUSTER_AUTOSCALER_OWN) == (b["subjects"] == [ca_sa]), (b["metadata"]["name"], b["subjects"])
+        assert b["kind"] == ("RoleBinding" if ref[0] == "Role" else "ClusterRoleBinding"), b["metadata"]["name"]
+    assert {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings} == roles  # none unbound
+
+
 def test_every_rule_names_the_calls_that_justify_it() -> None:
     """The comment block right above each rule names CoreV1Api methods; they are exactly the rule's needs."""
-    for path in (AUTOSCALER / "rbac.yaml", AUTOSCALER / "consolidation" / "rbac.yaml"):
+    for path in (AUTOSCALER / "rbac.yaml", AUTOSCALER / "consolidation" / "rbac.yaml", CA_CLOUD_PROVIDER_RBAC):
         lines = path.read_text().splitlines()
         for i, line in enumerate(lines):
             if line.startswith("- apiGroups:"):
