@@ -1,4 +1,5 @@
-"""`qos-extender` command line: one entry point for every shell around the core."""
+"""`qos-extender` command line: one entry point for every shell around the core (the long-running processes are
+assembled in ``extender.processes``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 import orjson
 
 from extender.core.model import InvalidInputError
+from extender.processes import agent as agent_process
+from extender.processes import autoscaler as autoscaler_process
+from extender.processes import serve as serve_process
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -80,43 +84,6 @@ def _demo(args: argparse.Namespace) -> int:
     return rc
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import asyncio
-    import dataclasses
-
-    from extender.config import ConfigError, load_config
-    from extender.logs import setup_logging
-    from extender.webhook.serve import serve
-
-    try:
-        config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"qos-extender serve: {exc}", file=sys.stderr)
-        return 2
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    if overrides:
-        config = dataclasses.replace(config, server=dataclasses.replace(config.server, **overrides))
-    setup_logging(config.log_level)
-    try:
-        asyncio.run(serve(config))
-    except ConfigError as exc:
-        print(f"qos-extender serve: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _agent(args: argparse.Namespace) -> int:
-    from extender.agent.main import run_agent_command
-
-    return run_agent_command(args)
-
-
-def _autoscaler(args: argparse.Namespace) -> int:
-    from extender.autoscaler.main import run_autoscaler_command
-
-    return run_autoscaler_command(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qos-extender", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -136,19 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--config", help="YAML configuration (default config/extender.yaml)")
     srv.add_argument("--host", help="override server.host")
     srv.add_argument("--port", type=int, help="override server.port (0: any free port)")
-    srv.set_defaults(func=_serve)
-
-    from extender.agent.main import add_agent_arguments
+    srv.set_defaults(func=serve_process.run_serve_command)
 
     agent = sub.add_parser("agent", help="run the per-node checkpoint/restore agent (criu | kubelet | simulated)")
-    add_agent_arguments(agent)
-    agent.set_defaults(func=_agent)
-
-    from extender.autoscaler.main import add_autoscaler_arguments
+    agent_process.add_agent_arguments(agent)
+    agent.set_defaults(func=agent_process.run_agent_command)
 
     scaler = sub.add_parser("autoscaler", help="run the autoscaler sidecar (kwok | cluster-autoscaler expander)")
-    add_autoscaler_arguments(scaler)
-    scaler.set_defaults(func=_autoscaler)
+    autoscaler_process.add_autoscaler_arguments(scaler)
+    scaler.set_defaults(func=autoscaler_process.run_autoscaler_command)
 
     demo = sub.add_parser(
         "demo", help="the README's first command: local cluster + extender, sample workload, report, simulator"

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from extender.autoscaler.config import load_autoscaler_config, parse_autoscaler_config
-from extender.autoscaler.main import run_autoscaler_command
 from extender.cli import build_parser
 from extender.config import ConfigError, ExtenderConfig, load_config
+from extender.processes.autoscaler import run_autoscaler_command
 
 EXT = ExtenderConfig()  # no flavours of its own
 

@@ -291,8 +291,8 @@ def test_config_defaults_off_and_strict(tmp_path: Path) -> None:
 def test_cli_consolidation_config_errors_exit_2_and_the_default_file_checks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from extender.autoscaler.main import run_autoscaler_command
     from extender.cli import build_parser
+    from extender.processes.autoscaler import run_autoscaler_command
 
     bad = tmp_path / "c.yaml"
     bad.write_text("consolidation: {enabled: true}\n")

@@ -373,7 +373,7 @@ CONSOLIDATION = ("extender/consolidation/flow.py", "extender/kube/binder.py")
 
 
 def test_every_api_calling_module_of_the_autoscaler_is_accounted_for() -> None:
-    calling = {f for f in _module_files("extender.autoscaler.main") if _calls_api(f)}
+    calling = {f for f in _module_files("extender.processes.autoscaler") if _calls_api(f)}
     assert calling == set(AUTOSCALER_CORE + KWOK_PROVIDER + CONSOLIDATION), (
         "a module of the autoscaler calls the API: classify it here and grant what it needs in config/autoscaler"
     )

@@ -6,17 +6,16 @@ Unschedulable. Provider ``kwok`` executes the plans; provider ``cluster-autoscal
 and runs the loop in dry-run (plans become metrics only: CA buys the nodes and removes them), and with
 ``cluster_autoscaler.cloud_provider`` also the externalgrpc cloud provider (our flavours as CA's node groups, nodes
 from the kwok backend; its provisioning ledger is handed to the dry-run loop before every scan).
-/metrics, /healthz and /readyz are served over HTTP on ``metrics.host:port``.
+/metrics, /healthz and /readyz are served over HTTP on ``metrics.host:port``. The command line and the
+consolidation flow (the hand-off, when enabled) are wired in ``extender.processes.autoscaler``, above both packages.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,19 +24,18 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.autoscaler.config import AutoscalerSettings, load_autoscaler_config
+from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.events import AutoscalerEvents
 from extender.autoscaler.handoff import ConsolidationHandoff, RecordingHandoff
 from extender.autoscaler.loop import AutoscalerLoop, Decisions
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ConfigError, ExtenderConfig, load_config
+from extender.config import ConfigError, ExtenderConfig
 from extender.kube.client import new_api_client
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
-from extender.signals import stop_event
 
-__all__ = ["RunningAutoscaler", "add_autoscaler_arguments", "run_autoscaler_command", "start_autoscaler"]
+__all__ = ["RunningAutoscaler", "start_autoscaler"]
 
 log = logging.getLogger("extender.autoscaler")
 
@@ -305,76 +303,3 @@ def _cloud_provider(
         metrics=metrics,
         clock=clock,
     )
-
-
-async def _serve(config: ExtenderConfig, settings: AutoscalerSettings, consolidation: Any = None) -> None:
-    flow: Any = None
-    if consolidation is not None and consolidation.enabled:  # issue #8: the agent-driven consolidation flow
-        from extender.consolidation.flow import ConsolidationFlow
-
-        flow = ConsolidationFlow(consolidation)
-    running = await start_autoscaler(config, settings, handoff=flow)
-    if flow is not None:
-        await flow.start(running)
-    stop = stop_event()
-    try:
-        await stop.wait()
-    finally:
-        if flow is not None:
-            await flow.stop()
-        await running.stop()
-
-
-def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", help="extender YAML (Kubernetes access, node groups, flavours; default config/extender.yaml)"
-    )
-    parser.add_argument("--autoscaler-config", help="autoscaler YAML (default extender/autoscaler/autoscaler.yaml)")
-    parser.add_argument("--metrics-port", type=int, help="override autoscaler.metrics.port (0: any free port)")
-    parser.add_argument(
-        "--consolidation-config",
-        help="consolidation YAML (issue #8; extender/consolidation/consolidation.yaml): with `enabled: true` the "
-        "autoscaler empties under-utilised batch nodes through the node agents and deletes them",
-    )
-    parser.add_argument("--check-config", action="store_true", help="validate both files, print the catalogue, exit")
-
-
-def run_autoscaler_command(args: argparse.Namespace) -> int:
-    from extender.logs import setup_logging
-
-    try:
-        config = load_config(args.config)
-        settings = load_autoscaler_config(args.autoscaler_config, config)
-        consolidation = None
-        if getattr(args, "consolidation_config", None):
-            from extender.consolidation.config import load_consolidation_config
-
-            consolidation = load_consolidation_config(args.consolidation_config)
-    except ConfigError as exc:
-        print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
-        return 2
-    if args.metrics_port is not None:
-        settings = dataclasses.replace(settings, metrics_port=args.metrics_port)
-    if args.check_config:
-        for f in settings.flavours:
-            c = f.capacity
-            print(f"{f.name}: cpu={c.cpu_milli}m memory={c.memory_bytes}B pods={c.pods} ${f.price_per_hour}/h")
-        print(
-            f"provider={settings.provider} scan={settings.scan_interval_seconds}s cycle={settings.batch_cycle_seconds}s"
-        )
-        cp = settings.expander.cloud_provider
-        if cp is not None:
-            groups = len(cp.groups) * len(settings.flavours)
-            print(
-                f"externalgrpc cloud provider on {cp.listen} (mTLS): {groups} node groups "
-                f"({'/'.join(g.value for g in cp.groups)} x flavours), size {cp.min_size}..{cp.max_size}, "
-                f"backend {cp.backend}"
-            )
-        return 0
-    setup_logging(config.log_level)
-    try:
-        asyncio.run(_serve(config, settings, consolidation))
-    except ConfigError as exc:
-        print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
-        return 2
-    return 0

@@ -1,0 +1,15 @@
+"""Process wiring: how each long-running `qos-extender` process is assembled from the feature packages.
+
+The feature packages (webhook + controller, autoscaler, agent, consolidation) each expose a start function and
+know nothing of each other's processes; the few places where one process combines several of them live here,
+above them all in the import layers (pyproject.toml ``[tool.importlinter]``):
+
+- ``serve``: the extender webhook, which starts the QoS controller in the same process;
+- ``autoscaler``: the autoscaler sidecar and, with ``--consolidation-config`` (``enabled: true``), the
+  consolidation flow as its hand-off (``consolidation`` depends on the autoscaler, never the reverse);
+- ``agent``: the node agent (``extender.agent.main``; nothing else runs in its process).
+
+One module per process (``serve``, ``autoscaler``, ``agent``): what a process may run is the import closure of
+its module (tests/test_manifests.py grants the autoscaler's RBAC from it). Imports of the heavy parts stay
+inside the functions, so ``qos-extender simulate`` does not load aiohttp or kubernetes-asyncio.
+"""

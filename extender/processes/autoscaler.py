@@ -1,0 +1,101 @@
+"""`qos-extender autoscaler`: the autoscaler sidecar and, when enabled, the consolidation flow as its hand-off.
+
+``consolidation`` depends on the autoscaler (``consolidation.flow.AutoscalerRuntime``), never the reverse, so the
+two are combined here, above both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from typing import TYPE_CHECKING
+
+from extender.config import ConfigError, ExtenderConfig, load_config
+from extender.signals import stop_event
+
+if TYPE_CHECKING:
+    from extender.autoscaler.config import AutoscalerSettings
+    from extender.consolidation.config import ConsolidationSettings
+
+__all__ = ["add_autoscaler_arguments", "run_autoscaler_command"]
+
+
+async def _autoscaler_process(
+    config: ExtenderConfig, settings: AutoscalerSettings, consolidation: ConsolidationSettings | None = None
+) -> None:
+    """The autoscaler sidecar, with the agent-driven consolidation flow (issue #8) as its hand-off when enabled."""
+    from extender.autoscaler.main import start_autoscaler
+    from extender.consolidation.flow import ConsolidationFlow
+
+    flow: ConsolidationFlow | None = None
+    if consolidation is not None and consolidation.enabled:
+        flow = ConsolidationFlow(consolidation)
+    running = await start_autoscaler(config, settings, handoff=flow)
+    if flow is not None:
+        await flow.start(running)
+    stop = stop_event()
+    try:
+        await stop.wait()
+    finally:
+        if flow is not None:
+            await flow.stop()
+        await running.stop()
+
+
+def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", help="extender YAML (Kubernetes access, node groups, flavours; default config/extender.yaml)"
+    )
+    parser.add_argument("--autoscaler-config", help="autoscaler YAML (default extender/autoscaler/autoscaler.yaml)")
+    parser.add_argument("--metrics-port", type=int, help="override autoscaler.metrics.port (0: any free port)")
+    parser.add_argument(
+        "--consolidation-config",
+        help="consolidation YAML (issue #8; extender/consolidation/consolidation.yaml): with `enabled: true` the "
+        "autoscaler empties under-utilised batch nodes through the node agents and deletes them",
+    )
+    parser.add_argument("--check-config", action="store_true", help="validate both files, print the catalogue, exit")
+
+
+def run_autoscaler_command(args: argparse.Namespace) -> int:
+    """`qos-extender autoscaler`: validate the files (``--check-config`` prints the catalogue), then run."""
+    from extender.autoscaler.config import load_autoscaler_config
+    from extender.logs import setup_logging
+
+    try:
+        config = load_config(args.config)
+        settings = load_autoscaler_config(args.autoscaler_config, config)
+        consolidation = None
+        if getattr(args, "consolidation_config", None):
+            from extender.consolidation.config import load_consolidation_config
+
+            consolidation = load_consolidation_config(args.consolidation_config)
+    except ConfigError as exc:
+        print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
+        return 2
+    if args.metrics_port is not None:
+        settings = dataclasses.replace(settings, metrics_port=args.metrics_port)
+    if args.check_config:
+        for f in settings.flavours:
+            c = f.capacity
+            print(f"{f.name}: cpu={c.cpu_milli}m memory={c.memory_bytes}B pods={c.pods} ${f.price_per_hour}/h")
+        print(
+            f"provider={settings.provider} scan={settings.scan_interval_seconds}s cycle={settings.batch_cycle_seconds}s"
+        )
+        cp = settings.expander.cloud_provider
+        if cp is not None:
+            groups = len(cp.groups) * len(settings.flavours)
+            print(
+                f"externalgrpc cloud provider on {cp.listen} (mTLS): {groups} node groups "
+                f"({'/'.join(g.value for g in cp.groups)} x flavours), size {cp.min_size}..{cp.max_size}, "
+                f"backend {cp.backend}"
+            )
+        return 0
+    setup_logging(config.log_level)
+    try:
+        asyncio.run(_autoscaler_process(config, settings, consolidation))
+    except ConfigError as exc:
+        print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
+        return 2
+    return 0
