@@ -3,8 +3,9 @@
 This is paper 002 Algorithm 1 with kube-scheduler doing the binding: recompute Q for every request, walk the
 gated pods in increasing Q (``qos.queue_order``), and for each one find the hosts where it fits, possibly after
 preemption (``qos.feasibility``), pick one (``qos.rank_hosts`` with ``packing.k8s_default_score`` as the
-allocation score), and emit "evict these victims, then release this pod pinned to that host". The call
-pattern is the simulator's ``_schedule_preemptive``, so the policy measured there is the policy run here.
+allocation score), and emit "evict these victims, then release this pod pinned to that host". The
+simulator's QoS policies call this very function (``extender.sim.engine.Simulator._schedule_qos``), so the
+policy measured there is the policy run here.
 
 No I/O, no clock: the async shell (``extender.controller.loop``) builds the World from the snapshot and the
 accounts and applies the effects with the Kubernetes API.

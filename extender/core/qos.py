@@ -78,7 +78,7 @@ def _check_availability(value: float) -> float:
 
 # Production anti-thrashing defaults (QosPolicy itself defaults to the paper's 0 / 0). Chosen by measurement in
 # the simulator on paper 002's validation 1 (extender/sim/README.md has the sweep): 2,706 preemptions/hour
-# instead of 17,321 and bronze min availability 0.4936 instead of 0.4094, silver min 0.8976, gold min 0.9994.
+# instead of 16,265 and bronze min availability 0.4936 instead of 0.4138, silver min 0.8976, gold min 0.9994.
 RECOMMENDED_QUANTUM_SECONDS = 120.0
 RECOMMENDED_HYSTERESIS_SECONDS = 90.0
 

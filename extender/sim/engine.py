@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import cast
 
+from extender.controller import decide
+from extender.controller.accounting import Account, RequestState
 from extender.core import autoscale, packing, qos, reschedule
 from extender.core.model import (
     Flavour,
@@ -176,6 +178,8 @@ class Simulator:
             min_run_quantum_seconds=self.cfg.qos_quantum if policy == "qos-driven" else 0.0,
             q_hysteresis_seconds=self.cfg.qos_hysteresis if policy == "qos-driven" else 0.0,
         )
+        # The controller's own pass at c = 1, paper 002's host score (kube-scheduler's default resource scores).
+        self._decide_settings = decide.Settings(max_gate_seconds=math.inf, host_score="least-allocated")
         self.underutil = reschedule.UnderutilState(since={})
         self.ca_unneeded: dict[str, float] = {}
         self.last_scale_up = -math.inf
@@ -320,6 +324,14 @@ class Simulator:
             self._node_cache[node.name] = cached
         return cached
 
+    def _priority(self, s: RequestSpec) -> int:
+        """The pod's priority as deployed: the class's PriorityClass under `priority` (paper 002's reference);
+        none under the QoS policies (bench/qos_validation.py creates their pods without a PriorityClass, so the
+        controller's priority rule never binds: QoS decides alone); the workload's own value otherwise."""
+        if self.policy == "priority":
+            return self.w.classes[s.class_name].priority
+        return 0 if self.policy in PREEMPTIVE else s.priority
+
     def _pod(self, r: Req) -> Pod:
         """The core view of a request's instance, cached until its next transition (version, state)."""
         key = (r.version, r.state)
@@ -332,7 +344,7 @@ class Simulator:
             requests=self._requests[s.request_id],
             request_id=s.request_id,
             uid=s.request_id,
-            priority=self.w.classes[s.class_name].priority if self.policy == "priority" else s.priority,
+            priority=self._priority(s),
             class_name=s.class_name,
             kind=s.kind,
             runtime_seconds=s.duration if s.kind is WorkloadKind.BATCH else None,
@@ -429,80 +441,95 @@ class Simulator:
     def _pending(self) -> list[Req]:
         return [self.reqs[rid] for rid in self._pending_ids]
 
-    def _instance(self, r: Req) -> qos.Instance:
-        e, p = r.ep(self.now)
-        return qos.Instance(
-            pod=self._pod(r),
-            running_seconds=e,
-            pending_seconds=p,
-            preemptions=r.preemptions,
-            overhead_seconds=r.overhead,
-            current_run_seconds=(self.now - r.run_started) if r.state is State.RUNNING else 0.0,
-            admitted=(e + p) > 0,
-        )
-
     def _on_schedule(self, _: object) -> None:
         self.sched_pending = False
         pending = self._pending()
         if not pending:
             return
-        if self.policy in PREEMPTIVE:
-            self._schedule_preemptive(pending)
+        if self.policy == "priority":
+            self._schedule_priority(pending)
+        elif self.policy in PREEMPTIVE:
+            self._schedule_qos(pending)
         else:
             self._schedule_plain(pending)
 
     def _ready_nodes(self) -> list[SimNode]:
         return [n for n in self.nodes.values() if not n.cordoned]
 
-    def _schedule_preemptive(self, pending: list[Req]) -> None:
-        """Paper 002 Algorithm 1 (qos-*) or Kubernetes' priority preemption (§4.1.2), one pass.
+    def _account(self, r: Req) -> Account:
+        """The controller's account of a request, from the simulator's bookkeeping (same e, p, restarts,
+        overheads and current run; allocating and migrating count as pending, as they do in the cluster)."""
+        running = r.state is State.RUNNING
+        return Account(
+            e=r.e,
+            p=r.p,
+            state=RequestState.RUNNING if running else RequestState.PENDING,
+            since=r.since,
+            admitted=r.spec.arrival,
+            class_name=r.spec.class_name,
+            preemptions=r.preemptions,
+            overhead=r.overhead,
+            starts=r.starts,
+            run_started=r.run_started if running else None,
+        )
 
-        Time stands still within a pass, so each request's Instance is built once and only rebuilt for
-        the requests this pass moves (victims and placed ones).
+    def _schedule_qos(self, pending: list[Req]) -> None:
+        """Paper 002 Algorithm 1, one pass: the live QoS controller's own pure pass (``controller.decide``),
+        fed the world the controller would see, its effects applied as the cluster would apply them.
+
+        Every pending request is gated (the admission webhook gates every qos-scheduler pod); the placed
+        ones, allocating included, are the preemption candidates. Victims are evicted first, then each
+        release is bound to its pinned host; a pod released for priority preemption goes to kube-scheduler's
+        priority preemption (``_priority_place``). No gate timeout: the simulator never loses a decision.
         """
-        placed = {f"default/{r.spec.request_id}": r for r in self.reqs.values() if r.node is not None}
-        insts: dict[str, qos.Instance] = {}
-        q_of: dict[str, float] = {}
+        ready = self._ready_nodes()
+        nodes = [self._core_node(n) for n in ready]
+        running = {key: rid for n in ready for key, rid in n.pods.items()}
+        accounts = {rid: self._account(self.reqs[rid]) for rid in running.values()}
+        gated = []
+        for r in pending:
+            rid = r.spec.request_id
+            accounts[rid] = self._account(r)
+            gated.append(decide.GatedPod(self._pod(r), rid, gated_since=r.since))
+        world = decide.World(nodes, running, gated, accounts, self.now)
+        decision = decide.decide(world, self.qpol, self._decide_settings, self.rng)
+        for ev in decision.evictions:
+            victim = self.reqs[ev.victim_request]
+            self._unplace(victim, lose_work=False)
+            victim.preemptions += 1
+            self.c.preemptions += 1
+        for rel in decision.releases:
+            r = self.reqs[rel.request]
+            if rel.node is not None:
+                self._place(r, self.nodes[rel.node])
+            elif rel.priority:
+                self._priority_place(r)
 
-        def inst(r: Req) -> qos.Instance:
-            got = insts.get(r.spec.request_id)
-            if got is None:
-                got = insts[r.spec.request_id] = self._instance(r)
-                q_of[got.pod.key] = qos.instance_q(got, self.qpol)
-            return got
+    def _schedule_priority(self, pending: list[Req]) -> None:
+        """Kubernetes' priority preemption (paper 002 §4.1.2), one pass: priority order, each pod placed where
+        it fits after preempting strictly lower priorities."""
+        for p in qos.priority_queue_order(self._pod(r) for r in pending):
+            self._priority_place(self.reqs[p.request_id])
 
-        if self.policy == "priority":
-            order = [self.reqs[p.request_id] for p in qos.priority_queue_order(self._pod(r) for r in pending)]
-        else:
-            order = [self.reqs[i.pod.request_id] for i in qos.queue_order(map(inst, pending), self.qpol)]
-        for r in order:
-            pod = self._pod(r)
-            options: list[qos.Feasibility] = []
-            for n in self._ready_nodes():
-                cn = self._core_node(n)
-                if self.policy == "priority":
-                    options.append(qos.priority_feasibility(pod, cn, self.qpol))
-                else:
-                    running = {p.key: inst(placed[p.key]) for p in cn.pods if p.key in placed}
-                    options.append(qos.feasibility(inst(r), cn, running, self.qpol, self.rng, q_of))
-            feasible = [o for o in options if o.feasible]
-            if not feasible:
-                continue
-            scores = {o.node: packing.k8s_default_score(self._core_node(self.nodes[o.node]), pod) for o in feasible}
-            best = qos.rank_hosts(feasible, scores)
-            if best is None:
-                continue
-            for key in best.victims:
-                victim = placed.pop(key)
-                self._unplace(victim, lose_work=False)
-                insts.pop(victim.spec.request_id, None)
-                q_of.pop(key, None)
-                victim.preemptions += 1
-                self.c.preemptions += 1
-            self._place(r, self.nodes[best.node])
-            insts.pop(r.spec.request_id, None)
-            q_of.pop(f"default/{r.spec.request_id}", None)
-            placed[f"default/{r.spec.request_id}"] = r
+    def _priority_place(self, r: Req) -> bool:
+        """kube-scheduler with PriorityClasses: the feasible hosts after preempting strictly lower-priority pods,
+        ranked by its default scores; the victims restart later without losing progress."""
+        pod = self._pod(r)
+        options = [qos.priority_feasibility(pod, self._core_node(n), self.qpol) for n in self._ready_nodes()]
+        feasible = [o for o in options if o.feasible]
+        if not feasible:
+            return False
+        scores = {o.node: packing.k8s_default_score(self._core_node(self.nodes[o.node]), pod) for o in feasible}
+        best = qos.rank_hosts(feasible, scores)
+        if best is None:
+            return False
+        for key in best.victims:
+            victim = self.reqs[self.nodes[best.node].pods[key]]
+            self._unplace(victim, lose_work=False)
+            victim.preemptions += 1
+            self.c.preemptions += 1
+        self._place(r, self.nodes[best.node])
+        return True
 
     def _schedule_plain(self, pending: list[Req]) -> None:
         """No preemption (all pods share one priority): k8s scores, or HTAS's BFD / time-bin BFD."""
