@@ -167,6 +167,62 @@ def test_qos_scheduler_runs_as_real_containers_and_wins_its_leases(product: Prod
     assert controller[0]["spec"].get("holderIdentity") in names, controller[0]["spec"]
 
 
+def test_pods_on_different_real_nodes_reach_each_other_and_services(product: Product, namespace: str) -> None:
+    """The pod network: a pod on one real node fetches a page from a pod on the other, by pod IP and through a
+    Service's ClusterIP (kube-proxy in the nodes' namespaces)."""
+    kube = product.kube
+    server_node, client_node = product.real_nodes[0], product.real_nodes[1]
+
+    def plain(name: str, node: str, command: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {"name": "c", "image": BUSYBOX, "imagePullPolicy": "Never", "command": ["sh", "-c", command]}
+                ],
+            },
+        }
+
+    token = uuid.uuid4().hex
+    kube.create_pod(
+        namespace,
+        plain("web", server_node, f"mkdir -p /www && echo {token} > /www/index.html && httpd -f -p 8080 -h /www",
+              {"app": "web"}),
+    )  # fmt: skip
+    kube.create(
+        f"/api/v1/namespaces/{namespace}/services",
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+        },
+    )
+    kube.create_pod(namespace, plain("client", client_node, "sleep 3600", {}))
+
+    def ip_of(name: str) -> str | None:
+        pod = kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        return pod["status"].get("podIP") if pod["status"].get("phase") == "Running" else None
+
+    web_ip = kube.wait(lambda: ip_of("web"), "web pod Running", timeout=60)
+    kube.wait(lambda: ip_of("client"), "client pod Running", timeout=60)
+    cluster_ip = kube.get(f"/api/v1/namespaces/{namespace}/services/web")["spec"]["clusterIP"]
+    kubectl = [str(product.bin_dir / "kubectl"), "exec", "-n", namespace, "client", "--"]
+    for url in (f"http://{web_ip}:8080/", f"http://{cluster_ip}/"):
+
+        def fetched(url: str = url) -> bool:
+            out = subprocess.run(
+                [*kubectl, "wget", "-q", "-T", "3", "-O-", url], env=product.env, capture_output=True, text=True
+            )
+            return token in out.stdout
+
+        kube.wait(fetched, f"client on {client_node} fetching {url} from {server_node}", timeout=60, interval=1.0)
+
+
 def _qos_pod(name: str, *, kind: str, cpu: str, memory: str, image: str = BUSYBOX) -> dict[str, Any]:
     return {
         "apiVersion": "v1",

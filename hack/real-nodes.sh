@@ -353,7 +353,10 @@ start_node() { # <name> <idx> <group> <flavour>
     sleep 0.2
   done
   import_images "${name}" "${NODE_IMAGES[@]}"
-  "${BIN_DIR}/ctr" --address "${run}/containerd.sock" -n k8s.io images ls -q | grep -qx "${SANDBOX_IMAGE}" \
+  # (not `ctr | grep -q`: grep exiting at the first match makes ctr's SIGPIPE fail the pipeline under pipefail)
+  local images
+  images="$("${BIN_DIR}/ctr" --address "${run}/containerd.sock" -n k8s.io images ls -q 2>/dev/null)"
+  [[ $'\n'"${images}"$'\n' == *$'\n'"${SANDBOX_IMAGE}"$'\n'* ]] \
     || die "${name}: ${SANDBOX_IMAGE} missing in containerd (run hack/build-image.sh: it makes ${IMAGES_DIR}/pause.tar)"
   start "${run}/kubelet.pid" "${LOGS}/${name}-kubelet.log" "${ns}" \
     env PATH="${BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \

@@ -32,13 +32,17 @@ run_in_cluster() { # <state dir> <local-up env+args...> -- <pytest args...>
       fi
     }
     trap cleanup EXIT
+    # errexit does not apply inside a subshell whose status is tested (`|| rc=$?` below): every step that can
+    # fail exits explicitly, or a failed local-up would run pytest without a cluster and report success.
     t0=${SECONDS}
-    out="$(env "${up[@]}")"
+    out="$(env "${up[@]}")" || { echo "local-up (${up[*]}) failed" >&2; exit 1; }
     echo "local-up (${up[*]}): $((SECONDS - t0)) s" >&2
     while IFS= read -r line; do [[ "${line}" == *=* ]] && export "${line?}"; done <<< "${out}"
     t1=${SECONDS}
-    "${PYTEST}" "$@"
-    echo "live tests in ${QOS_STATE}: $((SECONDS - t1)) s" >&2
+    prc=0
+    "${PYTEST}" "$@" || prc=$?
+    echo "live tests in ${QOS_STATE}: $((SECONDS - t1)) s (rc ${prc})" >&2
+    exit "${prc}"
   ) || rc=$?
   return "${rc}"
 }
