@@ -406,7 +406,9 @@ kill_cgroup() { # <cgroup name>: every process under it, in every hierarchy
   local h pids
   for _ in 1 2 3; do
     pids="$(cg_hierarchies | while read -r h; do
-      [[ -d "${h}/$1" ]] && find "${h}/$1" -name cgroup.procs -exec cat {} + 2>/dev/null
+      # (an `if`, not `[[ ]] &&`: a missing dir would end the loop with status 1 and, under pipefail and
+      # errexit, the whole teardown; seen when a node failed before its cgroups were made)
+      if [[ -d "${h}/$1" ]]; then find "${h}/$1" -name cgroup.procs -exec cat {} + 2>/dev/null || true; fi
     done | sort -u)"
     [[ -z "${pids}" ]] && break
     # shellcheck disable=SC2086
