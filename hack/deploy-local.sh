@@ -104,17 +104,7 @@ issue() {
     return 0
   fi
   log "certs: issuing ${name} (${subj}${san:+; ${san}})"
-  [[ -s "${key}" ]] || openssl genrsa -out "${key}" 2048 2>/dev/null
-  chmod 600 "${key}"
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=${eku}"
-    if [[ -n "${san}" ]]; then echo "subjectAltName=${san}"; fi
-  } > "${WORK}/${name}.ext"
-  openssl req -new -key "${key}" -subj "${subj}" -out "${WORK}/${name}.csr" 2>/dev/null
-  openssl x509 -req -in "${WORK}/${name}.csr" -CA "${ca}.crt" -CAkey "${ca}.key" -CAcreateserial \
-    -CAserial "${C}/serial" -days 365 -sha256 -extfile "${WORK}/${name}.ext" -out "${crt}" 2>/dev/null
+  sign_cert "${ca}" "${C}/${name}" "${subj}" "${eku}" "${san}"
   echo "${want}" > "${spec}"
 }
 
@@ -122,11 +112,7 @@ LOCAL_CA="${CA_DIR}/ca"
 AGENT_CA="${C}/agent-ca"
 if [[ ! -s "${AGENT_CA}.crt" ]] || ! openssl x509 -in "${AGENT_CA}.crt" -noout -checkend 2592000 >/dev/null; then
   log "certs: generating the agents' CA ${AGENT_CA}.crt"
-  openssl genrsa -out "${AGENT_CA}.key" 2048 2>/dev/null
-  chmod 600 "${AGENT_CA}.key"
-  openssl req -x509 -new -key "${AGENT_CA}.key" -subj "/CN=kube-qos-agent-ca" -days 3650 -sha256 \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-    -out "${AGENT_CA}.crt" 2>/dev/null
+  make_ca "${AGENT_CA}" kube-qos-agent-ca
 fi
 
 svc_names() { # <name> <namespace> -> DNS SAN list of a Service

@@ -35,3 +35,31 @@ apt_install_no_start() {
   fi
   return "${rc}"
 }
+
+# sign_cert <CA base> <out base> <subject> <extendedKeyUsage> [subjectAltName]: <out base>.key (made when absent,
+# mode 600) and <out base>.crt signed by <CA base>.crt/.key for a year; a random serial, so no serial file is
+# written beside the CA. The one certificate recipe of local-up.sh, real-nodes.sh and deploy-local.sh.
+sign_cert() {
+  local ca="$1" out="$2" subj="$3" eku="$4" san="${5:-}"
+  [[ -s "${out}.key" ]] || openssl genrsa -out "${out}.key" 2048 2>/dev/null
+  chmod 600 "${out}.key"
+  {
+    echo "basicConstraints=critical,CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "extendedKeyUsage=${eku}"
+    if [[ -n "${san}" ]]; then echo "subjectAltName=${san}"; fi
+  } > "${out}.ext"
+  openssl req -new -key "${out}.key" -subj "${subj}" -out "${out}.csr" 2>/dev/null
+  openssl x509 -req -in "${out}.csr" -CA "${ca}.crt" -CAkey "${ca}.key" -set_serial "0x$(openssl rand -hex 16)" \
+    -days 365 -sha256 -extfile "${out}.ext" -out "${out}.crt" 2>/dev/null
+  rm -f "${out}.csr" "${out}.ext"
+}
+
+# make_ca <out base> <common name>: a self-signed CA (<out base>.key, <out base>.crt, ten years).
+make_ca() {
+  openssl genrsa -out "$1.key" 2048 2>/dev/null
+  chmod 600 "$1.key"
+  openssl req -x509 -new -key "$1.key" -subj "/CN=$2" -days 3650 -sha256 \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
+    -out "$1.crt" 2>/dev/null
+}

@@ -259,28 +259,13 @@ curl_ok() { # <url> [curl args] -- body must be "ok"
 gen_key() { [[ -s "$1" ]] || openssl genrsa -out "$1" 2048 2>/dev/null; }
 
 gen_cert() { # <name> <subject> <extendedKeyUsage> [subjectAltName]
-  local name="$1" subj="$2" eku="$3" san="${4:-}"
-  [[ -s "${CERTS}/${name}.crt" ]] && return 0
-  gen_key "${CERTS}/${name}.key"
-  local ext="${CERTS}/${name}.ext"
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=${eku}"
-    if [[ -n "${san}" ]]; then echo "subjectAltName=${san}"; fi
-  } > "${ext}"
-  openssl req -new -key "${CERTS}/${name}.key" -subj "${subj}" -out "${CERTS}/${name}.csr" 2>/dev/null
-  openssl x509 -req -in "${CERTS}/${name}.csr" -CA "${CERTS}/ca.crt" -CAkey "${CERTS}/ca.key" \
-    -CAcreateserial -days 365 -sha256 -extfile "${ext}" -out "${CERTS}/${name}.crt" 2>/dev/null
-  rm -f "${CERTS}/${name}.csr" "${ext}"
+  [[ -s "${CERTS}/$1.crt" ]] && return 0
+  sign_cert "${CERTS}/ca" "${CERTS}/$1" "$2" "$3" "${4:-}"
 }
 
 if [[ ! -s "${CERTS}/ca.crt" ]]; then
   log "certs: generating CA and certificates in ${CERTS}"
-  gen_key "${CERTS}/ca.key"
-  openssl req -x509 -new -key "${CERTS}/ca.key" -subj "/CN=kube-qos-local-ca" -days 3650 -sha256 \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-    -out "${CERTS}/ca.crt" 2>/dev/null
+  make_ca "${CERTS}/ca" kube-qos-local-ca
 fi
 LOCAL_SAN="IP:127.0.0.1,DNS:localhost"
 # 10.250.0.2: the apiserver as real nodes and pods reach it (hack/real-nodes.sh's relay)
@@ -296,23 +281,9 @@ gen_cert kwok "/O=system:masters/CN=kwok-controller" clientAuth
 gen_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
 # Front-proxy (request-header) CA and client: the aggregation layer; without them every component logs
 # "missing content for CA bundle ... requestheader-client-ca-file" forever.
-if [[ ! -s "${CERTS}/front-proxy-ca.crt" ]]; then
-  gen_key "${CERTS}/front-proxy-ca.key"
-  openssl req -x509 -new -key "${CERTS}/front-proxy-ca.key" -subj "/CN=kube-qos-local-front-proxy-ca" -days 3650 \
-    -sha256 -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
-    -out "${CERTS}/front-proxy-ca.crt" 2>/dev/null
-fi
-if [[ ! -s "${CERTS}/front-proxy-client.crt" ]]; then
-  gen_key "${CERTS}/front-proxy-client.key"
-  openssl req -new -key "${CERTS}/front-proxy-client.key" -subj "/CN=front-proxy-client" \
-    -out "${CERTS}/front-proxy-client.csr" 2>/dev/null
-  printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' \
-    > "${CERTS}/front-proxy-client.ext"
-  openssl x509 -req -in "${CERTS}/front-proxy-client.csr" -CA "${CERTS}/front-proxy-ca.crt" \
-    -CAkey "${CERTS}/front-proxy-ca.key" -CAcreateserial -days 365 -sha256 -extfile "${CERTS}/front-proxy-client.ext" \
-    -out "${CERTS}/front-proxy-client.crt" 2>/dev/null
-  rm -f "${CERTS}/front-proxy-client.csr" "${CERTS}/front-proxy-client.ext"
-fi
+[[ -s "${CERTS}/front-proxy-ca.crt" ]] || make_ca "${CERTS}/front-proxy-ca" kube-qos-local-front-proxy-ca
+[[ -s "${CERTS}/front-proxy-client.crt" ]] \
+  || sign_cert "${CERTS}/front-proxy-ca" "${CERTS}/front-proxy-client" "/CN=front-proxy-client" clientAuth
 gen_cert extender-serving "/CN=kube-qos-extender" serverAuth "${LOCAL_SAN}"
 gen_cert extender-client "/O=kube-qos-extender-clients/CN=kube-scheduler-extender-client" clientAuth
 # The extender's own API identity: user qos-extender, bound to config/base's least-privilege ClusterRole

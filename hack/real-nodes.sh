@@ -93,20 +93,8 @@ stop_pid() { # <pidfile>
 }
 
 gen_node_cert() { # <file-base> <subject> <eku> [san]
-  local base="$1" subj="$2" eku="$3" san="${4:-}"
-  [[ -s "${base}.crt" ]] && return 0
-  openssl genrsa -out "${base}.key" 2048 2>/dev/null
-  {
-    echo "basicConstraints=critical,CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
-    echo "extendedKeyUsage=${eku}"
-    if [[ -n "${san}" ]]; then echo "subjectAltName=${san}"; fi
-  } > "${base}.ext"
-  openssl req -new -key "${base}.key" -subj "${subj}" -out "${base}.csr" 2>/dev/null
-  openssl x509 -req -in "${base}.csr" -CA "${CERTS}/ca.crt" -CAkey "${CERTS}/ca.key" -CAcreateserial -days 365 \
-    -sha256 -extfile "${base}.ext" -out "${base}.crt" 2>/dev/null
-  rm -f "${base}.csr" "${base}.ext"
-  chmod 600 "${base}.key"
+  [[ -s "$1.crt" ]] && return 0
+  sign_cert "${CERTS}/ca" "$@"
 }
 
 write_kubeconfig() { # <file> <cert base>
