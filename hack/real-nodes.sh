@@ -7,6 +7,8 @@
 #        hack/real-nodes.sh down                             (removes every real node of $QOS_STATE)
 #        hack/real-nodes.sh import IMAGE.tar ...             (imports images into every real node's containerd)
 #        hack/real-nodes.sh list                             (NAME IP POD_CIDR lines)
+#        hack/real-nodes.sh leftovers                        (exit 1, naming them, if anything of real nodes remains:
+#                                                             namespaces, links, cgroups, mounts, processes, dirs)
 #
 # Topology (all addresses inside 10.250.0.0/16 and 10.245.0.0/16; nothing listens on a host address):
 #   bridge qosbr0 (host side 10.250.0.1/24, no listener) --veth-- netns qos-apigw 10.250.0.2: netns_relay.py
@@ -522,8 +524,28 @@ down() {
   rmdir "${RUN_ROOT}" "${NODES_ROOT}" 2>/dev/null || true
 }
 
+leftovers() {
+  local found=()
+  mapfile -t -O "${#found[@]}" found < <(ip netns list 2>/dev/null | awk '$1 ~ /^qos-/ {print "netns " $1}')
+  mapfile -t -O "${#found[@]}" found < <(ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^(qosbr0|qosv-)/ {print "link " $2}')
+  mapfile -t -O "${#found[@]}" found < <(cg_hierarchies | while read -r h; do
+    find "${h}" -mindepth 1 -maxdepth 1 -type d -name 'qos-*' -printf 'cgroup %p\n'; done)
+  mapfile -t -O "${#found[@]}" found < <(awk -v a="${NODES_ROOT}" -v b="${RUN_ROOT}" \
+    'index($2, a) == 1 || index($2, b) == 1 {print "mount " $2}' /proc/self/mounts)
+  mapfile -t -O "${#found[@]}" found < <(pgrep -a -f "${RUN_ROOT}|${NODES_ROOT}|netns_relay.py" 2>/dev/null \
+    | grep -v "real-nodes.sh" | sed 's/^/process /' || true)
+  [[ -e "${NODES_ROOT}" ]] && found+=("dir ${NODES_ROOT}")
+  [[ -e "${RUN_ROOT}" ]] && found+=("dir ${RUN_ROOT}")
+  if ((${#found[@]})); then
+    printf 'left over: %s\n' "${found[@]}" >&2
+    return 1
+  fi
+  log "real nodes: nothing left over"
+}
+
 case "${cmd}" in
   up) up "$@" ;;
+  leftovers) leftovers ;;
   down) down ;;
   import)
     [[ -f "${REGISTRY}" ]] || die "no real nodes in ${QOS_STATE}"

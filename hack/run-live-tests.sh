@@ -62,7 +62,9 @@ for phase in ${PHASES}; do
     # one real node per node group (containers really run there), kwok nodes for the autoscaler to add.
     2) run_in_cluster "${QOS_DEPLOYED_STATE:-/tmp/qos-ci-deployed}" QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 \
          QOS_MANIFESTS_DIR=none hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=1 -- \
-         -m deployed e2e "$@" || rc=$? ;;
+         -m deployed e2e "$@" || rc=$?
+       # local-down must remove everything real nodes made (namespaces, links, cgroups, mounts, processes)
+       hack/real-nodes.sh leftovers || rc=1 ;;
     *) echo "unknown phase ${phase}" >&2; exit 2 ;;
   esac
 done
