@@ -216,3 +216,33 @@ def test_workload_ref_carries_the_checkpoint_image() -> None:
     for bad in ("", " x", 5):
         with pytest.raises(ValueError):
             WorkloadRef.from_json({"namespace": "n", "pod": "p", "image": bad})
+
+
+@pytest.mark.parametrize("kind", ["ok", "symlink", "traversal", "absolute", "device"])
+def test_unpack_without_tarfile_filters_as_in_the_images_python(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image's Python (3.11.2) has no tarfile extraction filters: the same archives are accepted/refused."""
+    from extender.agent import archive as arc
+
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    path = tmp_path / "a.tar"
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo({"traversal": "../escape", "absolute": "/tmp/escape"}.get(kind, "d/pages-1.img"))
+        if kind == "symlink":
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+        elif kind == "device":
+            info.type = tarfile.CHRTYPE
+            tar.addfile(info)
+        else:
+            info.size, info.mode = 3, 0o4755
+            tar.addfile(info, io.BytesIO(b"abc"))
+    if kind != "ok":
+        with pytest.raises(tarfile.TarError):
+            arc.unpack(path, tmp_path / "out")
+        assert not (tmp_path / "escape").exists()
+        return
+    assert arc.unpack(path, tmp_path / "out") == ["d/pages-1.img"]
+    out = tmp_path / "out" / "d" / "pages-1.img"
+    assert out.read_bytes() == b"abc" and out.stat().st_mode & 0o7777 == 0o755

@@ -12,7 +12,7 @@ import os
 import shutil
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 __all__ = ["CHUNK", "ArchiveInfo", "hash_file", "pack_dir", "remove_path", "unpack"]
 
@@ -54,16 +54,34 @@ def pack_dir(src: Path, dest: Path) -> ArchiveInfo:
     return hash_file(dest)
 
 
+class UnsafeArchiveError(tarfile.TarError):
+    """An archive member that is not a plain file or directory inside the destination."""
+
+
 def unpack(archive: Path, dest: Path) -> list[str]:
-    """Extract ``archive`` into a fresh ``dest`` with tarfile's 'data' filter (no links out, no devices)."""
+    """Extract ``archive`` into a fresh ``dest``: regular files and directories only, none outside ``dest``.
+
+    With tarfile's 'data' filter where Python has it (3.11.4+, 3.12+); the image's Python (Debian bookworm's
+    3.11.2) has no extraction filters, so the same checks are made here first either way: no links, no devices,
+    no absolute or ``..`` names, permissions reduced to rwx (no setuid/setgid/sticky), owned by whoever unpacks."""
     remove_path(dest)
     dest.mkdir(parents=True)
     with tarfile.open(archive, "r:") as tar:
         members = tar.getmembers()
         for m in members:
             if not (m.isfile() or m.isdir()):
-                raise tarfile.FilterError(f"archive member {m.name!r} is not a regular file")
-        tar.extractall(dest, filter="data")
+                raise UnsafeArchiveError(f"archive member {m.name!r} is not a regular file")
+            parts = PurePosixPath(m.name).parts
+            if m.name.startswith("/") or ".." in parts or not parts:
+                raise UnsafeArchiveError(f"archive member {m.name!r} points outside the destination")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # Python < 3.11.4 (the image)
+            for m in members:
+                m.mode &= 0o777
+                m.uid = m.gid = os.getuid()
+                m.uname = m.gname = ""
+            tar.extractall(dest, members=members, numeric_owner=True)
     return sorted(m.name for m in members)
 
 
