@@ -1,0 +1,297 @@
+"""A counting pod migrates between two real kubelet nodes with its count intact (issue 13, deliverable 1).
+
+The cluster and the deployed product are e2e/test_deployed.py's (``product`` fixture: the image imported into the
+real nodes, config/local applied by hack/deploy-local.sh, the agent DaemonSet Ready on both real nodes). Here:
+
+1. a busybox counter pod (``qos-local/busybox:1.35.0``, ``imagePullPolicy: Never``, kind batch) runs on the batch
+   real node and prints ``tick N`` every second;
+2. the consolidation flow (``ConsolidationFlow.move_pod``, run in this process against the cluster, as the
+   autoscaler runs it) asks the batch node's agent to migrate it to the service node: kubelet checkpoint on the
+   source (the agent's client certificate, ``nodes/checkpoint`` only), sha256-verified transfer to the other
+   agent, checkpoint image imported into that node's containerd (Transfer API, no registry); the flow creates
+   the destination pod from that image, pinned to the node, waits for its container to run, deletes the source;
+3. checked: the destination's first tick is the one after the last tick the source printed before the final
+   checkpoint (no reset, no gap), its ticks go on one by one, exactly one copy runs (the API, and each node's
+   containerd), the archives are gone on both agents and in the kubelet's checkpoint directory.
+
+Runs with ``-m deployed`` on the cluster of ``hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=1``
+(see e2e/test_deployed.py); fails, never skips, without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
+from extender.config import ExtenderConfig, KubernetesConfig
+from extender.consolidation.config import ConsolidationSettings
+from extender.consolidation.decide import MoveVerdict
+from extender.consolidation.flow import ConsolidationFlow
+from extender.kube.client import new_api_client
+
+pytestmark = [pytest.mark.live, pytest.mark.deployed]
+
+GROUP = "qos.kube-qos-extender.io/node-group"
+TICK = re.compile(r"^(\S+) tick (\d+)$")
+NODES_ROOT = Path("/var/lib/qos-local-nodes")
+
+
+def _group_nodes(p: Product) -> tuple[str, str]:
+    groups = {n: p.kube.get(f"/api/v1/nodes/{n}")["metadata"]["labels"].get(GROUP) for n in p.real_nodes}
+    batch = [n for n, g in groups.items() if g == "batch"]
+    service = [n for n, g in groups.items() if g == "service"]
+    assert batch and service, groups
+    return batch[0], service[0]
+
+
+def _counter(name: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "annotations": {"qos.kube-qos-extender.io/class": "gold", "qos.kube-qos-extender.io/kind": "batch"},
+        },
+        "spec": {
+            "nodeName": node,  # placed on the batch node directly: this test is about the move, not the scheduler
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": BUSYBOX,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 1; done"],
+                    "resources": {"requests": {"cpu": "50m", "memory": "16Mi"}},
+                }
+            ],
+        },
+    }
+
+
+class LogFollower:
+    """``kubectl logs -f --timestamps`` of a pod in a thread: every tick with its kubelet timestamp, until the pod
+    (and so the stream) goes away."""
+
+    def __init__(self, p: Product, ns: str, pod: str) -> None:
+        self.ticks: list[tuple[float, int]] = []
+        self.proc = subprocess.Popen(
+            [str(p.bin_dir / "kubectl"), "logs", "-f", "--timestamps", "-n", ns, pod],
+            env=p.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            m = TICK.match(line.strip())
+            if m:
+                self.ticks.append((_rfc3339(m.group(1)), int(m.group(2))))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.thread.join(10)
+
+
+def _rfc3339(stamp: str) -> float:
+    # 2026-11-22T20:01:02.123456789Z: Python parses at most microseconds
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z", stamp)
+    assert m, stamp
+    return datetime.fromisoformat(m.group(1) + "+00:00").timestamp() + float(m.group(2) or 0)
+
+
+def _logs(p: Product, ns: str, pod: str) -> list[tuple[float, int]]:
+    out = subprocess.run([str(p.bin_dir / "kubectl"), "logs", "--timestamps", "-n", ns, pod], env=p.env,
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return [(_rfc3339(m.group(1)), int(m.group(2))) for line in out.stdout.splitlines()
+            if (m := TICK.match(line.strip()))]  # fmt: skip
+
+
+def _history(record: dict[str, Any], phase: str) -> float:
+    stamps = [t for p, t in record.get("history", []) if p == phase]
+    assert stamps, (phase, record.get("history"))
+    return float(stamps[-1])
+
+
+@pytest.fixture
+def flow(product: Product) -> Iterator[ConsolidationFlow]:  # noqa: F811
+    env = product.env
+    missing = [k for k in ("AGENT_CA", "AGENT_CLIENT_CERT", "AGENT_CLIENT_KEY") if not env.get(k)]
+    assert not missing, f"hack/deploy-local.sh did not print {missing}"
+    settings = ConsolidationSettings(
+        enabled=True, cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"],
+        migration_timeout_seconds=180, destination_ready_timeout_seconds=90,
+    )  # fmt: skip
+    f = ConsolidationFlow(settings)
+    loop = asyncio.new_event_loop()
+    api = loop.run_until_complete(new_api_client(KubernetesConfig(kubeconfig=env["KUBECONFIG"])))
+    f.attach(api, ExtenderConfig().bind)
+    f.loop = loop  # type: ignore[attr-defined]
+    try:
+        yield f
+    finally:
+        loop.run_until_complete(f.stop())
+        loop.run_until_complete(api.close())
+        loop.close()
+
+
+def _pods(p: Product, ns: str) -> list[dict[str, Any]]:
+    return p.kube.pods(ns)
+
+
+def _running_tasks(p: Product, node: str) -> list[str]:
+    return [line.split()[0] for line in p.ctr(node, "tasks", "ls").splitlines()[1:] if "RUNNING" in line]
+
+
+def _cid(pod: dict[str, Any]) -> str:
+    return str(pod["status"]["containerStatuses"][0]["containerID"]).removeprefix("containerd://")
+
+
+def test_counter_pod_migrates_between_real_nodes_with_its_count(
+    product: Product,  # noqa: F811
+    namespace: str,  # noqa: F811
+    flow: ConsolidationFlow,
+) -> None:
+    kube = product.kube
+    batch, service = _group_nodes(product)
+    kube.create_pod(namespace, _counter("counter", batch))
+    path = f"/api/v1/namespaces/{namespace}/pods/counter"
+    src = kube.wait(lambda: pod if _ready(pod := kube.get(path)) else None, "the counter Running", timeout=120)
+    assert src["spec"]["nodeName"] == batch
+    src_cid = _cid(src)
+    follower = LogFollower(product, namespace, "counter")
+    kube.wait(lambda: len(follower.ticks) >= 8 or None, "8 ticks from the source", timeout=60, interval=0.5)
+
+    t0 = time.monotonic()
+    loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
+    mid = f"counter-move-{uuid.uuid4().hex[:8]}"  # agents keep outcomes by id (idempotent): one per run
+    result = loop.run_until_complete(flow.move_pod(mid, kube.get(path), batch, service))
+    seconds = time.monotonic() - t0
+    record = result.get("record") or {}
+    assert result["verdict"] is MoveVerdict.COMMIT, json.dumps(
+        {k: v for k, v in result.items() if k != "verdict"}, indent=1, default=str
+    )
+    follower.proc.wait(30)  # the source pod is deleted: its log stream ends
+    follower.stop()
+    dest_ns, dest_name = result["destination_pod"].split("/")
+    dest = kube.get(f"/api/v1/namespaces/{dest_ns}/pods/{dest_name}")
+    assert dest["spec"]["nodeName"] == service
+    image = dest["spec"]["containers"][0]["image"]
+    assert image == record["restored_workload"]["image"] and image.startswith("localhost/qos-checkpoint/")
+    assert dest["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+
+    # the count goes on from the final checkpoint: the first tick at the destination is the one after the last
+    # tick the source printed before the final checkpoint (taken between CUTOVER and FINAL_DUMPED)
+    cut, dumped = _history(record, "cutover"), _history(record, "final-dumped")
+    before_cut = [n for t, n in follower.ticks if t <= cut]
+    by_dump = [n for t, n in follower.ticks if t <= dumped + 0.05]
+    assert before_cut, (follower.ticks, cut)
+
+    # containerd restores the container's log with it: the destination's log is the source's up to the checkpoint,
+    # then what the restored process printed on the destination
+    def restored_log() -> list[tuple[float, int]] | None:
+        ts = _logs(product, dest_ns, dest_name)
+        return ts if sum(1 for t, _ in ts if t > dumped) >= 3 else None
+
+    dest_log = kube.wait(restored_log, "3 ticks from the destination", timeout=30, interval=0.5)
+    dest_ticks = [n for _, n in dest_log]
+    after = [(t, n) for t, n in dest_log if t > dumped]
+    first = after[0][1]
+    assert before_cut[-1] + 1 <= first <= by_dump[-1] + 1, (
+        f"destination starts at tick {first}; the source had printed {before_cut[-1]} at the cutover and "
+        f"{by_dump[-1]} when the final checkpoint ended (source ticks {follower.ticks[-15:]})"
+    )
+    assert dest_ticks == list(range(len(dest_ticks))), f"no reset, no gap, no repeat: {dest_ticks}"
+    assert first >= 8, "no reset"
+
+    # exactly one copy: one pod in the namespace, Running on the service node; the source's container is gone
+    # from the batch node's containerd, the destination's container is a running task on the service node
+    kube.wait(lambda: [p["metadata"]["name"] for p in _pods(product, namespace)] == [dest_name] or None,
+              "only the destination pod left", timeout=60, interval=0.5)  # fmt: skip
+    assert _ready(kube.get(f"/api/v1/namespaces/{dest_ns}/pods/{dest_name}"))
+    kube.wait(lambda: src_cid not in _running_tasks(product, batch) or None, "the source task gone", timeout=60)
+    assert _cid(kube.get(f"/api/v1/namespaces/{dest_ns}/pods/{dest_name}")) in _running_tasks(product, service)
+
+    # archives cleaned up: both agents' archive directories for this migration, the kubelet's checkpoints
+    for node, role in ((batch, "source"), (service, "destination")):
+        left = NODES_ROOT / node / "qos-agent" / "archives" / role / mid
+        assert not left.exists(), f"{left} left behind: {sorted(p.name for p in left.iterdir())}"
+    leftovers = sorted((NODES_ROOT / batch / "kubelet" / "checkpoints").glob("checkpoint-*.tar"))
+    assert not leftovers, leftovers
+
+    # stop time: the last tick the restored state had printed (at the source) to the first tick after restore
+    last_kept = next(t for t, n in follower.ticks if n == first - 1)
+    timings = {
+        "migration_seconds": round(seconds, 3),
+        "agent_total_seconds": record["timings"].get("total"),
+        "checkpoint_precopy_seconds": record["timings"].get("checkpoint_precopy"),
+        "checkpoint_final_seconds": record["timings"].get("checkpoint_final"),
+        "transfer_final_seconds": record["timings"].get("transfer_final"),
+        "restore_import_seconds": record["timings"].get("restore_at_destination"),
+        "stop_seconds": round(after[0][0] - last_kept, 3),
+        "archive_bytes": int(record["meta"]["archive_bytes"]),
+        "bytes_moved": record.get("bytes"),
+        "first_destination_tick": first,
+        "last_source_tick_before_checkpoint": before_cut[-1],
+    }
+    product.timings.update({f"migration_{k}": v for k, v in timings.items() if isinstance(v, int | float)})
+    print("\nmigration:", json.dumps(timings))
+
+
+def test_destination_runtime_refuses_the_restore_and_the_source_keeps_running(
+    product: Product,  # noqa: F811
+    namespace: str,  # noqa: F811
+    flow: ConsolidationFlow,
+) -> None:
+    """A real refusal by the destination's runtime: the counter's image exists on the batch node only (tagged
+    there under ``localhost:1/...``, a registry that refuses connections), so containerd on the service node
+    cannot find the checkpoint's rootfs image and fails the restore (CreateContainerError after a failed pull).
+    The flow rolls back: the destination pod is deleted, the source keeps counting, exactly one copy runs."""
+    kube = product.kube
+    batch, service = _group_nodes(product)
+    only_here = "localhost:1/qos-local/only-on-batch:1"
+    product.ctr(batch, "images", "tag", "--force", f"docker.io/{BUSYBOX}", only_here)
+    assert only_here not in product.ctr(service, "images", "ls", "-q").split()
+    pod = _counter("counter", batch)
+    pod["spec"]["containers"][0]["image"] = only_here
+    kube.create_pod(namespace, pod)
+    path = f"/api/v1/namespaces/{namespace}/pods/counter"
+    src = kube.wait(lambda: pod if _ready(pod := kube.get(path)) else None, "the counter Running", timeout=120)
+    src_cid = _cid(src)
+    kube.wait(lambda: len(_logs(product, namespace, "counter")) >= 3 or None, "3 ticks", timeout=60, interval=0.5)
+
+    loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
+    mid = f"counter-refused-{uuid.uuid4().hex[:8]}"
+    result = loop.run_until_complete(flow.move_pod(mid, kube.get(path), batch, service))
+    assert result["verdict"] is MoveVerdict.ROLL_BACK and result["outcome"] == "rolled_back", result
+    assert "CreateContainerError" in result["reason"] or "restor" in result["reason"], result["reason"]
+    # exactly one copy: the source pod, still the same container, still counting; the destination pod is gone
+    kube.wait(lambda: [p["metadata"]["name"] for p in _pods(product, namespace)] == ["counter"] or None,
+              "only the source pod left", timeout=60, interval=0.5)  # fmt: skip
+    assert _cid(kube.get(path)) == src_cid and src_cid in _running_tasks(product, batch)
+    before = _logs(product, namespace, "counter")[-1][1]
+    kube.wait(lambda: _logs(product, namespace, "counter")[-1][1] >= before + 2 or None, "the source counting on",
+              timeout=30, interval=0.5)  # fmt: skip
+    ticks = [n for _, n in _logs(product, namespace, "counter")]
+    assert ticks == list(range(len(ticks))), "the source never restarted"
+    for node, role in ((batch, "source"), (service, "destination")):
+        left = NODES_ROOT / node / "qos-agent" / "archives" / role / mid
+        assert not left.exists(), left
+    # the checkpoint image nobody runs was discarded by the destination agent
+    image = ((result.get("record") or {}).get("restored_workload") or {}).get("image")
+    assert image and "checkpoint image discarded" in result["reason"], result["reason"]
+    assert image not in product.ctr(service, "images", "ls", "-q").split()
