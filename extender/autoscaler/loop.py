@@ -1,7 +1,7 @@
 """One scan of the autoscaler sidecar: snapshot in, decisions out. No I/O and no clock reads (``now`` is given).
 
-The decisions are the calls extender/sim/engine.py makes in ``_htas_scale_up`` / ``_htas_scale_down``, on the
-live snapshot instead of the simulator's state:
+The decisions are ``extender.core.autoscale_scan.scan`` (the pure scan step, moved down so the simulator can run
+it too). ``AutoscalerLoop`` is the adapter from the live snapshot to that step, plus what only a cluster needs:
 
 * service group, every scan: ``ledger.uncovered`` of the unschedulable service pods -> ``plan_pods``
   (greedy heterogeneous packing of the actual pods into flavours by cost-efficiency, paper 000/004);
@@ -9,12 +9,14 @@ live snapshot instead of the simulator's state:
   the largest flavour, as in the simulator): ``plan_batch`` (0-bin capacity deducted first, paper 000 Alg. 4);
 * provisioning ledger (paper 003 Alg. 7): nodes bought and not joined yet cover their pods and the room left
   on them; a node that joins is ``arrived`` and its acquisition lag recorded; one that does not join within
-  ``provisioning_timeout_seconds`` is ``expire``d (cancelled at the provider, Event), its pods planned again;
+  ``provisioning_timeout_seconds`` is ``expire``d (cancelled at the provider, Event), its pods planned again
+  (the scan reads the ledger; the loop records what it requested, arrivals and timeouts);
 * forecast (paper 001): ``forecast_shortage`` of the batch group at now + ``measured_lag`` of our own
   provisioning history -- reported (metric, Events), not used to gate purchases, exactly as the simulator;
-* scale-down: nodes without pods (DaemonSet pods do not count) for ``idle_seconds`` are deleted (paper 004);
-  batch nodes under ``underutil_threshold`` for ``underutil_sustain_seconds``, once the batch queue has
-  been quiet for ``batch_queue_quiet_seconds``, are handed to the consolidation flow -- never evicted here.
+* scale-down: nodes without pods (DaemonSet pods do not count) for ``idle_seconds`` are deleted (paper 004),
+  only ours unless configured otherwise, never in dry run; batch nodes under ``underutil_threshold`` for
+  ``underutil_sustain_seconds``, once the batch queue has been quiet for ``batch_queue_quiet_seconds``, are
+  handed to the consolidation flow -- never evicted here.
 
 What the simulator does not need and the cluster does: pods only count when the scheduler marked them
 Unschedulable and they fit no existing node of their group; a pod no flavour can hold gets one Event and is
@@ -34,7 +36,7 @@ from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.handoff import Consolidation
 from extender.autoscaler.view import AutoscalerSnapshot, group_of
 from extender.config import NodeGroupsConfig
-from extender.core import autoscale, packing, reschedule
+from extender.core import autoscale, autoscale_scan
 from extender.core.model import Flavour, Node, NodeGroup, Pod, Resources, WorkloadKind
 
 __all__ = [
@@ -133,14 +135,19 @@ class AutoscalerLoop:
         self.flavours = list(settings.flavours)
         self.by_name = {f.name: f for f in self.flavours}
         self._suffix = name_suffix or (lambda: secrets.token_hex(3))
-        self.ledger = autoscale.ProvisioningLedger()
-        self.groups: dict[str, NodeGroup] = {}  # provisioning node -> group
+        self.scan_settings = autoscale_scan.ScanSettings(
+            flavours=tuple(settings.flavours),
+            weights=settings.weights,
+            batch_cycle_seconds=settings.batch_cycle_seconds,
+            idle_seconds=settings.idle_seconds,
+            underutil_threshold=settings.underutil_threshold,
+            underutil_sustain_seconds=settings.underutil_sustain_seconds,
+            batch_queue_quiet_seconds=settings.batch_queue_quiet_seconds,
+        )
+        self.state = autoscale_scan.ScanState()  # ledgers by group, batch cycle, idle and under-utilisation clocks
+        self._ungrouped: tuple[autoscale.Provisioning, ...] = ()  # adopted entries of no known group
         self.lag_samples: list[float] = []
-        self.last_batch_plan = -math.inf
-        self.last_batch_pending: float | None = None
-        self.empty_since: dict[str, float] = {}
         self.deleting: dict[str, float] = {}
-        self.underutil = reschedule.UnderutilState()
         self.attempts: dict[str, int] = {}
         self._said: set[tuple[str, str, str]] = set()
         self._adopted_arrivals: list[tuple[str, float]] = []
@@ -183,9 +190,19 @@ class AutoscalerLoop:
         """Plan against someone else's purchases: with the externalgrpc cloud provider cluster-autoscaler buys the
         nodes and the provider keeps the ledger; this (dry-run) loop takes it before each scan, so its plans count
         the room on nodes CA is booting, and the lags the provider measured feed the forecast."""
-        self.ledger = ledger
-        self.groups = dict(groups)
+        by_group: dict[NodeGroup, list[autoscale.Provisioning]] = {g: [] for g in NodeGroup}
+        ungrouped: list[autoscale.Provisioning] = []
+        for entry in ledger.entries:
+            group = groups.get(entry.node_name)
+            (by_group[group] if group is not None else ungrouped).append(entry)
+        self.state.ledgers = {g: autoscale.ProvisioningLedger(tuple(e)) for g, e in by_group.items()}
+        self._ungrouped = tuple(ungrouped)
         self._adopted_arrivals.extend(arrived)
+
+    @property
+    def ledger(self) -> autoscale.ProvisioningLedger:
+        """Every node being provisioned, whatever its group."""
+        return autoscale.ProvisioningLedger(tuple(e for _, e in self.state.provisioning) + self._ungrouped)
 
     def lag_estimate(self) -> float:
         return autoscale.measured_lag(
@@ -195,42 +212,51 @@ class AutoscalerLoop:
     # ---------------------------------------------------------------------------------------------- scan
 
     def step(self, snap: AutoscalerSnapshot, now: float) -> Decisions:
+        """The shared scan (``core.autoscale_scan.scan``) on the live snapshot, around it what only the cluster
+        needs: arrivals and lags, timeouts, the give-up guard, limits, names and labels, Events, dry run."""
         d = Decisions(now)
         views = snap.node_views()
         present = {v.name: v for v in views}
         self._arrivals(d, present, now)
         self._expire(d, snap, now)
-        pending = self._unschedulable(snap, views, now)
-        budget = [
+        accepts = self._accepts(snap)
+        waiting = autoscale_scan.unschedulable(snap.unschedulable_pods(self.s.scheduler_names, now), views, accepts)
+        by_group = {g: [p for p in waiting if group_of(p) is g] for g in (NodeGroup.SERVICE, NodeGroup.BATCH)}
+        d.unschedulable = {g: len(pods) for g, pods in by_group.items()}
+        candidates = [p for pods in by_group.values() for p in self._plannable(d, snap, pods)]
+        budget = min(
             self.s.max_nodes_per_cycle,
             self.s.max_nodes - len(self.ledger.entries) - sum(1 for v in views if self.owned(v)),
-        ]
-        by_group = {g: [p for p in pending if group_of(p) is g] for g in NodeGroup}
-        for group in (NodeGroup.SERVICE, NodeGroup.BATCH):
-            d.unschedulable[group] = len(by_group[group])
-        # service group: every scan (sim: _htas_scale_up, first half)
-        services = self._ledger(NodeGroup.SERVICE).uncovered(self._plannable(d, snap, by_group[NodeGroup.SERVICE]))
-        d.uncovered[NodeGroup.SERVICE] = len(services)
-        if services:
-            plan = autoscale.plan_pods(services, self.flavours, self.s.weights)
-            self._buy(d, snap, NodeGroup.SERVICE, plan, len(services), budget)
-        # batch group: every cycle, sooner on a burst (sim: _htas_scale_up, second half)
-        batch = self._ledger(NodeGroup.BATCH).uncovered(self._plannable(d, snap, by_group[NodeGroup.BATCH]))
-        d.uncovered[NodeGroup.BATCH] = len(batch)
-        batch_nodes = [v for v in views if v.group is NodeGroup.BATCH]
+        )
+        names_ok = frozenset(self.s.scheduler_names)
+        batch_pending = any(
+            e.pod.kind is WorkloadKind.BATCH
+            and e.pod.node_name is None
+            and (info := snap.pending.get(k)) is not None
+            and info.scheduler_name in names_ok
+            for k, e in snap.pods.items()
+        )
+        self.deleting = {n: t for n, t in self.deleting.items() if n in present}
+        result = autoscale_scan.scan(
+            self.state,
+            self.scan_settings,
+            views,
+            candidates,
+            now,
+            batch_pending=batch_pending,
+            budget=budget,
+            accepts=accepts,
+            counts=lambda p: not _is_daemon(p),
+            leaving=frozenset(self.deleting),
+        )
+        d.uncovered = dict(result.uncovered)
+        d.limited = result.limited
+        for up in result.plans:
+            self._buy(d, snap, up, [p for p in result.purchases if p.group is up.group])
         d.lag_estimate = self.lag_estimate()
+        batch_nodes = [v for v in views if v.group is NodeGroup.BATCH]
         d.forecast = self._forecast(by_group[NodeGroup.BATCH], batch_nodes, now, d.lag_estimate)
-        if batch:
-            due = now - self.last_batch_plan >= self.s.batch_cycle_seconds
-            biggest = max(self.flavours, key=lambda f: f.capacity.memory_bytes).capacity
-            burst = not Resources.total(p.requests for p in batch).fits_in(biggest)
-            if due or burst:
-                self.last_batch_plan = now
-                plan = autoscale.plan_batch(
-                    batch, batch_nodes, self.flavours, self.s.weights, now, self.s.batch_cycle_seconds
-                )
-                self._buy(d, snap, NodeGroup.BATCH, plan, len(batch), budget)
-        self._scale_down(d, snap, views, now)
+        self._scale_down(d, result, present, now)
         d.provisioning = len(self.ledger.entries)
         d.nodes_cost_per_hour = math.fsum(
             self.by_name[v.flavour].price_per_hour for v in views if v.flavour in self.by_name
@@ -238,13 +264,6 @@ class AutoscalerLoop:
         live = {e.pod.uid or k for k, e in snap.pods.items()}
         self.attempts = {k: n for k, n in self.attempts.items() if k in live}
         return d
-
-    def _ledger(self, group: NodeGroup) -> autoscale.ProvisioningLedger:
-        """The ledger entries of one node group: a batch pod is never "covered" by room on a service node
-        being provisioned (node groups are enforced by the extender's filter), nor the reverse."""
-        return autoscale.ProvisioningLedger(
-            tuple(e for e in self.ledger.entries if self.groups.get(e.node_name) is group)
-        )
 
     def _arrivals(self, d: Decisions, present: Mapping[str, Node], now: float) -> None:
         for name, lag in self._adopted_arrivals:
@@ -260,14 +279,15 @@ class AutoscalerLoop:
             lag = max(0.0, joined - entry.requested_at)
             self.lag_samples.append(lag)
             del self.lag_samples[: -max(self.s.lag_window, 1)]
-            self.ledger = self.ledger.arrived(entry.node_name)
-            self.groups.pop(entry.node_name, None)
+            self.state.arrived(entry.node_name)
+            self._ungrouped = tuple(e for e in self._ungrouped if e.node_name != entry.node_name)
             d.arrived.append((entry.node_name, lag))
 
     def _expire(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:
-        self.ledger, expired = self.ledger.expire(now, self.s.provisioning_timeout_seconds)
-        for entry in expired:
-            self.groups.pop(entry.node_name, None)
+        expired = self.state.expire(now, self.s.provisioning_timeout_seconds)
+        ungrouped, gone = autoscale.ProvisioningLedger(self._ungrouped).expire(now, self.s.provisioning_timeout_seconds)
+        self._ungrouped = ungrouped.entries
+        for entry in (*expired, *gone):
             d.cancel.append(entry)
             message = (
                 f"node {entry.node_name} ({entry.flavour.name}) requested at {entry.requested_at:.0f} did not join "
@@ -280,16 +300,10 @@ class AutoscalerLoop:
                         d, self._pod_notice(snap, key, "ProvisioningTimedOut", message, True), key=entry.node_name
                     )
 
-    def _unschedulable(self, snap: AutoscalerSnapshot, views: list[Node], now: float) -> list[Pod]:
-        """Unschedulable pods of our profile(s) that fit no existing schedulable node of their group now
-        (what the simulator's ``_unschedulable`` computes; the scheduler's verdict may be a scan old)."""
-        out = []
-        for pod in snap.unschedulable_pods(self.s.scheduler_names, now):
-            group = group_of(pod)
-            if any(snap.accepts(n.name, group) and packing.fits(n, pod) for n in views):
-                continue
-            out.append(pod)
-        return out
+    @staticmethod
+    def _accepts(snap: AutoscalerSnapshot) -> Callable[[Node, NodeGroup], bool]:
+        """Which nodes take which group's pods: the node-group labels, as the extender's filter reads them."""
+        return lambda node, group: snap.accepts(node.name, group)
 
     def _attempt_key(self, pod: Pod) -> str:
         return pod.uid or pod.key
@@ -312,11 +326,10 @@ class AutoscalerLoop:
         self,
         d: Decisions,
         snap: AutoscalerSnapshot,
-        group: NodeGroup,
-        plan: autoscale.ScalePlan,
-        count: int,
-        budget: list[int],
+        up: autoscale_scan.GroupScaleUp,
+        purchases: list[autoscale_scan.Purchase],
     ) -> None:
+        group, plan = up.group, up.plan
         d.unservable += len(plan.unservable)
         largest = max(self.flavours, key=lambda f: (f.capacity.cpu_milli, f.capacity.memory_bytes))
         for key in plan.unservable:
@@ -326,25 +339,18 @@ class AutoscalerLoop:
                 f"{_describe(largest.capacity)}); no node is added for this pod"
             )
             self._say(d, self._pod_notice(snap, key, "NotServableByAnyFlavour", message, True))
-        nodes = list(plan.nodes)
-        allowed = max(0, min(budget))
-        if len(nodes) > allowed:
-            d.limited = True
-            nodes = nodes[:allowed]
-        budget[0] -= len(nodes)
-        budget[1] -= len(nodes)
         counts: dict[str, int] = {}
-        for flavour, _ in nodes:
-            counts[flavour.name] = counts.get(flavour.name, 0) + 1
-        cost = math.fsum(f.price_per_hour for f, _ in nodes)
-        d.plans.append(GroupPlan(group, count, dict(sorted(counts.items())), cost, plan.unservable))
+        for p in purchases:
+            counts[p.flavour.name] = counts.get(p.flavour.name, 0) + 1
+        cost = math.fsum(p.flavour.price_per_hour for p in purchases)
+        d.plans.append(GroupPlan(group, up.pods, dict(sorted(counts.items())), cost, plan.unservable))
         if self.s.dry_run:
             return
         summary = ", ".join(f"{n}x{name}" for name, n in sorted(counts.items()))
-        for flavour, keys in nodes:
+        for p in purchases:
+            flavour, keys = p.flavour, p.pods
             name = f"{self.s.node_name_prefix}-{group.value}-{_slug(flavour.name)}-{self._suffix()}"
-            self.ledger = self.ledger.add(autoscale.Provisioning(name, flavour, d.now, keys))
-            self.groups[name] = group
+            self.state.provisioned(group, autoscale.Provisioning(name, flavour, d.now, keys))
             d.provision.append(ProvisionRequest(name, flavour, group, self._labels(group, flavour), keys))
             for key in keys:
                 pod = snap.pods.get(key)
@@ -362,59 +368,31 @@ class AutoscalerLoop:
         demand = Resources.total(p.requests for p in pending)
         running = [p for n in batch_nodes for p in n.pods]
         capacity = Resources.total(n.allocatable for n in batch_nodes) + Resources.total(
-            e.flavour.capacity for e in self.ledger.entries if self.groups.get(e.node_name) is NodeGroup.BATCH
+            e.flavour.capacity for e in self.state.ledgers[NodeGroup.BATCH].entries
         )
         unique = list({p.key: p for p in running}.values())
         return autoscale.forecast_shortage(demand, unique, capacity, now, lag)
 
-    def _scale_down(self, d: Decisions, snap: AutoscalerSnapshot, views: list[Node], now: float) -> None:
-        names = {v.name for v in views}
-        self.deleting = {n: t for n, t in self.deleting.items() if n in names}
-        self.empty_since = {n: t for n, t in self.empty_since.items() if n in names}
-        for v in views:
-            if any(not _is_daemon(p) for p in v.pods):
-                self.empty_since.pop(v.name, None)
+    def _scale_down(
+        self, d: Decisions, result: autoscale_scan.ScanResult, present: Mapping[str, Node], now: float
+    ) -> None:
+        """Delete the idle nodes the scan found (ours only, unless configured otherwise; never in dry run) and
+        hand the under-utilised batch nodes to the consolidation flow."""
+        for name, since in result.idle:
+            node = present[name]
+            if name in self.deleting or (self.s.scale_down_provisioned_only and not self.owned(node)):
                 continue
-            # idle from the first scan that saw it empty: pods leave between scans, so this errs long
-            since = self.empty_since.setdefault(v.name, now)
-            if v.name in self.deleting or (self.s.scale_down_provisioned_only and not self.owned(v)):
-                continue
-            if now - since >= self.s.idle_seconds and not self.s.dry_run:
-                self.deleting[v.name] = now
-                d.delete.append(v.name)
+            if not self.s.dry_run:
+                self.deleting[name] = now
+                d.delete.append(name)
                 message = f"no pods for {now - since:.0f}s (idle period {self.s.idle_seconds:.0f}s)"
-                self._say(d, Notice("Node", "", v.name, "", "ScaleDownEmpty", message), key=str(now))
-        # under-utilised batch nodes -> consolidation hand-off (sim: _htas_scale_down, second half)
-        batch = [v for v in views if v.group is NodeGroup.BATCH and v.name not in self.deleting]
-        self.underutil = reschedule.update_underutilized(
-            self.underutil, [v for v in batch if v.pods], now, self.s.underutil_threshold
-        )
-        names_ok = frozenset(self.s.scheduler_names)
-        batch_pending = any(
-            e.pod.kind is WorkloadKind.BATCH
-            and e.pod.node_name is None
-            and (info := snap.pending.get(k)) is not None
-            and info.scheduler_name in names_ok
-            for k, e in snap.pods.items()
-        )
-        if self.last_batch_pending is None:
-            self.last_batch_pending = now
-        under = tuple(sorted(self.underutil.since.items()))
-        if batch_pending:
-            self.last_batch_pending = now
-            d.consolidation = Consolidation(now, (), (), under)
-            return
-        if now - self.last_batch_pending < self.s.batch_queue_quiet_seconds:
-            d.consolidation = Consolidation(now, (), (), under)
-            return
-        cands = reschedule.sustained_underutilized(self.underutil, now, self.s.underutil_sustain_seconds)
-        plans = reschedule.consolidation_plans(batch, cands, now, self.s.batch_cycle_seconds) if cands else []
-        d.consolidation = Consolidation(now, tuple(cands), tuple(plans), under)
-        by_name = {v.name: v for v in batch}
+                self._say(d, Notice("Node", "", name, "", "ScaleDownEmpty", message), key=str(now))
+        cands = result.consolidation_candidates
+        d.consolidation = Consolidation(now, cands, result.consolidation_plans, result.underutilized)
+        under = dict(result.underutilized)
         for name in cands:
-            started = self.underutil.since[name]
             message = (
-                f"utilisation {by_name[name].utilization():.2f} below {self.s.underutil_threshold} since "
-                f"{started:.0f}; handed to consolidation (not evicted by the autoscaler)"
+                f"utilisation {present[name].utilization():.2f} below {self.s.underutil_threshold} since "
+                f"{under[name]:.0f}; handed to consolidation (not evicted by the autoscaler)"
             )
-            self._say(d, Notice("Node", "", name, "", "UnderutilizedBatchNode", message), key=str(started))
+            self._say(d, Notice("Node", "", name, "", "UnderutilizedBatchNode", message), key=str(under[name]))

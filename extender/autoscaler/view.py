@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.config import ExtenderConfig
-from extender.core.model import Node, NodeGroup, Pod, WorkloadKind
+from extender.core.autoscale_scan import group_of
+from extender.core.model import Node, NodeGroup, Pod
 from extender.kube.convert import Problem, pod_key
 from extender.kube.snapshot import Snapshot
 
@@ -63,10 +64,6 @@ def _pending_info(obj: Mapping[str, Any], gate: str = "", now: float | None = No
         str(uid or ""),
         now if gated else None,
     )
-
-
-def group_of(pod: Pod) -> NodeGroup:
-    return NodeGroup.BATCH if pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE
 
 
 class AutoscalerSnapshot(Snapshot):

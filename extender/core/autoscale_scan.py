@@ -1,0 +1,262 @@
+"""One scan of the heterogeneous autoscaler (HTAS): nodes, pending pods and the scan's memory in, decisions out.
+
+This is the decision the autoscaler sidecar takes every scan (``extender.autoscaler.loop.AutoscalerLoop.step``
+feeds it from the cluster's snapshot); it sits in core so that the simulator's ``htas`` policy can take the
+same step (issue 14: a figure from the simulator must describe the code that runs in the cluster). Pure: no I/O,
+no clock (``now`` is given), no randomness; its memory between scans is ``ScanState``, which the caller
+keeps and passes back.
+
+What one scan decides:
+
+* scale-up, service group, every scan: the pending service pods that fit no node of their group and are not
+  covered by a node being provisioned (``ProvisioningLedger.uncovered``, paper 003 Alg. 7) -> ``plan_pods``
+  (greedy heterogeneous packing by cost-efficiency, paper 000 / 004);
+* scale-up, batch group, every ``batch_cycle_seconds`` or at once on a burst (the uncovered batch demand does
+  not fit the largest flavour's memory): ``plan_batch`` (0-bin capacity deducted first, paper 000 Alg. 4);
+* at most ``budget`` nodes per scan (service group first): the caller's limits;
+* scale-down: nodes with no pods (``counts`` decides which pods count) since the first scan that saw them
+  empty, for ``idle_seconds`` (paper 004); batch nodes under ``underutil_threshold`` for
+  ``underutil_sustain_seconds``, once no batch pod has been pending for ``batch_queue_quiet_seconds``, with
+  the migration plans that empty them (paper 000 §5.3): handed to the consolidation flow, never evicted here.
+
+What stays with the callers: the ledger's bookkeeping of what was actually requested (``ScanState.provisioned``
+/ ``arrived``), naming, the provider, Events, the sidecar's give-up and unservable notices, its dry run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from extender.core import autoscale, packing, reschedule
+from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
+
+__all__ = ["Purchase", "ScanResult", "ScanSettings", "ScanState", "group_of", "in_group", "scan"]
+
+
+def group_of(pod: Pod) -> NodeGroup:
+    """The node group a pod belongs to: batch pods to the batch group, everything else to the service group."""
+    return NodeGroup.BATCH if pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE
+
+
+def in_group(node: Node, group: NodeGroup) -> bool:
+    """The default ``accepts``: a node takes the pods of its own group."""
+    return node.group is group
+
+
+def _counts(pod: Pod) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class ScanSettings:
+    """The scan's knobs (the sidecar's AutoscalerSettings, the simulator's SimConfig map onto them)."""
+
+    flavours: tuple[Flavour, ...]
+    weights: autoscale.ScoreWeights = field(default_factory=autoscale.ScoreWeights)
+    batch_cycle_seconds: float = 300.0  # paper 000 Table 6
+    idle_seconds: float = 300.0  # paper 004
+    underutil_threshold: float = 0.5  # paper 000 Table 6
+    underutil_sustain_seconds: float = 300.0
+    batch_queue_quiet_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        autoscale.validate_catalogue(self.flavours)
+        for name in ("batch_cycle_seconds", "idle_seconds", "underutil_sustain_seconds", "batch_queue_quiet_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+                raise InvalidInputError(f"{name} must be a non-negative number, got {value!r}")
+
+
+@dataclass(slots=True)
+class ScanState:
+    """What a scan remembers for the next one. One provisioning ledger per node group: a batch pod is never
+    'covered' by room on a service node being provisioned (node groups are enforced by the extender's
+    filter), nor the reverse."""
+
+    ledgers: dict[NodeGroup, autoscale.ProvisioningLedger] = field(
+        default_factory=lambda: {g: autoscale.ProvisioningLedger() for g in NodeGroup}
+    )
+    last_batch_plan: float = -math.inf
+    last_batch_pending: float | None = None
+    empty_since: dict[str, float] = field(default_factory=dict)
+    underutil: reschedule.UnderutilState = field(default_factory=reschedule.UnderutilState)
+
+    def provisioned(self, group: NodeGroup, entry: autoscale.Provisioning) -> None:
+        """The caller requested this node: its pods are covered until it joins (paper 003 Alg. 7)."""
+        self.ledgers[group] = self.ledgers[group].add(entry)
+
+    def arrived(self, node_name: str) -> NodeGroup | None:
+        """The node joined (or was cancelled): forget it; returns the group whose ledger held it."""
+        for group, ledger in self.ledgers.items():
+            if any(e.node_name == node_name for e in ledger.entries):
+                self.ledgers[group] = ledger.arrived(node_name)
+                return group
+        return None
+
+    def expire(self, now: float, timeout_seconds: float) -> tuple[autoscale.Provisioning, ...]:
+        """Forget the nodes requested more than ``timeout_seconds`` ago (``ProvisioningLedger.expire``)."""
+        out: list[autoscale.Provisioning] = []
+        for group in NodeGroup:
+            self.ledgers[group], expired = self.ledgers[group].expire(now, timeout_seconds)
+            out.extend(expired)
+        return tuple(out)
+
+    @property
+    def provisioning(self) -> tuple[tuple[NodeGroup, autoscale.Provisioning], ...]:
+        return tuple((g, e) for g in NodeGroup for e in self.ledgers[g].entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Purchase:
+    """One node to request: its group, flavour and the pods it is bought for."""
+
+    group: NodeGroup
+    flavour: Flavour
+    pods: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupScaleUp:
+    """The planner's answer for one group before the budget: how many pods it planned for, the full plan."""
+
+    group: NodeGroup
+    pods: int
+    plan: autoscale.ScalePlan
+    bought: int  # nodes of the plan within the budget (the first ones)
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    now: float
+    purchases: tuple[Purchase, ...] = ()
+    plans: tuple[GroupScaleUp, ...] = ()
+    limited: bool = False
+    unschedulable: tuple[tuple[NodeGroup, int], ...] = ()
+    uncovered: tuple[tuple[NodeGroup, int], ...] = ()
+    idle: tuple[tuple[str, float], ...] = ()  # (node, empty since) empty for idle_seconds, by name
+    underutilized: tuple[tuple[str, float], ...] = ()  # every batch node under the threshold, with since
+    consolidation_candidates: tuple[str, ...] = ()
+    consolidation_plans: tuple[reschedule.MigrationPlan, ...] = ()
+
+
+def unschedulable(
+    pending: Sequence[Pod], nodes: Sequence[Node], accepts: Callable[[Node, NodeGroup], bool] = in_group
+) -> list[Pod]:
+    """Pending pods that fit no schedulable node of their group now: the demand a scale-up is for."""
+    return [pod for pod in pending if not any(accepts(n, group_of(pod)) and packing.fits(n, pod) for n in nodes)]
+
+
+def scan(
+    state: ScanState,
+    settings: ScanSettings,
+    nodes: Sequence[Node],
+    pending: Sequence[Pod],
+    now: float,
+    *,
+    batch_pending: bool | None = None,
+    budget: float = math.inf,
+    accepts: Callable[[Node, NodeGroup], bool] = in_group,
+    counts: Callable[[Pod], bool] = _counts,
+    leaving: frozenset[str] = frozenset(),
+) -> ScanResult:
+    """One autoscaling scan (module docstring). Updates ``state``'s clocks; the ledger changes only through
+    ``state.provisioned`` / ``state.arrived``, which the caller calls for what it actually requested.
+
+    ``nodes``: every node with its pods (cordoned ones marked unschedulable). ``pending``: the pods waiting for
+    a node (the caller's notion of "the scheduler could not place it"); those that fit a node of their group
+    are dropped here. ``batch_pending``: whether a batch pod is waiting at all (default: one is in
+    ``pending``). ``budget``: nodes this scan may buy. ``accepts``: which nodes take which group's pods.
+    ``counts``: which pods keep a node from being idle (DaemonSet pods do not). ``leaving``: nodes being
+    deleted, left out of consolidation.
+    """
+    flavours = settings.flavours
+    waiting = unschedulable(pending, nodes, accepts)
+    by_group = {g: [p for p in waiting if group_of(p) is g] for g in NodeGroup}
+    purchases: list[Purchase] = []
+    plans: list[GroupScaleUp] = []
+    uncovered: dict[NodeGroup, int] = {}
+    limited = False
+    left = budget
+
+    def buy(group: NodeGroup, pods: int, plan: autoscale.ScalePlan) -> None:
+        nonlocal left, limited
+        nodes_ = list(plan.nodes)
+        allowed = max(0, int(min(left, len(nodes_))))
+        if allowed < len(nodes_):
+            limited = True
+        left -= allowed
+        plans.append(GroupScaleUp(group, pods, plan, allowed))
+        purchases.extend(Purchase(group, f, keys) for f, keys in nodes_[:allowed])
+
+    services = state.ledgers[NodeGroup.SERVICE].uncovered(by_group[NodeGroup.SERVICE])
+    uncovered[NodeGroup.SERVICE] = len(services)
+    if services:
+        buy(NodeGroup.SERVICE, len(services), autoscale.plan_pods(services, flavours, settings.weights))
+    batch = state.ledgers[NodeGroup.BATCH].uncovered(by_group[NodeGroup.BATCH])
+    uncovered[NodeGroup.BATCH] = len(batch)
+    if batch:
+        due = now - state.last_batch_plan >= settings.batch_cycle_seconds
+        biggest = max(flavours, key=lambda f: f.capacity.memory_bytes).capacity
+        burst = not Resources.total(p.requests for p in batch).fits_in(biggest)
+        if due or burst:
+            state.last_batch_plan = now
+            batch_nodes = [n for n in nodes if n.group is NodeGroup.BATCH]
+            plan = autoscale.plan_batch(
+                batch, batch_nodes, flavours, settings.weights, now, settings.batch_cycle_seconds
+            )
+            buy(NodeGroup.BATCH, len(batch), plan)
+
+    # scale-down: empty nodes after the idle period
+    names = {n.name for n in nodes}
+    state.empty_since = {n: t for n, t in state.empty_since.items() if n in names}
+    idle: list[tuple[str, float]] = []
+    for n in sorted(nodes, key=lambda n: n.name):
+        if any(counts(p) for p in n.pods):
+            state.empty_since.pop(n.name, None)
+            continue
+        since = state.empty_since.setdefault(n.name, now)  # pods leave between scans: this errs long
+        if now - since >= settings.idle_seconds:
+            idle.append((n.name, since))
+    # under-utilised batch nodes -> consolidation, once the batch queue has been quiet
+    # (an idle node goes by deletion, not by migration: left out, as are the nodes being deleted)
+    gone = leaving | {name for name, _ in idle}
+    batch_group = [n for n in nodes if n.group is NodeGroup.BATCH and n.name not in gone]
+    state.underutil = reschedule.update_underutilized(
+        state.underutil, [n for n in batch_group if n.pods], now, settings.underutil_threshold
+    )
+    if batch_pending is None:
+        batch_pending = any(p.kind is WorkloadKind.BATCH for p in pending)
+    if state.last_batch_pending is None:
+        state.last_batch_pending = now
+    under = tuple(sorted(state.underutil.since.items()))
+    result = ScanResult(
+        now,
+        tuple(purchases),
+        tuple(plans),
+        limited,
+        tuple((g, len(by_group[g])) for g in (NodeGroup.SERVICE, NodeGroup.BATCH)),
+        tuple((g, uncovered[g]) for g in (NodeGroup.SERVICE, NodeGroup.BATCH)),
+        tuple(idle),
+        under,
+    )
+    if batch_pending:
+        state.last_batch_pending = now
+        return result
+    if now - state.last_batch_pending < settings.batch_queue_quiet_seconds:
+        return result
+    cands = reschedule.sustained_underutilized(state.underutil, now, settings.underutil_sustain_seconds)
+    plans_ = reschedule.consolidation_plans(batch_group, cands, now, settings.batch_cycle_seconds) if cands else []
+    return ScanResult(
+        now,
+        result.purchases,
+        result.plans,
+        limited,
+        result.unschedulable,
+        result.uncovered,
+        result.idle,
+        under,
+        tuple(cands),
+        tuple(plans_),
+    )
