@@ -257,14 +257,21 @@ def test_destination_runtime_refuses_the_restore_and_the_source_keeps_running(
     namespace: str,  # noqa: F811
     flow: ConsolidationFlow,
 ) -> None:
-    """A real refusal by the destination's runtime: the counter's image exists on the batch node only (tagged
-    there under ``localhost:1/...``, a registry that refuses connections), so containerd on the service node
-    cannot find the checkpoint's rootfs image and fails the restore (CreateContainerError after a failed pull).
-    The flow rolls back: the destination pod is deleted, the source keeps counting, exactly one copy runs."""
+    """A real refusal by the destination's runtime: the counter's image (hack/build-image.sh's python base, which
+    the nodes do not hold) is imported into the batch node only, under ``localhost:1/...`` alone (a registry that
+    refuses connections: a pull attempt never leaves the node), so containerd on the service node does not have
+    the checkpoint's rootfs image and fails the restore (containerd 2.3.7: "failed to pull checkpoint base image
+    sha256:<image id>": the checkpoint names its base by image ID, so a busybox merely retagged on one node is
+    found under its other name and restores fine). The flow rolls back: the destination pod is deleted,
+    the checkpoint image discarded, the source keeps counting, exactly one copy runs."""
     kube = product.kube
     batch, service = _group_nodes(product)
     only_here = "localhost:1/qos-local/only-on-batch:1"
-    product.ctr(batch, "images", "tag", "--force", f"docker.io/{BUSYBOX}", only_here)
+    tar = Path(product.env.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender"))) / "images/python.tar"
+    assert tar.is_file(), f"{tar} missing: run hack/build-image.sh"
+    product.ctr(batch, "images", "import", str(tar))
+    product.ctr(batch, "images", "tag", "--force", "docker.io/qos-local/python:3.11-bookworm", only_here)
+    product.ctr(batch, "images", "rm", "docker.io/qos-local/python:3.11-bookworm")
     assert only_here not in product.ctr(service, "images", "ls", "-q").split()
     pod = _counter("counter", batch)
     pod["spec"]["containers"][0]["image"] = only_here
