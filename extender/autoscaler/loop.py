@@ -1,7 +1,8 @@
 """One scan of the autoscaler sidecar: snapshot in, decisions out. No I/O and no clock reads (``now`` is given).
 
-The decisions are ``extender.core.autoscale_scan.scan`` (the pure scan step, moved down so the simulator can run
-it too). ``AutoscalerLoop`` is the adapter from the live snapshot to that step, plus what only a cluster needs:
+The decisions are ``extender.core.autoscale_scan.scan``, the step the simulator's ``htas`` policy also runs
+(``Simulator._htas_scan``; tests/test_sim_autoscaler_parity.py fails if the two decide differently on the same
+cluster). ``AutoscalerLoop`` is the adapter from the live snapshot to that step, plus what only a cluster needs:
 
 * service group, every scan: ``ledger.uncovered`` of the unschedulable service pods -> ``plan_pods``
   (greedy heterogeneous packing of the actual pods into flavours by cost-efficiency, paper 000/004);

@@ -1,8 +1,9 @@
 """One scan of the heterogeneous autoscaler (HTAS): nodes, pending pods and the scan's memory in, decisions out.
 
 This is the decision the autoscaler sidecar takes every scan (``extender.autoscaler.loop.AutoscalerLoop.step``
-feeds it from the cluster's snapshot); it sits in core so that the simulator's ``htas`` policy can take the
-same step (issue 14: a figure from the simulator must describe the code that runs in the cluster). Pure: no I/O,
+feeds it from the cluster's snapshot) and the one the simulator's ``htas`` policy takes every scan
+(``extender.sim.engine.Simulator._htas_scan`` feeds it from the simulator's state): the step exists once,
+here, so a figure from the simulator describes the code that runs in the cluster (issue 14). Pure: no I/O,
 no clock (``now`` is given), no randomness; its memory between scans is ``ScanState``, which the caller
 keeps and passes back.
 

@@ -22,7 +22,7 @@ from typing import cast
 
 from extender.controller import decide
 from extender.controller.accounting import Account, RequestState
-from extender.core import autoscale, packing, qos, reschedule
+from extender.core import autoscale, autoscale_scan, packing, qos, reschedule
 from extender.core.model import (
     Flavour,
     InvalidInputError,
@@ -46,7 +46,7 @@ class SimConfig:
     scheduling_cycle: float = 20.0  # paper 000 Table 6: pending pods retried at least this often
     watchdog: float = 10.0  # paper 002 §4.1.3
     autoscale_cycle: float = 300.0  # paper 000 Table 6 (batch group)
-    service_scale_interval: float = 30.0  # service group reacts within this (services never finish)
+    service_scale_interval: float = 30.0  # htas scan interval (the sidecar's scan_interval_seconds default)
     ca_scan_interval: float = 10.0  # cluster-autoscaler --scan-interval default
     ca_unneeded_seconds: float = 600.0  # --scale-down-unneeded-time
     ca_delay_after_add: float = 600.0  # --scale-down-delay-after-add
@@ -132,7 +132,6 @@ class SimNode:
     pods: dict[str, str] = field(default_factory=dict)  # pod key -> request id
     cordoned: bool = False
     deleted_at: float | None = None
-    last_busy: float = 0.0
 
     @property
     def ready(self) -> bool:
@@ -168,8 +167,10 @@ class Simulator:
         self.nodes: dict[str, SimNode] = {}
         self.retired: list[SimNode] = []
         self.provisioning: dict[str, SimNode] = {}
-        # One provisioning ledger per node group: a batch pod is never 'covered' by a booting service node.
-        self.ledgers = {g: autoscale.ProvisioningLedger() for g in NodeGroup}
+        # htas: the autoscaler sidecar's own scan (core.autoscale_scan), its memory between scans; k8s: CA's
+        # upcoming nodes (one homogeneous group).
+        self.scan_state = autoscale_scan.ScanState()
+        self.ca_ledger = autoscale.ProvisioningLedger()
         self.c = Counters()
         self.autoscaled = not workload.hosts
         self.qpol = qos.QosPolicy(
@@ -180,11 +181,18 @@ class Simulator:
         )
         # The controller's own pass at c = 1, paper 002's host score (kube-scheduler's default resource scores).
         self._decide_settings = decide.Settings(max_gate_seconds=math.inf, host_score="least-allocated")
-        self.underutil = reschedule.UnderutilState(since={})
+        if self.autoscaled and workload.flavours:
+            self._scan_settings = autoscale_scan.ScanSettings(
+                flavours=tuple(workload.flavours),
+                weights=self.cfg.weights,
+                batch_cycle_seconds=self.cfg.autoscale_cycle,
+                idle_seconds=self.cfg.idle_seconds,
+                underutil_threshold=self.cfg.underutil_threshold,
+                underutil_sustain_seconds=self.cfg.underutil_sustain,
+                batch_queue_quiet_seconds=self.cfg.batch_queue_quiet,
+            )
         self.ca_unneeded: dict[str, float] = {}
         self.last_scale_up = -math.inf
-        self.last_batch_pending = 0.0  # last time a batch pod was pending (consolidation waits for quiet)
-        self.last_batch_plan = -math.inf
         self.sched_pending = False
         self.node_seq = 0
         self.timeline: list[tuple[float, dict[str, int], float]] = []  # (t, nodes by flavour, cost rate)
@@ -293,7 +301,7 @@ class Simulator:
         requested_at: float,
         ready_at: float,
     ) -> SimNode:
-        node = SimNode(name, cap, group, flavour, price, requested_at, ready_at, last_busy=ready_at)
+        node = SimNode(name, cap, group, flavour, price, requested_at, ready_at)
         self.nodes[name] = node
         self._snapshot_timeline()
         return node
@@ -367,7 +375,6 @@ class Simulator:
         r.node = node.name
         r.version += 1
         node.pods[f"default/{r.spec.request_id}"] = r.spec.request_id
-        node.last_busy = self.now
         self._node_cache.pop(node.name, None)
         self.push(self.now + alpha, "started", (r.spec.request_id, r.version))
 
@@ -376,7 +383,6 @@ class Simulator:
         assert r.node is not None
         node = self.nodes[r.node]
         del node.pods[f"default/{r.spec.request_id}"]
-        node.last_busy = self.now
         self._node_cache.pop(node.name, None)
         if lose_work:
             self.c.lost_work += r.work
@@ -416,13 +422,12 @@ class Simulator:
         r = self.reqs[rid]
         if r.version != version or r.state is not State.RUNNING:
             return
-        node = self._unplace(r, lose_work=False)
+        self._unplace(r, lose_work=False)
         r.state = State.DONE
         self._pending_ids.pop(rid, None)
         self._done += 1
         r.done_at = self.now
         self._active_demand = self._active_demand - r.spec.requests
-        node.last_busy = self.now
         self.request_schedule()
 
     def _on_tick(self, _: object) -> None:
@@ -433,7 +438,7 @@ class Simulator:
         if self.autoscaled and self.policy == "k8s":
             self._ca_scale_down()
         if self.autoscaled and self.policy == "htas":
-            self._htas_scale_down()
+            self._consolidation_flow()
         self.push(self.now + min(period, self.cfg.ca_scan_interval), "tick")
 
     # ---- scheduling ----------------------------------------------------------------------------------
@@ -568,7 +573,11 @@ class Simulator:
         ready = self.now + self._lag()
         node = SimNode(name, flavour.capacity, group, flavour.name, flavour.price_per_hour, self.now, ready)
         self.provisioning[name] = node
-        self.ledgers[group] = self.ledgers[group].add(autoscale.Provisioning(name, flavour, self.now, tuple(pods)))
+        entry = autoscale.Provisioning(name, flavour, self.now, tuple(pods))
+        if self.policy == "htas":
+            self.scan_state.provisioned(group, entry)
+        else:
+            self.ca_ledger = self.ca_ledger.add(entry)
         self.c.nodes_added += 1
         self.last_scale_up = self.now
         self.push(ready, "node_ready", name)
@@ -576,65 +585,50 @@ class Simulator:
 
     def _on_node_ready(self, name: object) -> None:
         node = self.provisioning.pop(str(name))
-        node.last_busy = self.now
         self.nodes[node.name] = node
-        self.ledgers[node.group] = self.ledgers[node.group].arrived(node.name)
+        self.scan_state.arrived(node.name)
+        self.ca_ledger = self.ca_ledger.arrived(node.name)
         self.request_schedule()
 
-    def _unschedulable(self, group: NodeGroup | None) -> list[Pod]:
+    def _unschedulable(self) -> list[Pod]:
         """Pending pods no ready node can take now: what a real autoscaler sees as unschedulable."""
-        nodes = [self._core_node(n) for n in self._ready_nodes() if group is None or n.group is group]
-        out = []
-        for r in self._pending():
-            pod = self._pod(r)
-            if group is not None and (pod.kind is WorkloadKind.BATCH) != (group is NodeGroup.BATCH):
-                continue
-            if not any(packing.fits(n, pod) for n in nodes):
-                out.append(pod)
-        return out
+        nodes = [self._core_node(n) for n in self._ready_nodes()]
+        pods = (self._pod(r) for r in self._pending())
+        return [pod for pod in pods if not any(packing.fits(n, pod) for n in nodes)]
 
     def _on_autoscale(self, _: object) -> None:
         if self.policy == "k8s":
             self._ca_scale_up()
             self.push(self.now + self.cfg.ca_scan_interval, "autoscale")
         elif self.policy == "htas":
-            self._htas_scale_up()
+            self._htas_scan()
             self.push(self.now + self.cfg.service_scale_interval, "autoscale")
 
     def _ca_scale_up(self) -> None:
         """cluster-autoscaler: one homogeneous group; binpacking estimator adds all needed nodes at once;
         pods that fit on upcoming nodes are not counted again (CA simulates upcoming nodes)."""
         flavour = self.w.flavour(self.cfg.ca_flavour)
-        pods = self.ledgers[NodeGroup.SERVICE].uncovered(self._unschedulable(None))
+        pods = self.ca_ledger.uncovered(self._unschedulable())
         if not pods:
             return
         plan = autoscale.plan_pods(pods, [flavour], self.cfg.weights)
         for f, keys in plan.nodes:
             self._provision(f, NodeGroup.SERVICE, keys)
 
-    def _htas_scale_up(self) -> None:
-        """HTAS: service group every scan with the pod-packing greedy plan; batch group every autoscaling
-        cycle (sooner on a burst) with the 0-bin deduction (paper 000 Alg. 3-4, 003 Alg. 7 ledger)."""
-        services = self.ledgers[NodeGroup.SERVICE].uncovered(self._unschedulable(NodeGroup.SERVICE))
-        if services:
-            plan = autoscale.plan_pods(services, self.w.flavours, self.cfg.weights)
-            for f, keys in plan.nodes:
-                self._provision(f, NodeGroup.SERVICE, keys)
-        batch = self.ledgers[NodeGroup.BATCH].uncovered(self._unschedulable(NodeGroup.BATCH))
-        if not batch:
-            return
-        due = self.now - self.last_batch_plan >= self.cfg.autoscale_cycle
-        biggest = max(self.w.flavours, key=lambda f: f.capacity.memory_bytes).capacity
-        burst = not Resources.total(p.requests for p in batch).fits_in(biggest)
-        if not (due or burst):
-            return
-        self.last_batch_plan = self.now
-        batch_nodes = [self._core_node(n) for n in self._ready_nodes() if n.group is NodeGroup.BATCH]
-        plan = autoscale.plan_batch(
-            batch, batch_nodes, self.w.flavours, self.cfg.weights, self.now, self.cfg.autoscale_cycle
-        )
-        for f, keys in plan.nodes:
-            self._provision(f, NodeGroup.BATCH, keys)
+    def _htas_scan(self) -> None:
+        """HTAS: the autoscaler sidecar's scan (``core.autoscale_scan.scan``, the step ``AutoscalerLoop.step``
+        runs in the cluster) on the simulator's state, at the sidecar's scan interval; its purchases are
+        provisioned, its idle nodes removed, and its consolidation plans executed by migration (what the
+        consolidation flow does with the sidecar's hand-off: checkpoint, transfer, restore; no progress lost)."""
+        nodes = [self._core_node(n) for n in self.nodes.values()]
+        pending = [self._pod(r) for r in self._pending()]
+        result = autoscale_scan.scan(self.scan_state, self._scan_settings, nodes, pending, self.now)
+        for p in result.purchases:
+            self._provision(p.flavour, p.group, p.pods)
+        for name, _since in result.idle:
+            self._remove_node(self.nodes[name])
+        for plan in result.consolidation_plans:
+            self._migrate(plan)
 
     def _ca_scale_down(self) -> None:
         """cluster-autoscaler scale-down: utilisation < threshold for the unneeded time, not within the
@@ -668,32 +662,15 @@ class Simulator:
             self._remove_node(candidate)
         self.request_schedule()
 
-    def _htas_scale_down(self) -> None:
-        """Empty nodes go after the idle period; under-utilised batch nodes are emptied by migration
-        (paper 000 Alg. 5) once the batch queue has been quiet, so no progress is lost."""
+    def _consolidation_flow(self) -> None:
+        """The consolidation flow's completion check: a cordoned node whose pods all moved is deleted; one whose
+        plan could not complete is uncordoned and left alone."""
         for node in list(self.nodes.values()):
             if node.cordoned and not node.pods:
-                self._remove_node(node)  # a consolidated node: its pods all moved
-            elif node.cordoned:
-                node.cordoned = False  # the plan could not complete: leave the node alone
-                self._node_cache.pop(node.name, None)
-            elif not node.pods and self.now - node.last_busy >= self.cfg.idle_seconds:
                 self._remove_node(node)
-        batch_nodes = [n for n in self.nodes.values() if n.group is NodeGroup.BATCH]
-        core = [self._core_node(n) for n in batch_nodes]
-        self.underutil = reschedule.update_underutilized(
-            self.underutil, [n for n in core if n.pods], self.now, self.cfg.underutil_threshold
-        )
-        if any(r.spec.kind is WorkloadKind.BATCH for r in self._pending()):
-            self.last_batch_pending = self.now
-            return
-        if self.now - self.last_batch_pending < self.cfg.batch_queue_quiet:
-            return
-        cands = reschedule.sustained_underutilized(self.underutil, self.now, self.cfg.underutil_sustain)
-        if not cands:
-            return
-        for plan in reschedule.consolidation_plans(core, cands, self.now, self.cfg.autoscale_cycle):
-            self._migrate(plan)
+            elif node.cordoned:
+                node.cordoned = False
+                self._node_cache.pop(node.name, None)
 
     def _migrate(self, plan: reschedule.MigrationPlan) -> None:
         source = self.nodes[plan.source]
