@@ -12,7 +12,10 @@ once):
    to the planned node through our binder (``KubeBinder``, UID precondition), wait until it runs, ask the
    source node's agent to migrate (checkpoint -> verified transfer -> restore at the destination agent),
    check the destination holds the workload (``confirm_destination``), and only then delete the source pod;
-   a rolled-back move deletes the destination pod (the source kept running) and ends the plan;
+   a rolled-back move deletes the destination pod (the source kept running) and ends the plan. With the
+   kubelet backend (real pods) the order differs: the agents first checkpoint the container and import the
+   checkpoint image on the destination node, then the destination pod is created from that image, and the
+   source is deleted once its container runs (``move_pod``);
 4. all pods moved and nothing else on the node (``removable``): delete it through the provider; otherwise
    uncordon it and leave it alone for ``left_alone_seconds``. Every step that fails says why in an Event.
 """
