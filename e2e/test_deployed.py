@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+import yaml
 
 from extender.kube.sync_client import Kube, KubeError, http_json
 
@@ -212,12 +213,18 @@ def test_pods_on_different_real_nodes_reach_each_other_and_services(product: Pro
     kube.wait(lambda: ip_of("client"), "client pod Running", timeout=60)
     cluster_ip = kube.get(f"/api/v1/namespaces/{namespace}/services/web")["spec"]["clusterIP"]
     kubectl = [str(product.bin_dir / "kubectl"), "exec", "-n", namespace, "client", "--"]
-    for url in (f"http://{web_ip}:8080/", f"http://{cluster_ip}/"):
+    # (busybox's nc, not its wget: Debian's static busybox wget segfaults, static glibc without NSS)
+    for host, port in ((web_ip, 8080), (cluster_ip, 80)):
+        url = f"http://{host}:{port}/"
 
-        def fetched(url: str = url) -> bool:
-            out = subprocess.run(
-                [*kubectl, "wget", "-q", "-T", "3", "-O-", url], env=product.env, capture_output=True, text=True
-            )
+        def fetched(host: str = host, port: int = port) -> bool:
+            request = f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 {host} {port}"
+            try:  # (a stuck exec stream must not hang the suite: kube.wait cannot interrupt it)
+                out = subprocess.run(
+                    [*kubectl, "sh", "-c", request], env=product.env, capture_output=True, text=True, timeout=20
+                )
+            except subprocess.TimeoutExpired:
+                return False
             return token in out.stdout
 
         kube.wait(fetched, f"client on {client_node} fetching {url} from {server_node}", timeout=60, interval=1.0)
@@ -261,6 +268,11 @@ def _requests(product: Product, verb: str) -> float:
 
 def test_qos_pod_is_gated_released_filtered_bound_and_runs(product: Product, namespace: str) -> None:
     kube = product.kube
+    # the counters are read before the pod exists: the target must already be scraped, or "before" is 0 and
+    # any later sample would pass
+    product.kube.wait(
+        lambda: product.prom('up{job="kube-qos-extender-in-cluster"} == 1'), "the extender pod scraped", 60, 1.0
+    )
     before = {v: _requests(product, v) for v in ("filter", "bind")}
     t0 = time.monotonic()
     created = kube.create_pod(namespace, _qos_pod("svc", kind="service", cpu="100m", memory="32Mi"))
@@ -320,6 +332,8 @@ def test_autoscaler_sidecar_adds_a_kwok_node_for_a_pod_no_node_holds(product: Pr
     assert not kube.nodes(label_selector=PROVISIONED_BY)
     # more cpu than any real node has (they report this machine's cores): only a bought node can hold it
     cores = max(_cores(kube.get(f"/api/v1/nodes/{n}")["status"]["allocatable"]["cpu"]) for n in product.real_nodes)
+    largest = max(int(f["cpu"]) for f in yaml.safe_load((ROOT / "config/flavours.yaml").read_text())["flavours"])
+    assert cores + 1 <= largest, f"this machine's {cores} cores leave no flavour larger than a real node"
     t0 = time.monotonic()
     kube.create_pod(namespace, _qos_pod("big", kind="batch", cpu=str(cores + 1), memory="1Gi"))
     path = f"/api/v1/namespaces/{namespace}/pods/big"

@@ -26,7 +26,8 @@ apt_install_no_start() {
     created_policy=1
   fi
   local rc=0
-  if ! apt-cache policy "$@" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+  # every package needs a candidate, not just one of them (a partly stale index would skip the update)
+  if (($(apt-cache policy "$@" 2>/dev/null | grep -c 'Candidate: [0-9]') < $#)); then
     apt-get update -qq >&2 || true
   fi
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2 || rc=$?

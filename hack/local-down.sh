@@ -22,11 +22,6 @@ if [[ ! -d "${QOS_STATE}" ]]; then
 fi
 PIDS="${QOS_STATE}/pids"
 
-# Real nodes first (kubelets, containerd, their containers, namespaces, cgroups, mounts).
-if [[ -s "${QOS_STATE}/real-nodes" ]]; then
-  QOS_STATE="${QOS_STATE}" "$(dirname "${BASH_SOURCE[0]}")/real-nodes.sh" down || echo "real nodes: teardown failed" >&2
-fi
-
 # Reverse start order: clients first, etcd last.
 stopped=()
 for name in qos-extender kwok kube-scheduler kube-controller-manager kube-apiserver prometheus etcd; do
@@ -53,6 +48,16 @@ for entry in "${stopped[@]}"; do
   rm -f "${PIDS}/${entry%%:*}.pid"
 done
 echo "stopped: ${stopped[*]:-nothing running}" >&2
+
+# Real nodes last (kubelets, containerd, their containers, namespaces, cgroups, mounts, the relay, the lab's
+# routes): once Prometheus and the apiserver are gone, nothing on the host dials a pod IP any more, so lifting
+# the lab's unreachable routes cannot send anything off the machine. Also after a failed `up` (relay only).
+if [[ -e "${QOS_STATE}/real-nodes" || -s "${PIDS}/apigw-relay.pid" ]]; then
+  if ! QOS_STATE="${QOS_STATE}" "$(dirname "${BASH_SOURCE[0]}")/real-nodes.sh" down; then
+    echo "real nodes: teardown FAILED; state kept in ${QOS_STATE} (run hack/real-nodes.sh down again)" >&2
+    exit 1
+  fi
+fi
 
 case "${KEEP}" in
   all) echo "kept ${QOS_STATE}" >&2 ;;

@@ -165,6 +165,8 @@ for arg in "$@"; do
   if [[ "${arg}" == real:* ]]; then
     REAL_SPECS+=("${arg#real:}")
     [[ "${arg#real:}" =~ ^(([a-z]+):)?([A-Za-z0-9._-]+)=([0-9]+)$ ]] || die "bad node argument '${arg}'"
+    [[ "${BASH_REMATCH[2]:-service}" == service || "${BASH_REMATCH[2]}" == batch ]] \
+      || die "node group must be service or batch: '${arg}'"
     [[ -n "${FL_CPU[${BASH_REMATCH[3]}]:-}" ]] || die "unknown flavour '${BASH_REMATCH[3]}' (known: ${!FL_CPU[*]})"
     continue
   fi
@@ -425,7 +427,7 @@ EOF
   - targets: ['$(url_hostport "${EXTENDER_METRICS_URL}")']
 EOF
   fi
-  if ((${#REAL_SPECS[@]})); then
+  if ((${#REAL_SPECS[@]})) || [[ -s "${QOS_STATE}/real-nodes" ]]; then
     # config/'s extender running in pods on real nodes (hack/deploy-local.sh), scraped at the pod IP (routed
     # to the nodes' namespaces) over mTLS with a client certificate of the local CA; the serving certificate
     # names the Service, not the pod IP. Debian's Prometheus has no kubernetes_sd_configs: the targets come from

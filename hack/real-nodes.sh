@@ -62,11 +62,15 @@ node_ip() { echo "10.250.0.$((10 + $1))"; }
 node_cidr() { echo "10.245.$1.0/24"; }
 cg_hierarchies() { find /sys/fs/cgroup -mindepth 1 -maxdepth 1 -type d ! -name unified; }
 
-alive() { # <pidfile> -> pid if alive
+alive() { # <pidfile> -> pid if alive and still ours (its command line holds the token start recorded)
   [[ -s "$1" ]] || return 1
-  local pid
+  local pid token
   pid="$(cat "$1")"
   kill -0 "${pid}" 2>/dev/null || return 1
+  token="$(cat "$1.match" 2>/dev/null || true)"
+  if [[ -n "${token}" ]] && ! tr '\0' ' ' < "/proc/${pid}/cmdline" 2>/dev/null | grep -qF -- "${token}"; then
+    return 1  # a reused pid: not ours
+  fi
   echo "${pid}"
 }
 
@@ -77,6 +81,8 @@ start() {
   local pidfile="$1" logf="$2" ns="$3"
   shift 3
   if alive "${pidfile}" >/dev/null; then return 0; fi
+  # the token alive() checks: the last argument (a config path, or an address unique to this component)
+  printf '%s' "${*: -1}" > "${pidfile}.match"
   if [[ "${ns}" == - ]]; then
     setsid "$@" >> "${logf}" 2>&1 < /dev/null &
   else
@@ -91,7 +97,7 @@ stop_pid() { # <pidfile>
   kill "${pid}" 2>/dev/null || true
   for _ in $(seq 1 100); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
   kill -9 "${pid}" 2>/dev/null || true
-  rm -f "$1"
+  rm -f "$1" "$1.match"
 }
 
 gen_node_cert() { # <file-base> <subject> <eku> [san]
@@ -128,16 +134,26 @@ put() { # <file>: stdin into file only when the content changed (kube-proxy exit
 
 # ---------------------------------------------------------------- network
 ensure_fabric() {
-  if ! ip link show "${BRIDGE}" >/dev/null 2>&1; then
-    ip link add "${BRIDGE}" type bridge
-    ip addr add "${BRIDGE_CIDR}" dev "${BRIDGE}"
-  fi
+  ip link show "${BRIDGE}" >/dev/null 2>&1 || ip link add "${BRIDGE}" type bridge
+  ip addr replace "${BRIDGE_CIDR}" dev "${BRIDGE}"
   ip link set "${BRIDGE}" up
+  # Nothing of the lab may leave the machine (the host forwards, and its default route leads off it): the lab's
+  # ranges are unreachable on the host except for the routes to live nodes, so a pod IP Prometheus still
+  # scrapes after its node went away gets "unreachable", not the host's default route.
+  ip route replace unreachable "${POD_CIDR_ALL}"
+  ip route replace unreachable 10.250.0.0/16
   ensure_netns "${APIGW_NS}" "${APIGW_IP}" qosv-apigw
   mkdir -p "${QOS_STATE}/pids"
   start "${QOS_STATE}/pids/apigw-relay.pid" "${QOS_STATE}/logs/apigw-relay.log" - \
-    python3 "${HACK_DIR}/netns_relay.py" --netns "${APIGW_NS}" --listen "${APIGW_IP}:${APISERVER_PORT}" \
-    --connect "127.0.0.1:${APISERVER_PORT}"
+    python3 "${HACK_DIR}/netns_relay.py" --netns "${APIGW_NS}" --connect "127.0.0.1:${APISERVER_PORT}" \
+    --listen "${APIGW_IP}:${APISERVER_PORT}"
+  local t=$((SECONDS + 15))
+  until [[ -n "$(nsenter --net="/run/netns/${APIGW_NS}" ss -Hltn "sport = :${APISERVER_PORT}" 2>/dev/null)" ]]; do
+    alive "${QOS_STATE}/pids/apigw-relay.pid" >/dev/null \
+      || die "the apiserver relay exited; see ${QOS_STATE}/logs/apigw-relay.log"
+    ((SECONDS < t)) || die "the apiserver relay is not listening on ${APIGW_IP}:${APISERVER_PORT}"
+    sleep 0.1
+  done
   # Prometheus targets for config/'s extender pods (hack/local-up.sh's job kube-qos-extender-in-cluster)
   start "${QOS_STATE}/pids/prom-pod-sd.pid" "${QOS_STATE}/logs/prom-pod-sd.log" - \
     python3 "${HACK_DIR}/prom_pod_sd.py" --kubectl "${BIN_DIR}/kubectl" \
@@ -174,17 +190,18 @@ EOF
 
 ensure_netns() { # <ns> <ip> <host-side veth name>
   local ns="$1" ip="$2" veth="$3"
-  if [[ ! -e "/run/netns/${ns}" ]]; then
-    ip netns add "${ns}"
-  fi
-  if ! ip link show "${veth}" >/dev/null 2>&1; then
-    ip link add "${veth}" type veth peer name eth0 netns "${ns}"
-    ip link set "${veth}" master "${BRIDGE}" up
-  fi
+  [[ -e "/run/netns/${ns}" ]] || ip netns add "${ns}"
+  ip link show "${veth}" >/dev/null 2>&1 || ip link add "${veth}" type veth peer name eth0 netns "${ns}"
+  ip link set "${veth}" master "${BRIDGE}" up
   ip -n "${ns}" link set lo up
   ip -n "${ns}" link set eth0 up
   ip -n "${ns}" addr replace "${ip}/24" dev eth0
-  ip -n "${ns}" route replace default via "${BRIDGE_CIDR%/*}"
+  # No default route via the host: the host forwards, and its default route leaves the machine. A namespace
+  # reaches the bridge (10.250.0.0/24), the pod CIDRs (sync_routes) and Service IPs (DNATed by kube-proxy to
+  # one of those); anything else is unreachable (an image pull, a stray DNS query).
+  ip -n "${ns}" route del default 2>/dev/null || true
+  ip -n "${ns}" route replace unreachable default
+  ip -n "${ns}" route replace 10.96.0.0/16 dev eth0
   ns_exec "${ns}" sysctl -qw net.ipv4.ip_forward=1
 }
 
@@ -249,6 +266,8 @@ state = "${run}/containerd"
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "${BIN_DIR}/runc"
+        # runc's state under the node's run dir (the default /run/containerd/runc is shared by every containerd)
+        Root = "${run}/runc"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["/usr/lib/cni"]
@@ -432,9 +451,20 @@ stop_node() { # <name> <idx>
   kill_cgroup "qos-${name}"
   # shellcheck disable=SC2086
   [[ -z "${shims}" ]] || kill -9 ${shims} 2>/dev/null || true
+  # containerd puts each shim's socket in the fixed /run/containerd/s/<sha256(address/namespace/id)>
+  local task
+  for task in "${run}"/containerd/io.containerd.runtime.v2.task/*/*; do
+    [[ -d "${task}" ]] || continue
+    rm -f "/run/containerd/s/$(printf '%s' "${run}/containerd.sock/$(basename "$(dirname "${task}")")/$(basename "${task}")" \
+      | sha256sum | cut -c1-64)"
+  done
   unmount_under "${run}"
   unmount_under "${NODES_ROOT}/${name}"
   remove_cgroup "qos-${name}"
+  # pod logs (the in-cluster extender's among them) outlive the node: local-down --keep-logs keeps $LOGS
+  if [[ -d "${NODES_ROOT}/${name}/logs" ]]; then
+    mkdir -p "${LOGS}/${name}-pods" && cp -a "${NODES_ROOT}/${name}/logs/." "${LOGS}/${name}-pods/" 2>/dev/null || true
+  fi
   ip netns delete "qos-${name}" 2>/dev/null || true
   ip link delete "qosv-${idx}" 2>/dev/null || true
   ip route delete "$(node_cidr "${idx}")" 2>/dev/null || true
@@ -458,14 +488,19 @@ up() {
     || die "real nodes need kubelet, containerd and runc in ${BIN_DIR} (run hack/build-tools.sh)"
   [[ -x "${CRIU_DIR}/criu" ]] || "${HACK_DIR}/build-criu.sh" >/dev/null
   command -v nsenter >/dev/null || die "nsenter (util-linux) is required"
-  claim_owner
-  touch "${REGISTRY}"
   local t0=${SECONDS} arg group flavour count i name idx wanted=()
-  ensure_fabric
+  # every argument is checked before anything is made: a bad one must not leave a half-built fabric
   for arg in "$@"; do
     [[ "${arg}" =~ ^(([a-z]+):)?([A-Za-z0-9._-]+)=([0-9]+)$ ]] || die "bad real node argument '${arg}'"
+    [[ "${BASH_REMATCH[2]:-service}" == service || "${BASH_REMATCH[2]}" == batch ]] \
+      || die "node group must be service or batch: '${arg}'"
+  done
+  claim_owner
+  touch "${REGISTRY}"
+  ensure_fabric
+  for arg in "$@"; do
+    [[ "${arg}" =~ ^(([a-z]+):)?([A-Za-z0-9._-]+)=([0-9]+)$ ]]
     group="${BASH_REMATCH[2]:-service}" flavour="${BASH_REMATCH[3]}" count="${BASH_REMATCH[4]}"
-    [[ "${group}" == service || "${group}" == batch ]] || die "node group must be service or batch: '${arg}'"
     for ((i = 0; i < count; i++)); do
       name="real-${group}-${flavour//./-}-${i}"
       wanted+=("${name}")
@@ -493,12 +528,14 @@ up() {
   done < "${REGISTRY}"
   local names=()
   while read -r name _ _ _; do names+=("node/${name}"); done < "${REGISTRY}"
+  if ((${#names[@]} == 0)); then log "real nodes: none wanted"; return 0; fi
   local deadline=$((SECONDS + 120))
   until "${KUBECTL[@]}" get "${names[@]}" >/dev/null 2>&1; do
     ((SECONDS < deadline)) || die "real nodes did not register; see ${LOGS}/*-kubelet.log"
     sleep 0.5
   done
-  "${KUBECTL[@]}" wait --for=condition=Ready --timeout="$((deadline - SECONDS))s" "${names[@]}" >&2 \
+  # (a budget of its own: `kubectl wait --timeout` <= 0 would mean a week)
+  "${KUBECTL[@]}" wait --for=condition=Ready --timeout=120s "${names[@]}" >&2 \
     || die "real nodes not Ready; see ${LOGS}/*-kubelet.log"
   while read -r name _ _ _; do
     "${KUBECTL[@]}" annotate --overwrite node "${name}" \
@@ -508,17 +545,24 @@ up() {
 }
 
 down() {
-  [[ -f "${REGISTRY}" ]] || return 0
-  local name idx
-  while read -r name idx _ _; do
-    stop_node "${name}" "${idx}"
-    log "${name}: removed"
-  done < "${REGISTRY}"
+  local name idx failed=0
+  if [[ -f "${REGISTRY}" ]]; then
+    while read -r name idx _ _; do
+      # (one node failing to go must not orphan the others: carry on, report at the end)
+      if (stop_node "${name}" "${idx}"); then log "${name}: removed"; else log "${name}: teardown FAILED"; failed=1; fi
+    done < "${REGISTRY}"
+  fi
   stop_pid "${QOS_STATE}/pids/apigw-relay.pid"
   stop_pid "${QOS_STATE}/pids/prom-pod-sd.pid"
   ip netns delete "${APIGW_NS}" 2>/dev/null || true
   ip link delete qosv-apigw 2>/dev/null || true
   ip link delete "${BRIDGE}" 2>/dev/null || true
+  ip route delete unreachable "${POD_CIDR_ALL}" 2>/dev/null || true
+  ip route delete unreachable 10.250.0.0/16 2>/dev/null || true
+  # the one path every kubelet hard-codes whatever its --root-dir (the device-plugin registration socket)
+  rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+  rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
+  ((failed == 0)) || return 1
   rm -f "${REGISTRY}"
   if [[ "$(cat "${RUN_ROOT}/owner" 2>/dev/null)" == "${QOS_STATE}" ]]; then rm -f "${RUN_ROOT}/owner"; fi
   rmdir "${RUN_ROOT}" "${NODES_ROOT}" 2>/dev/null || true
@@ -532,7 +576,7 @@ leftovers() {
     find "${h}" -mindepth 1 -maxdepth 1 -type d -name 'qos-*' -printf 'cgroup %p\n'; done)
   mapfile -t -O "${#found[@]}" found < <(awk -v a="${NODES_ROOT}" -v b="${RUN_ROOT}" \
     'index($2, a) == 1 || index($2, b) == 1 {print "mount " $2}' /proc/self/mounts)
-  mapfile -t -O "${#found[@]}" found < <(pgrep -a -f "${RUN_ROOT}|${NODES_ROOT}|netns_relay.py" 2>/dev/null \
+  mapfile -t -O "${#found[@]}" found < <(pgrep -a -f "${RUN_ROOT}|${NODES_ROOT}|netns_relay.py|prom_pod_sd.py" 2>/dev/null \
     | grep -v "real-nodes.sh" | sed 's/^/process /' || true)
   [[ -e "${NODES_ROOT}" ]] && found+=("dir ${NODES_ROOT}")
   [[ -e "${RUN_ROOT}" ]] && found+=("dir ${RUN_ROOT}")
