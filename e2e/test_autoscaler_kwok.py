@@ -16,23 +16,22 @@ Needs KUBECONFIG (fails, never skips, without it). Run:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
 
+from e2e.kwok_autoscaling import autoscaled_namespace
+from e2e.kwok_autoscaling import until as _until
 from extender.autoscaler.config import AutoscalerSettings, LagDistribution
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, Decisions
 from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
 from extender.config import ExtenderConfig, KubernetesConfig
 from extender.core.model import Flavour, Resources
-from extender.kube.client import ApiError, new_api_client, read_json
+from extender.kube.client import read_json
 from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
@@ -69,43 +68,10 @@ def _pod(name: str, cpu: str, memory: str, kind: str, runtime: int | None = None
     }
 
 
-async def _until(what: str, timeout: float, check: Callable[[], Awaitable[bool]], every: float = 0.25) -> float:
-    started = time.monotonic()
-    while True:
-        if await check():
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"timed out after {timeout}s waiting for: {what}", pytrace=False)
-        await asyncio.sleep(every)
-
-
 @pytest.fixture
 async def cluster() -> AsyncIterator[tuple[Any, str]]:
-    kubeconfig = require_kubeconfig()
-    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
-    core = k8s.CoreV1Api(api)
-    ns = f"qos-as-e2e-{uuid.uuid4().hex[:6]}"
-    body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-    await read_json(await core.create_namespace(body, _preload_content=False))
-    await _until("default ServiceAccount", 30, lambda: _has_sa(core, ns))
-    try:
-        yield api, ns
-    finally:
-        with contextlib.suppress(ApiError):
-            await read_json(await core.delete_namespace(ns, _preload_content=False))
-        nodes = await read_json(await core.list_node(_preload_content=False, label_selector=PROVISIONED_BY_LABEL))
-        for n in nodes.get("items", []):
-            with contextlib.suppress(ApiError):
-                await read_json(await core.delete_node(n["metadata"]["name"], _preload_content=False))
-        await api.close()
-
-
-async def _has_sa(core: Any, ns: str) -> bool:
-    try:
-        await read_json(await core.read_namespaced_service_account("default", ns, _preload_content=False))
-        return True
-    except ApiError:
-        return False
+    async with autoscaled_namespace("qos-as-e2e") as c:
+        yield c
 
 
 async def test_burst_scale_up_ledger_and_idle_scale_down(cluster: tuple[Any, str]) -> None:

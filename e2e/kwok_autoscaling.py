@@ -1,0 +1,60 @@
+"""Shared by the kwok autoscaling e2e tests (sidecar loop and externalgrpc provider): a namespace of their own
+on the live cluster, and the nodes the autoscaler bought removed afterwards, whatever the test did."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from extender.autoscaler.loop import PROVISIONED_BY_LABEL
+from extender.config import KubernetesConfig
+from extender.kube.client import ApiError, new_api_client, read_json
+from tests.live import require_kubeconfig
+
+
+async def until(what: str, timeout: float, check: Callable[[], Awaitable[bool]], every: float = 0.25) -> float:
+    """Seconds until ``check`` holds; the test fails (never skips) after ``timeout``."""
+    started = time.monotonic()
+    while True:
+        if await check():
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"timed out after {timeout}s waiting for: {what}", pytrace=False)
+        await asyncio.sleep(every)
+
+
+@contextlib.asynccontextmanager
+async def autoscaled_namespace(prefix: str) -> AsyncIterator[tuple[Any, str]]:
+    """(api client, namespace) with its default ServiceAccount; on exit the namespace and every node labelled
+    provisioned-by the autoscaler are deleted."""
+    api = await new_api_client(KubernetesConfig(kubeconfig=require_kubeconfig()))
+    core = k8s.CoreV1Api(api)
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+    await read_json(await core.create_namespace(body, _preload_content=False))
+
+    async def has_sa() -> bool:
+        try:
+            await read_json(await core.read_namespaced_service_account("default", ns, _preload_content=False))
+            return True
+        except ApiError:
+            return False
+
+    await until("default ServiceAccount", 30, has_sa)
+    try:
+        yield api, ns
+    finally:
+        with contextlib.suppress(ApiError):
+            await read_json(await core.delete_namespace(ns, _preload_content=False))
+        nodes = await read_json(await core.list_node(_preload_content=False, label_selector=PROVISIONED_BY_LABEL))
+        for n in nodes.get("items", []):
+            with contextlib.suppress(ApiError):
+                await read_json(await core.delete_node(n["metadata"]["name"], _preload_content=False))
+        await api.close()
