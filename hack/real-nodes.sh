@@ -81,7 +81,8 @@ start() {
   local pidfile="$1" logf="$2" ns="$3"
   shift 3
   if alive "${pidfile}" >/dev/null; then return 0; fi
-  # the token alive() checks: the last argument (a config path, or an address unique to this component)
+  # the token alive() checks: the last argument, so every caller ends with one unique to this component (its
+  # config path, or its address)
   printf '%s' "${*: -1}" > "${pidfile}.match"
   if [[ "${ns}" == - ]]; then
     setsid "$@" >> "${logf}" 2>&1 < /dev/null &
@@ -369,13 +370,13 @@ start_node() { # <name> <idx> <group> <flavour>
     || die "${name}: ${SANDBOX_IMAGE} missing in containerd (run hack/build-image.sh: it makes ${IMAGES_DIR}/pause.tar)"
   start "${run}/kubelet.pid" "${LOGS}/${name}-kubelet.log" "${ns}" \
     env PATH="${BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
-    "${BIN_DIR}/kubelet" --config "${dir}/kubelet.yaml" --kubeconfig "${dir}/kubelet.kubeconfig" \
+    "${BIN_DIR}/kubelet" --v=1 --kubeconfig "${dir}/kubelet.kubeconfig" \
     --root-dir "${dir}/kubelet" --hostname-override "${name}" --node-ip "$(node_ip "${idx}")" \
     --node-labels "type=real,node.kubernetes.io/instance-type=${flavour},qos.kube-qos-extender.io/node-group=${group}" \
-    --v=1
+    --config "${dir}/kubelet.yaml"
   start "${run}/kube-proxy.pid" "${LOGS}/${name}-kube-proxy.log" "${ns}" \
     env PATH="${BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
-    "${BIN_DIR}/kube-proxy" --config "${dir}/kube-proxy.yaml" --v=1
+    "${BIN_DIR}/kube-proxy" --v=1 --config "${dir}/kube-proxy.yaml"
   price="$(flavour_price "${flavour}")"
   echo "${price}" > "${dir}/price"
 }
