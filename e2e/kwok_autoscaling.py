@@ -19,6 +19,31 @@ from extender.kube.client import ApiError, new_api_client, read_json
 from tests.live import require_kubeconfig
 
 
+def burst_pod(name: str, cpu: str, memory: str, kind: str, app: str, runtime: int | None = None) -> dict[str, Any]:
+    """A default-scheduler pod of node group ``kind`` (a nodeSelector stands in for the extender's group filter)
+    that tolerates kwok nodes, labelled ``app`` so a test can delete its own."""
+    annotations = {"qos.kube-qos-extender.io/kind": kind}
+    if runtime is not None:
+        annotations["qos.kube-qos-extender.io/runtime-seconds"] = str(runtime)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations, "labels": {"app": app}},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "nodeSelector": {"qos.kube-qos-extender.io/node-group": kind},
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": cpu, "memory": memory}},
+                }
+            ],
+        },
+    }
+
+
 async def until(what: str, timeout: float, check: Callable[[], Awaitable[bool]], every: float = 0.25) -> float:
     """Seconds until ``check`` holds; the test fails (never skips) after ``timeout``."""
     started = time.monotonic()

@@ -29,7 +29,7 @@ import grpc
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from e2e.kwok_autoscaling import autoscaled_namespace
+from e2e.kwok_autoscaling import autoscaled_namespace, burst_pod
 from e2e.kwok_autoscaling import until as _until
 from extender.autoscaler.ca_replay import CloudConfig, CloudProviderClient, ReplayedAutoscaler
 from extender.autoscaler.config import AutoscalerSettings, CaExpanderSettings, CloudProviderSettings, LagDistribution
@@ -75,27 +75,7 @@ def _pki(d: Path) -> dict[str, Path]:
 
 
 def _pod(name: str, cpu: str, memory: str, kind: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "annotations": {"qos.kube-qos-extender.io/kind": kind},
-            "labels": {"app": "qos-egrpc-e2e"},
-        },
-        "spec": {
-            "schedulerName": "default-scheduler",
-            "nodeSelector": {"qos.kube-qos-extender.io/node-group": kind},
-            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": {"cpu": cpu, "memory": memory}},
-                }
-            ],
-        },
-    }
+    return burst_pod(name, cpu, memory, kind, "qos-egrpc-e2e")
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from e2e.kwok_autoscaling import autoscaled_namespace
+from e2e.kwok_autoscaling import autoscaled_namespace, burst_pod
 from e2e.kwok_autoscaling import until as _until
 from extender.autoscaler.config import AutoscalerSettings, LagDistribution
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, Decisions
@@ -46,26 +46,7 @@ IDLE = 8.0
 
 
 def _pod(name: str, cpu: str, memory: str, kind: str, runtime: int | None = None) -> dict[str, Any]:
-    annotations = {"qos.kube-qos-extender.io/kind": kind}
-    if runtime is not None:
-        annotations["qos.kube-qos-extender.io/runtime-seconds"] = str(runtime)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": annotations, "labels": {"app": "qos-as-e2e"}},
-        "spec": {
-            "schedulerName": "default-scheduler",
-            "nodeSelector": {"qos.kube-qos-extender.io/node-group": kind},
-            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"requests": {"cpu": cpu, "memory": memory}},
-                }
-            ],
-        },
-    }
+    return burst_pod(name, cpu, memory, kind, "qos-as-e2e", runtime)
 
 
 @pytest.fixture
