@@ -159,30 +159,10 @@ def test_real_kube_scheduler_accepts_the_configuration(base: list[dict[str, Any]
 
 
 def test_api_server_accepts_every_object(base: list[dict[str, Any]], tmp_path: Path) -> None:
-    kubeconfig = os.environ.get("KUBECONFIG")
-    if not kubeconfig:
-        pytest.fail("needs KUBECONFIG (hack/local-up.sh)", pytrace=False)
     docs = [d for d in base if d["kind"] not in CRD_KINDS]
-    kubectl = [_bin("kubectl"), "--kubeconfig", kubeconfig]
     # Namespaced objects can be dry-run only into an existing namespace: create it for real (empty, harmless).
-    (ns,) = _by_kind(docs, "Namespace")
-    ns_file = tmp_path / "ns.yaml"
-    ns_file.write_text(yaml.safe_dump(ns))
-    subprocess.run(
-        [*kubectl, "apply", "--server-side", "-f", str(ns_file)], capture_output=True, check=True, timeout=60
-    )
-    manifest = tmp_path / "base.yaml"
-    manifest.write_text(yaml.safe_dump_all(docs))
-    proc = subprocess.run(
-        [*kubectl, "apply", "--dry-run=server", "--server-side", "--force-conflicts", "-f", str(manifest)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
-    assert proc.returncode == 0 and not errors, proc.stderr[-3000:]
-    assert proc.stdout.count("(server dry run)") == len(docs), proc.stdout
+    _apply_for_real(_by_kind(docs, "Namespace"), tmp_path / "ns.yaml")
+    _server_dry_run(docs, tmp_path / "base.yaml")
 
 
 def test_alert_rules_pass_promtool(base: list[dict[str, Any]], tmp_path: Path) -> None:
@@ -536,6 +516,21 @@ def _kubectl() -> list[str]:
     return [_bin("kubectl"), "--kubeconfig", kubeconfig]
 
 
+def _server_dry_run(docs: list[dict[str, Any]], path: Path) -> None:
+    """Every object accepted by the real apiserver's server-side dry run (warnings allowed, nothing else)."""
+    path.write_text(yaml.safe_dump_all(docs))
+    proc = subprocess.run(
+        [*_kubectl(), "apply", "--dry-run=server", "--server-side", "--force-conflicts", "-f", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
+    assert proc.returncode == 0 and not errors, proc.stderr[-3000:]
+    assert proc.stdout.count("(server dry run)") == len(docs), proc.stdout
+
+
 def _apply_for_real(docs: list[dict[str, Any]], path: Path) -> None:
     path.write_text(yaml.safe_dump_all(docs))
     proc = subprocess.run(
@@ -568,18 +563,7 @@ def test_api_server_accepts_the_new_objects(
         # clientConfig.service is invalid, so validate ours as a new object (hack/deploy-local.sh replaces it).
         if d["kind"] == "MutatingWebhookConfiguration":
             d["metadata"]["name"] += "-dry-run"
-    manifest = tmp_path / "all.yaml"
-    manifest.write_text(yaml.safe_dump_all(docs))
-    proc = subprocess.run(
-        [*_kubectl(), "apply", "--dry-run=server", "--server-side", "--force-conflicts", "-f", str(manifest)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    errors = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
-    assert proc.returncode == 0 and not errors, proc.stderr[-3000:]
-    assert proc.stdout.count("(server dry run)") == len(docs), proc.stdout
+    _server_dry_run(docs, tmp_path / "all.yaml")
 
 
 def test_pod_security_admits_every_pod_where_it_runs(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
