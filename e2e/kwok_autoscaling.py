@@ -55,13 +55,8 @@ async def until(what: str, timeout: float, check: Callable[[], Awaitable[bool]],
         await asyncio.sleep(every)
 
 
-@contextlib.asynccontextmanager
-async def autoscaled_namespace(prefix: str) -> AsyncIterator[tuple[Any, str]]:
-    """(api client, namespace) with its default ServiceAccount; on exit the namespace and every node labelled
-    provisioned-by the autoscaler are deleted."""
-    api = await new_api_client(KubernetesConfig(kubeconfig=require_kubeconfig()))
-    core = k8s.CoreV1Api(api)
-    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+async def make_namespace(core: Any, ns: str) -> None:
+    """Create ``ns`` and wait for its default ServiceAccount (pods are refused until it exists)."""
     body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
     await read_json(await core.create_namespace(body, _preload_content=False))
 
@@ -73,6 +68,16 @@ async def autoscaled_namespace(prefix: str) -> AsyncIterator[tuple[Any, str]]:
             return False
 
     await until("default ServiceAccount", 30, has_sa)
+
+
+@contextlib.asynccontextmanager
+async def autoscaled_namespace(prefix: str) -> AsyncIterator[tuple[Any, str]]:
+    """(api client, namespace) with its default ServiceAccount; on exit the namespace and every node labelled
+    provisioned-by the autoscaler are deleted."""
+    api = await new_api_client(KubernetesConfig(kubeconfig=require_kubeconfig()))
+    core = k8s.CoreV1Api(api)
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    await make_namespace(core, ns)
     try:
         yield api, ns
     finally:

@@ -35,6 +35,7 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
 
+from e2e.kwok_autoscaling import make_namespace
 from extender.agent.backends.simulated import PROGRESS_ANNOTATION, KubeAnnotationProgressStore, SimulatedBackend
 from extender.agent.client import AgentClient
 from extender.agent.config import AgentConfig
@@ -161,18 +162,8 @@ async def world() -> AsyncIterator[World]:
     api = await new_api_client(KubernetesConfig(kubeconfig=require_kubeconfig()))
     core = k8s.CoreV1Api(api)
     run = f"e2e-c8-{uuid.uuid4().hex[:5]}"
-    body: Any = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": run}}
-    await read_json(await core.create_namespace(body, _preload_content=False))
+    await make_namespace(core, run)
     w = World(api, run, run)
-
-    async def has_sa() -> bool:
-        try:
-            await read_json(await core.read_namespaced_service_account("default", run, _preload_content=False))
-            return True
-        except ApiError:
-            return False
-
-    await _until("default ServiceAccount", 30, has_sa)
     try:
         yield w
     finally:
