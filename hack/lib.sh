@@ -64,3 +64,29 @@ make_ca() {
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
     -out "$1.crt" 2>/dev/null
 }
+
+# kubeconfig <server URL> <CA file> <user> <cert base>: a kubeconfig with a client certificate (<cert base>.crt,
+# .key) on stdout. The one recipe of local-up.sh (components on 127.0.0.1) and real-nodes.sh (kubelets,
+# kube-proxy through the relay).
+kubeconfig() {
+  cat <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: qos-local
+  cluster:
+    server: $1
+    certificate-authority: $2
+users:
+- name: $3
+  user:
+    client-certificate: $4.crt
+    client-key: $4.key
+contexts:
+- name: qos-local
+  context:
+    cluster: qos-local
+    user: $3
+current-context: qos-local
+EOF
+}

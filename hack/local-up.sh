@@ -298,26 +298,7 @@ fi
 chmod 600 "${CERTS}"/*.key
 
 write_kubeconfig() { # <file> <cert name>
-  cat > "$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: qos-local
-  cluster:
-    server: https://${HOST}:${APISERVER_PORT}
-    certificate-authority: ${CERTS}/ca.crt
-users:
-- name: $2
-  user:
-    client-certificate: ${CERTS}/$2.crt
-    client-key: ${CERTS}/$2.key
-contexts:
-- name: qos-local
-  context:
-    cluster: qos-local
-    user: $2
-current-context: qos-local
-EOF
+  kubeconfig "https://${HOST}:${APISERVER_PORT}" "${CERTS}/ca.crt" "$2" "${CERTS}/$2" > "$1"
 }
 for u in admin kube-scheduler kube-controller-manager kwok qos-extender; do
   write_kubeconfig "${KCFG}/${u}.kubeconfig" "${u}"

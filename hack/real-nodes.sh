@@ -107,24 +107,7 @@ gen_node_cert() { # <file-base> <subject> <eku> [san]
 }
 
 write_kubeconfig() { # <file> <cert base>
-  put "$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: qos-local
-  cluster:
-    server: https://${APIGW_IP}:${APISERVER_PORT}
-    certificate-authority: ${CERTS}/ca.crt
-users:
-- name: node
-  user:
-    client-certificate: $2.crt
-    client-key: $2.key
-contexts:
-- name: qos-local
-  context: {cluster: qos-local, user: node}
-current-context: qos-local
-EOF
+  kubeconfig "https://${APIGW_IP}:${APISERVER_PORT}" "${CERTS}/ca.crt" node "$2" | put "$1"
 }
 
 put() { # <file>: stdin into file only when the content changed (kube-proxy exits when its config is rewritten)
