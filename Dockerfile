@@ -29,13 +29,12 @@ COPY pyproject.toml ./
 COPY README.md ./
 COPY extender/ extender/
 # The stubs go to $QOS_PROTO_CACHE/<hash of the .proto files + grpcio-tools version>: the runtime finds them
-# there and never writes (read-only root filesystem). protogen makes that folder with mkdtemp (mode 0700,
-# owner root): a+rX lets user 65532 read it. pip itself is not needed at run time.
+# there and never writes (read-only root filesystem); protogen makes the tree world-readable, so user 65532
+# reads stubs generated here as root. pip itself is not needed at run time.
 RUN /opt/venv/bin/pip install --no-deps . \
  && /opt/venv/bin/python -m extender.autoscaler.protogen \
  && /opt/venv/bin/python -m compileall -q "${QOS_PROTO_CACHE}" \
  && cp extender/extender.yaml /opt/venv/share/kube-qos-extender/extender.yaml \
- && chmod -R a+rX,go-w /opt/venv/share/kube-qos-extender \
  && /opt/venv/bin/pip uninstall -q -y pip \
  && /opt/venv/bin/qos-extender --help > /dev/null
 
