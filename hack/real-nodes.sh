@@ -133,7 +133,9 @@ ensure_fabric() {
     --listen "${APIGW_IP}:${APISERVER_PORT}"
   local t=$((SECONDS + 15))
   until [[ -n "$(nsenter --net="/run/netns/${APIGW_NS}" ss -Hltn "sport = :${APISERVER_PORT}" 2>/dev/null)" ]]; do
-    alive "${QOS_STATE}/pids/apigw-relay.pid" >/dev/null \
+    # (kill -0, not alive(): right after the fork the child may not have exec'd python yet, so its command
+    # line does not hold the token; seen in CI as a false "exited")
+    kill -0 "$(cat "${QOS_STATE}/pids/apigw-relay.pid")" 2>/dev/null \
       || die "the apiserver relay exited; see ${QOS_STATE}/logs/apigw-relay.log"
     ((SECONDS < t)) || die "the apiserver relay is not listening on ${APIGW_IP}:${APISERVER_PORT}"
     sleep 0.1
