@@ -408,3 +408,16 @@ def test_srr_properties(specs: list[tuple[int, int, float]], others: list[Node])
                     (free.cpu_milli < 0 and p.requests.cpu_milli > 0)
                     or (free.memory_bytes < 0 and p.requests.memory_bytes > 0)
                 )
+
+
+def test_select_plan_is_the_first_candidate_plan_not_busy_not_left_alone_and_owned() -> None:
+    """The flow's choice of the next node to empty, in core so the simulator's product policy makes it too."""
+    from extender.core.reschedule import MigrationPlan, select_plan
+
+    p1, p2, p3 = (MigrationPlan(n, ()) for n in ("a", "b", "c"))
+    plans = (p1, p2, p3)
+    assert select_plan(plans, ("a", "b", "c"), now=10.0) is p1
+    assert select_plan(plans, ("a", "b", "c"), busy=frozenset({"a"}), now=10.0) is p2
+    assert select_plan(plans, ("a", "b", "c"), left_alone={"a": 20.0, "b": 5.0}, now=10.0) is p2
+    assert select_plan(plans, ("a", "b", "c"), left_alone={"a": 20.0}, owned=frozenset({"c"}), now=10.0) is p3
+    assert select_plan(plans, ("b",), left_alone={"b": 11.0}, now=10.0) is None

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from extender.autoscaler.handoff import Consolidation
+from extender.core import reschedule
 from extender.core.model import ANNOTATION_PREFIX, Node, WorkloadKind
 from extender.core.packing import fits
 from extender.core.reschedule import MigrationPlan
@@ -25,6 +26,7 @@ from extender.core.reschedule import MigrationPlan
 __all__ = [
     "AGENT_URL_ANNOTATION",
     "CONSOLIDATION_ANNOTATION",
+    "DO_NOT_DISRUPT",
     "MIGRATED_FROM_ANNOTATION",
     "MIGRATION_ID_ANNOTATION",
     "MoveVerdict",
@@ -39,6 +41,7 @@ __all__ = [
     "destination_manifest",
     "destination_name",
     "may_cordon",
+    "node_blocker",
     "migration_id",
     "object_key",
     "plan_id",
@@ -59,6 +62,12 @@ _DROP_ANNOTATIONS = (
     STOPPED_ANNOTATION,
     MIGRATION_ID_ANNOTATION,
     "kubectl.kubernetes.io/last-applied-configuration",
+)
+# What the tools users already run honour: a pod so annotated blocks the consolidation of its node (a checkpoint
+# migration ends the pod like an eviction does: new name, new IP, its controller sees it go).
+DO_NOT_DISRUPT = (
+    ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),  # cluster-autoscaler: no scale-down of its node
+    ("karpenter.sh/do-not-disrupt", "true"),  # karpenter: no voluntary disruption of its node
 )
 _SUFFIX_RE = re.compile(r"-mv-[a-z0-9]{1,12}$")
 
@@ -101,19 +110,11 @@ def select_plan(
     owned: frozenset[str] | None = None,
     now: float,
 ) -> MigrationPlan | None:
-    """The first hand-off plan worth starting: plans come worst-utilised node first (core.reschedule), so the
-    first whose source is a sustained candidate, not being consolidated, not left alone after a failed
-    attempt (until its back-off ends) and, when ``owned`` is given, one of the nodes we may remove."""
-    candidates = set(consolidation.candidates)
-    alone = left_alone or {}
-    for plan in consolidation.plans:
-        src = plan.source
-        if src not in candidates or src in busy or alone.get(src, -1.0) > now:
-            continue
-        if owned is not None and src not in owned:
-            continue
-        return plan
-    return None
+    """The first hand-off plan worth starting (``core.reschedule.select_plan``, the rule the simulator's
+    ``product`` policy runs too)."""
+    return reschedule.select_plan(
+        consolidation.plans, consolidation.candidates, busy=busy, left_alone=left_alone, owned=owned, now=now
+    )
 
 
 def may_cordon(node: Mapping[str, Any]) -> str | None:
@@ -133,8 +134,12 @@ def pod_blocker(pod: Mapping[str, Any]) -> str | None:
     meta = _meta(pod)
     if meta.get("deletionTimestamp"):
         return f"pod {key} is being deleted"
-    if _annotations(pod).get(MIGRATABLE_ANNOTATION, "").strip().lower() == "false":
+    annotations = _annotations(pod)
+    if str(annotations.get(MIGRATABLE_ANNOTATION, "")).strip().lower() == "false":
         return f"pod {key} is annotated {MIGRATABLE_ANNOTATION}=false"
+    for name, blocking in DO_NOT_DISRUPT:
+        if str(annotations.get(name, "")).strip().lower() == blocking:
+            return f"pod {key} is annotated {name}={blocking}: its node is not consolidated"
     for ref in meta.get("ownerReferences") or []:
         if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") != "Node":
             return (
@@ -145,6 +150,20 @@ def pod_blocker(pod: Mapping[str, Any]) -> str | None:
     phase = status.get("phase") if isinstance(status, Mapping) else None
     if phase != "Running":
         return f"pod {key} is {phase or 'in no phase'}, not Running"
+    return None
+
+
+def node_blocker(pods_on_node: Sequence[Mapping[str, Any]]) -> str | None:
+    """Before the cordon: the first reason one of the node's pods gives not to touch the node at all (a
+    do-not-disrupt annotation, migratable=false, ...), else None. DaemonSet and finished pods do not count:
+    they are not moved (DaemonSet pods go with the node, finished pods hold nothing)."""
+    for p in sorted(pods_on_node, key=object_key):
+        status = p.get("status")
+        if _is_daemon(p) or (isinstance(status, Mapping) and status.get("phase") in ("Succeeded", "Failed")):
+            continue
+        reason = pod_blocker(p)
+        if reason is not None:
+            return reason
     return None
 
 

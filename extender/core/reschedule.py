@@ -26,6 +26,7 @@ __all__ = [
     "UnderutilState",
     "consolidation_plans",
     "migration_plan",
+    "select_plan",
     "shortest_runtime_reschedule",
     "sustained_underutilized",
     "update_underutilized",
@@ -173,6 +174,32 @@ def consolidation_plans(
         emptied.add(name)
         plans.append(plan)
     return plans
+
+
+def select_plan(
+    plans: Sequence[MigrationPlan],
+    candidates: Sequence[str],
+    *,
+    busy: frozenset[str] = frozenset(),
+    left_alone: Mapping[str, float] | None = None,
+    owned: frozenset[str] | None = None,
+    now: float,
+) -> MigrationPlan | None:
+    """The consolidation flow's choice of the next node to empty (one at a time): plans come worst-utilised
+    node first (``consolidation_plans``), so the first whose source is a sustained candidate, not being
+    consolidated, not left alone after a failed attempt (until its back-off ends) and, when ``owned`` is given,
+    one of the nodes we may remove. Here, below both callers, so the flow (``consolidation.decide``) and the
+    simulator's ``product`` policy take the same decision (issue 14)."""
+    wanted = set(candidates)
+    alone = left_alone or {}
+    for plan in plans:
+        src = plan.source
+        if src not in wanted or src in busy or alone.get(src, -1.0) > now:
+            continue
+        if owned is not None and src not in owned:
+            continue
+        return plan
+    return None
 
 
 def _overloaded(node: Node, threshold: float | None) -> bool:
