@@ -32,10 +32,13 @@ from extender.core.model import (
     Resources,
     WorkloadKind,
 )
+from extender.sim.product import ProductSettings
 from extender.sim.workloads import RequestSpec, Workload
 
-POLICIES = ("qos-driven", "qos-paper", "priority", "htas", "k8s")
+POLICIES = ("qos-driven", "qos-paper", "priority", "htas", "k8s", "product")
 PREEMPTIVE = ("qos-driven", "qos-paper", "priority")  # fixed hosts, ordered queue, preemption
+# Policies whose pods go through the QoS controller's gate (no PriorityClass: QoS decides alone).
+GATED = ("qos-driven", "qos-paper", "product")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,7 @@ class SimConfig:
     weights: autoscale.ScoreWeights = field(default_factory=autoscale.ScoreWeights)
     qos_quantum: float = qos.RECOMMENDED_QUANTUM_SECONDS  # anti-thrashing of `qos-driven` (sim/README.md)
     qos_hysteresis: float = qos.RECOMMENDED_HYSTERESIS_SECONDS
+    product: ProductSettings = field(default_factory=ProductSettings)  # the `product` policy (sim/product.py)
 
     def __post_init__(self) -> None:
         for name in ("scheduling_cycle", "watchdog", "autoscale_cycle", "ca_scan_interval"):
@@ -132,6 +136,7 @@ class SimNode:
     pods: dict[str, str] = field(default_factory=dict)  # pod key -> request id
     cordoned: bool = False
     deleted_at: float | None = None
+    owned: bool = False  # provisioned by the autoscaler (label provisioned-by=qos-autoscaler)
 
     @property
     def ready(self) -> bool:
@@ -173,24 +178,55 @@ class Simulator:
         self.ca_ledger = autoscale.ProvisioningLedger()
         self.c = Counters()
         self.autoscaled = not workload.hosts
-        self.qpol = qos.QosPolicy(
-            classes=workload.classes,
-            alpha_seconds=self.cfg.alpha_hot,
-            min_run_quantum_seconds=self.cfg.qos_quantum if policy == "qos-driven" else 0.0,
-            q_hysteresis_seconds=self.cfg.qos_hysteresis if policy == "qos-driven" else 0.0,
-        )
-        # The controller's own pass at c = 1, paper 002's host score (kube-scheduler's default resource scores).
-        self._decide_settings = decide.Settings(max_gate_seconds=math.inf, host_score="least-allocated")
-        if self.autoscaled and workload.flavours:
-            self._scan_settings = autoscale_scan.ScanSettings(
-                flavours=tuple(workload.flavours),
-                weights=self.cfg.weights,
-                batch_cycle_seconds=self.cfg.autoscale_cycle,
-                idle_seconds=self.cfg.idle_seconds,
-                underutil_threshold=self.cfg.underutil_threshold,
-                underutil_sustain_seconds=self.cfg.underutil_sustain,
-                batch_queue_quiet_seconds=self.cfg.batch_queue_quiet,
+        self.prod = self.cfg.product
+        if policy == "product":
+            unknown = sorted({r.class_name for r in workload.requests} - set(self.prod.classes))
+            if unknown:
+                raise InvalidInputError(f"workload {workload.name}: classes {unknown} are not configured")
+            self.qpol = self.prod.qos_policy()
+            # The controller as config/controller ships it: pinned releases on the prioritize verb's own score.
+            self._decide_settings = decide.Settings(
+                max_gate_seconds=self.prod.max_gate_seconds,
+                pin=self.prod.pin_node,
+                host_score=self.prod.host_score,
+                profile=self.prod.profile,
+                cycle_seconds=self.prod.scaling_cycle_seconds,
             )
+        else:
+            self.qpol = qos.QosPolicy(
+                classes=workload.classes,
+                alpha_seconds=self.cfg.alpha_hot,
+                min_run_quantum_seconds=self.cfg.qos_quantum if policy == "qos-driven" else 0.0,
+                q_hysteresis_seconds=self.cfg.qos_hysteresis if policy == "qos-driven" else 0.0,
+            )
+            # The controller's own pass at c = 1, paper 002's host score (kube-scheduler's default resource scores).
+            self._decide_settings = decide.Settings(max_gate_seconds=math.inf, host_score="least-allocated")
+        if self.autoscaled and workload.flavours:
+            if policy == "product":
+                self._scan_settings = autoscale_scan.ScanSettings(
+                    flavours=tuple(workload.flavours),
+                    weights=self.prod.weights,
+                    batch_cycle_seconds=self.prod.batch_cycle_seconds,
+                    idle_seconds=self.prod.idle_seconds,
+                    underutil_threshold=self.prod.underutil_threshold,
+                    underutil_sustain_seconds=self.prod.underutil_sustain_seconds,
+                    batch_queue_quiet_seconds=self.prod.batch_queue_quiet_seconds,
+                )
+            else:
+                self._scan_settings = autoscale_scan.ScanSettings(
+                    flavours=tuple(workload.flavours),
+                    weights=self.cfg.weights,
+                    batch_cycle_seconds=self.cfg.autoscale_cycle,
+                    idle_seconds=self.cfg.idle_seconds,
+                    underutil_threshold=self.cfg.underutil_threshold,
+                    underutil_sustain_seconds=self.cfg.underutil_sustain,
+                    batch_queue_quiet_seconds=self.cfg.batch_queue_quiet,
+                )
+        # product: the consolidation flow's memory (one node at a time; failed nodes left alone for a while)
+        self.flow_source: str | None = None
+        self.flow_moves: list[tuple[str, str]] = []
+        self.flow_waiting: str | None = None  # request id whose migration the flow waits for
+        self.left_alone: dict[str, float] = {}
         self.ca_unneeded: dict[str, float] = {}
         self.last_scale_up = -math.inf
         self.sched_pending = False
@@ -338,7 +374,7 @@ class Simulator:
         controller's priority rule never binds: QoS decides alone); the workload's own value otherwise."""
         if self.policy == "priority":
             return self.w.classes[s.class_name].priority
-        return 0 if self.policy in PREEMPTIVE else s.priority
+        return 0 if self.policy in GATED else s.priority
 
     def _pod(self, r: Req) -> Pod:
         """The core view of a request's instance, cached until its next transition (version, state)."""
@@ -433,7 +469,10 @@ class Simulator:
     def _on_tick(self, _: object) -> None:
         # Preemptive policies rerun on the watchdog, the others on the scheduling cycle; scale-down checks ride
         # on the same tick, so it is never slower than cluster-autoscaler's scan.
-        period = self.cfg.watchdog if self.policy in PREEMPTIVE else self.cfg.scheduling_cycle
+        if self.policy == "product":
+            period = self.prod.watchdog_seconds
+        else:
+            period = self.cfg.watchdog if self.policy in PREEMPTIVE else self.cfg.scheduling_cycle
         self.request_schedule()
         if self.autoscaled and self.policy == "k8s":
             self._ca_scale_down()
@@ -453,7 +492,7 @@ class Simulator:
             return
         if self.policy == "priority":
             self._schedule_priority(pending)
-        elif self.policy in PREEMPTIVE:
+        elif self.policy in GATED:
             self._schedule_qos(pending)
         else:
             self._schedule_plain(pending)
@@ -492,10 +531,16 @@ class Simulator:
         running = {key: rid for n in ready for key, rid in n.pods.items()}
         accounts = {rid: self._account(self.reqs[rid]) for rid in running.values()}
         gated = []
+        groups: dict[NodeGroup, frozenset[str]] | None = None
+        if self.policy == "product" and self.prod.enforce_node_groups:
+            # the extender's filter (node groups enforced): the controller only considers the pod's group
+            groups = {g: frozenset(n.name for n in ready if n.group is g) for g in NodeGroup}
         for r in pending:
             rid = r.spec.request_id
             accounts[rid] = self._account(r)
-            gated.append(decide.GatedPod(self._pod(r), rid, gated_since=r.since))
+            pod = self._pod(r)
+            eligible = groups[autoscale_scan.group_of(pod)] if groups is not None else None
+            gated.append(decide.GatedPod(pod, rid, gated_since=r.since, eligible_nodes=eligible))
         world = decide.World(nodes, running, gated, accounts, self.now)
         decision = decide.decide(world, self.qpol, self._decide_settings, self.rng)
         for ev in decision.evictions:
@@ -509,6 +554,23 @@ class Simulator:
                 self._place(r, self.nodes[rel.node])
             elif rel.priority:
                 self._priority_place(r)
+            elif rel.timeout or not self._decide_settings.pin:
+                self._extender_place(r)
+
+    def _extender_place(self, r: Req) -> None:
+        """An unpinned release: kube-scheduler's qos-scheduler profile, whose only scores are the extender's
+        (filter: the pod's node group and room; prioritize: ``packing.score_nodes``), ties at random."""
+        pod = self._pod(r)
+        group = autoscale_scan.group_of(pod)
+        cands = [
+            self._core_node(n) for n in self._ready_nodes() if not self.prod.enforce_node_groups or n.group is group
+        ]
+        cands = [n for n in cands if packing.fits(n, pod)]
+        if not cands:
+            return
+        scores = packing.score_nodes(self.prod.profile, cands, pod, self.now, self.prod.scaling_cycle_seconds)
+        top = max(scores.values())
+        self._place(r, self.nodes[self.rng.choice(sorted(n for n, v in scores.items() if v == top))])
 
     def _schedule_priority(self, pending: list[Req]) -> None:
         """Kubernetes' priority preemption (paper 002 §4.1.2), one pass: priority order, each pod placed where
@@ -572,9 +634,10 @@ class Simulator:
         name = self._new_name(flavour.name)
         ready = self.now + self._lag()
         node = SimNode(name, flavour.capacity, group, flavour.name, flavour.price_per_hour, self.now, ready)
+        node.owned = True
         self.provisioning[name] = node
         entry = autoscale.Provisioning(name, flavour, self.now, tuple(pods))
-        if self.policy == "htas":
+        if self.policy in ("htas", "product"):
             self.scan_state.provisioned(group, entry)
         else:
             self.ca_ledger = self.ca_ledger.add(entry)
@@ -603,6 +666,9 @@ class Simulator:
         elif self.policy == "htas":
             self._htas_scan()
             self.push(self.now + self.cfg.service_scale_interval, "autoscale")
+        elif self.policy == "product":
+            self._product_scan()
+            self.push(self.now + self.prod.scan_interval_seconds, "autoscale")
 
     def _ca_scale_up(self) -> None:
         """cluster-autoscaler: one homogeneous group; binpacking estimator adds all needed nodes at once;
@@ -680,20 +746,128 @@ class Simulator:
             r = self.reqs[source.pods[key]]
             if r.state is not State.RUNNING:
                 continue
-            seconds = self.cfg.checkpoint_seconds + r.spec.image_bytes / self.cfg.bandwidth_bytes_per_s
-            self._unplace(r, lose_work=False)
-            r.state = State.MIGRATING
-            self._pending_ids.pop(r.spec.request_id, None)
-            r.version += 1
-            target = self.nodes[dest]
-            target.pods[key] = r.spec.request_id  # the destination holds the space during the transfer
-            r.node = dest
-            self._node_cache.pop(dest, None)
-            self.c.migrations += 1
-            self.push(self.now + seconds, "migrated", (r.spec.request_id, r.version))
+            self._migrate_one(r, source, dest)
+
+    def _migrate_one(self, r: Req, source: SimNode, dest: str) -> None:
+        """Checkpoint, transfer and restore one running pod: not running for checkpoint + image / bandwidth, its
+        progress kept; the destination holds the space during the transfer."""
+        key = f"default/{r.spec.request_id}"
+        assert source.pods.get(key) == r.spec.request_id
+        seconds = self.cfg.checkpoint_seconds + r.spec.image_bytes / self.cfg.bandwidth_bytes_per_s
+        self._unplace(r, lose_work=False)
+        r.state = State.MIGRATING
+        self._pending_ids.pop(r.spec.request_id, None)
+        r.version += 1
+        target = self.nodes[dest]
+        target.pods[key] = r.spec.request_id
+        r.node = dest
+        self._node_cache.pop(dest, None)
+        self.c.migrations += 1
+        self.push(self.now + seconds, "migrated", (r.spec.request_id, r.version))
 
     def _on_migrated(self, payload: object) -> None:
         self._run(payload, State.MIGRATING)
+        rid, _version = cast(tuple[str, int], payload)
+        if self.flow_waiting == rid:
+            self.flow_waiting = None
+            self._flow_next()
+
+    # ---- product: the autoscaler sidecar and the consolidation flow as config/ ships them -----------------
+
+    def _product_scan(self) -> None:
+        """The sidecar's step (``AutoscalerLoop.step`` around ``core.autoscale_scan.scan``) with the shipped
+        settings: a gated pod is demand once held ``gated_demand_seconds``; the budget is the limits
+        (``max_nodes_per_cycle``, ``max_nodes`` minus ours and those being provisioned); only nodes we
+        provisioned are deleted when idle (``scale_down_provisioned_only``); the hand-off goes to the
+        consolidation flow (``_flow_start``), which empties one node at a time."""
+        p = self.prod
+        for entry in self.scan_state.expire(self.now, p.provisioning_timeout_seconds):
+            self.provisioning.pop(entry.node_name, None)  # never happens with lag_max < the timeout
+        nodes = [self._core_node(n) for n in self.nodes.values()]
+        waiting = self._pending()
+        demand = [self._pod(r) for r in waiting if self.now - r.since >= p.gated_demand_seconds]
+        batch_pending = any(r.spec.kind is WorkloadKind.BATCH for r in waiting)
+        owned = sum(1 for n in self.nodes.values() if n.owned)
+        budget = min(p.max_nodes_per_cycle, p.max_nodes - len(self.scan_state.provisioning) - owned)
+        leaving = frozenset({self.flow_source} if self.flow_source else ())
+        result = autoscale_scan.scan(
+            self.scan_state,
+            self._scan_settings,
+            nodes,
+            demand,
+            self.now,
+            batch_pending=batch_pending,
+            budget=max(0, budget),
+            leaving=leaving,
+        )
+        for purchase in result.purchases:
+            self._provision(purchase.flavour, purchase.group, purchase.pods)
+        for name, _since in result.idle:
+            node = self.nodes[name]
+            if name in leaving or (p.scale_down_provisioned_only and not node.owned):
+                continue
+            self._remove_node(node)
+        if not p.consolidation or self.flow_source is not None:
+            return
+        owned_names = (
+            frozenset(n.name for n in self.nodes.values() if n.owned) if p.consolidation_provisioned_only else None
+        )
+        plan = reschedule.select_plan(
+            result.consolidation_plans,
+            result.consolidation_candidates,
+            left_alone=self.left_alone,
+            owned=owned_names,
+            now=self.now,
+        )
+        if plan is not None:
+            self._flow_start(plan)
+
+    def _flow_start(self, plan: reschedule.MigrationPlan) -> None:
+        """The consolidation flow on one node: cordon it, then move its pods one after another (each move is
+        checkpoint + transfer + restore; the next starts when it has ended), delete the emptied node."""
+        source = self.nodes[plan.source]
+        source.cordoned = True
+        self._node_cache.pop(source.name, None)
+        self.flow_source = source.name
+        self.flow_moves = list(plan.moves)
+        self._flow_next()
+
+    def _flow_abort(self) -> None:
+        """A move that cannot go ahead: uncordon, leave the node alone for ``left_alone_seconds``."""
+        assert self.flow_source is not None
+        node = self.nodes[self.flow_source]
+        node.cordoned = False
+        self._node_cache.pop(node.name, None)
+        self.left_alone[node.name] = self.now + self.prod.left_alone_seconds
+        self.flow_source, self.flow_moves = None, []
+        self.request_schedule()
+
+    def _flow_next(self) -> None:
+        assert self.flow_source is not None
+        source = self.nodes[self.flow_source]
+        while self.flow_moves:
+            key, dest = self.flow_moves.pop(0)
+            rid = source.pods.get(key)
+            if rid is None:
+                continue  # finished meanwhile: nothing to move
+            r = self.reqs[rid]
+            target = self.nodes.get(dest)
+            if (
+                r.state is not State.RUNNING
+                or target is None
+                or target.cordoned
+                or not packing.fits(self._core_node(target), self._pod(r))
+            ):
+                self._flow_abort()
+                return
+            self._migrate_one(r, source, dest)
+            self.flow_waiting = rid
+            return
+        if source.pods:
+            self._flow_abort()
+            return
+        self.flow_source = None
+        self._remove_node(source)
 
     # ---- results -------------------------------------------------------------------------------------
 
