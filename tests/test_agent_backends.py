@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from extender.agent import archive as arc
-from extender.agent.backends.base import WorkloadRef
+from extender.agent.backends.base import CheckpointResult, WorkloadRef
 from extender.agent.backends.kubelet import (
     CRIO_LEGACY_NAME_ANNOTATION,
     checkpoint_annotations,
@@ -223,6 +223,68 @@ async def test_simulated_migration_carries_progress_and_rolls_back_with_an_event
         with pytest.raises(PeerError, match="404"):
             missing = {"workload": {"namespace": "batch", "pod": "nope"}, "destination": {"url": u2}}
             await client.request("POST", f"{u1}/v1/migrations", missing)
+    finally:
+        await client.close()
+        for r in runners:
+            await r.cleanup()
+        await src.client.close()
+        await dst.client.close()
+
+
+class OneCheckpointBackend(SimulatedBackend):
+    """The simulated backend declaring what the kubelet backend declares (``single_checkpoint``), counting its
+    checkpoints: the coordinator must take one per move, not a pre-copy the final checkpoint replaces."""
+
+    single_checkpoint = True
+
+    def __init__(self, store: InMemoryProgressStore) -> None:
+        super().__init__(store)
+        self.checkpoints: list[bool] = []
+
+    async def checkpoint(
+        self, ref: WorkloadRef, image_dir: Path, *, leave_running: bool, parent_dir: Path | None = None
+    ) -> CheckpointResult:
+        self.checkpoints.append(leave_running)
+        return await super().checkpoint(ref, image_dir, leave_running=leave_running, parent_dir=parent_dir)
+
+
+async def test_a_single_checkpoint_backend_takes_one_checkpoint_per_move(tmp_path: Path) -> None:
+    store = InMemoryProgressStore()
+    events = RecordingEventSink()
+    one = OneCheckpointBackend(store)
+    cfg = AgentConfig(node_name="real-1", allow_plaintext=True, state_dir=str(tmp_path / "real-1"), backend="simulated")
+    src, dst = Agent(cfg, one, events=events), _agent(tmp_path, "real-2", store, events)
+    client = AgentClient(TlsConfig())
+    runners = []
+    try:
+        r1, u1 = await serve_in_process(src)
+        r2, u2 = await serve_in_process(dst, "127.0.0.2")
+        runners = [r1, r2]
+        await store.put("batch", "job-src", 99.5, stopped=False)
+        await store.put("batch", "job-dst", None, stopped=False)
+        body = {
+            "id": "one-1",
+            "workload": {"namespace": "batch", "pod": "job-src"},
+            "destination": {"url": u2, "workload": {"namespace": "batch", "pod": "job-dst"}},
+        }
+        rec = await client.request("POST", f"{u1}/v1/migrations", body)
+        assert rec["outcome"] == "succeeded", rec
+        assert one.checkpoints == [False], "one checkpoint, the final one"
+        assert set(rec["archives"]) == {"final"} and rec["bytes"] == rec["archives"]["final"]["size"]
+        phases = [p for p, _ in rec["history"]]
+        assert phases == ["new", "cutover", "final-dumped", "final-transferred", "restore-sent", "committed"], phases
+        assert await store.get("batch", "job-dst") == (99.5, False)
+
+        # the destination refuses to prepare (after the transfer, before any restore): rolled back, the source
+        # resumes with its progress, the destination's staging is gone
+        await store.put("batch", "job-b", 12.0, stopped=False)
+        await client.request("PUT", f"{u2}/v1/test/faults", {"faults": {"destination.refuse.prepare": 1}})
+        body = {"id": "one-2", "workload": {"namespace": "batch", "pod": "job-b"}, "destination": {"url": u2}}
+        rec = await client.request("POST", f"{u1}/v1/migrations", body)
+        assert rec["outcome"] == "rolled_back" and rec["failed_step"] == "prepare", rec
+        assert one.checkpoints == [False, False]
+        assert await store.get("batch", "job-b") == (12.0, False)
+        assert not list((tmp_path / "real-2" / "archives").glob("*/one-2/*"))
     finally:
         await client.close()
         for r in runners:

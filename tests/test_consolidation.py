@@ -107,11 +107,42 @@ def test_may_cordon_only_nodes_nobody_else_cordoned() -> None:
         (kpod("rs", ownerReferences=[{"kind": "ReplicaSet", "name": "web-1", "controller": True}]), "ReplicaSet"),
         (kpod("pending", phase="Pending"), "not Running"),
         (kpod("gone", deletionTimestamp="2025-01-01T00:00:00Z"), "being deleted"),
+        (kpod("ca", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}),
+         "cluster-autoscaler.kubernetes.io/safe-to-evict=false"),
+        (kpod("ca-ok", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "true"}), None),
+        (kpod("kp", annotations={"karpenter.sh/do-not-disrupt": "True"}), "karpenter.sh/do-not-disrupt=true"),
+        (kpod("kp-ok", annotations={"karpenter.sh/do-not-disrupt": "false"}), None),
     ],
-)
+)  # fmt: skip
 def test_pod_blocker(p: dict[str, Any], expect: str | None) -> None:
     got = decide.pod_blocker(p)
     assert (got is None) if expect is None else (expect in (got or "")), got
+
+
+def test_node_blocker_names_the_first_pod_that_keeps_the_node_and_skips_daemonset_and_finished_pods() -> None:
+    ds = {"kind": "DaemonSet", "name": "qos-agent", "controller": True}
+    pinned = {"karpenter.sh/do-not-disrupt": "true"}
+    assert (
+        decide.node_blocker([kpod("a"), kpod("agent", ownerReferences=[ds]), kpod("done", phase="Succeeded")]) is None
+    )
+    assert decide.node_blocker([]) is None
+    why = decide.node_blocker(
+        [
+            kpod("b"),
+            kpod("z", annotations=pinned),
+            kpod("y", annotations={"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}),
+        ]
+    )
+    assert (
+        why
+        == "pod ns/y is annotated cluster-autoscaler.kubernetes.io/safe-to-evict=false: its node is not consolidated"
+    )
+    # a finished pod's annotation does not keep the node (it holds nothing to move)
+    assert decide.node_blocker([kpod("old", phase="Failed", annotations=pinned)]) is None
+    # check_plan after the cordon says the same (the annotation may appear between the look and the cordon)
+    plan = MigrationPlan("a", (("ns/z", "b"),))
+    nodes = [bnode("a", batch("ns/z")), bnode("b")]
+    assert "karpenter.sh/do-not-disrupt=true" in (decide.check_plan(plan, nodes, [kpod("z", annotations=pinned)]) or "")
 
 
 def test_check_plan_holds_or_names_what_changed() -> None:

@@ -225,6 +225,8 @@ class Coordinator:
         )
         phase = Phase.NEW
         try:
+            if getattr(self.backend, "single_checkpoint", False):
+                return await self._migrate_single(req, rec, t_start)
             precopy = await self._dump(rec, Stage.PRECOPY, req.workload)
             phase = Phase.CHECKPOINTED
             self._save(rec, phase)
@@ -257,6 +259,53 @@ class Coordinator:
             await self._transfer(rec, Stage.FINAL, final)
             phase = Phase.FINAL_TRANSFERRED
             self._save(rec, phase)
+
+            phase = Phase.RESTORE_SENT
+            self._save(rec, phase)
+            t0 = time.monotonic()
+            restored = await self._retrying(
+                rec,
+                "restore",
+                lambda: self._post(rec, "restore", {"meta": rec["meta"], "target": rec["destination_workload"]}),
+            )
+            rec["timings"]["restore"] = round(time.monotonic() - t0, 4)
+            rec["timings"]["restore_at_destination"] = restored.get("seconds")
+            rec["restored_workload"] = restored.get("workload")
+            self.faults.maybe_kill(FaultPoint.SOURCE_KILL_BEFORE_COMMIT)
+            return await self._commit(rec, t_start)
+        except StepFailed as exc:
+            rec["failed_step"] = exc.step
+            rec["reason"] = f"{exc.step} failed: {exc.reason}"
+            log.warning("migration step failed", extra={"migration": req.id, "step": exc.step, "error": exc.reason})
+            return await self._rollback(rec, phase, exc.kind, t_start)
+
+    async def _migrate_single(self, req: MigrationRequest, rec: dict[str, Any], t_start: float) -> dict[str, Any]:
+        """One checkpoint per move, for backends whose checkpoint never stops the workload (kubelet: the source
+        container runs on until its pod is deleted). A pre-copy would be a second full checkpoint, transferred
+        for nothing: the final one replaces it whole. So: cutover (journaled), the one checkpoint, transfer,
+        prepare (the destination checks it can restore this image), restore. Every failure before the restore
+        request rolls back to "the source never stopped"; the phases and fault points keep their meaning."""
+        phase = Phase.CUTOVER
+        try:
+            self._save(rec, phase)
+            final = await self._dump(rec, Stage.FINAL, req.workload)
+            phase = Phase.FINAL_DUMPED
+            self._save(rec, phase)
+            self.faults.maybe_kill(FaultPoint.SOURCE_KILL_AFTER_CHECKPOINT)
+            self.faults.maybe_kill(FaultPoint.SOURCE_KILL_AFTER_FINAL_DUMP)
+
+            await self._transfer(rec, Stage.FINAL, final)
+            phase = Phase.FINAL_TRANSFERRED
+            self._save(rec, phase)
+            prepared = await self._retrying(
+                rec,
+                "prepare",
+                lambda: self._post(
+                    rec, "prepare", {"meta": rec["meta"], "source_node": self.node, "source_boot_id": self.boot_id}
+                ),
+            )
+            rec["destination_node"] = prepared.get("node")
+            rec["same_kernel"] = prepared.get("boot_id") == self.boot_id
 
             phase = Phase.RESTORE_SENT
             self._save(rec, phase)

@@ -238,6 +238,8 @@ class ConsolidationFlow:
             self.metrics.plans.labels("skipped").inc()
             return NodeOutcome(source, plan_id, False, "the node is gone")
         why = decide.may_cordon(node)
+        if why is None:  # a pod annotated do-not-disrupt (or not migratable) keeps the node: not even a cordon
+            why = decide.node_blocker(await self._pods_on(source))
         if why is not None:
             self.metrics.plans.labels("skipped").inc()
             self.left_alone[source] = self._clock() + self.s.left_alone_seconds
@@ -302,6 +304,7 @@ class ConsolidationFlow:
         result: dict[str, Any] = {"id": mid, "pod": f"{ns}/{name}", "destination_pod": f"{ns}/{dname}", "node": dest}
         record: dict[str, Any] | None = None
         created = False
+        checkpoint_image = False  # kubelet backend: the destination node holds a checkpoint image of this move
         try:
             urls = {n: decide.agent_url(await self._node(n) or {}, port=self.s.agent_port, scheme=self.s.agent_scheme)
                     for n in (source, dest)}  # fmt: skip
@@ -317,6 +320,7 @@ class ConsolidationFlow:
                     raise _Refused(why)
                 container = src["spec"]["containers"][0]["name"]
                 record = await self._migrate(mid, urls[source], urls[dest], ns, name, dname, container)
+                checkpoint_image = True
                 outcome = str(record.get("outcome")) if record is not None else "unknown"
                 reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
                 if outcome == "succeeded":
@@ -360,6 +364,11 @@ class ConsolidationFlow:
                 verdict, outcome, reason = MoveVerdict.KEEP_BOTH, "unconfirmed", why
         if verdict is MoveVerdict.COMMIT:
             await self._delete_pod(ns, name)
+            if checkpoint_image:
+                # The restored container runs; its checkpoint image (the container's memory and whatever secrets
+                # it held) has no further use on the node, and a restart of the container must not restore that
+                # old state again: the destination agent deletes it from the runtime.
+                result["checkpoint_image"] = (await self._discard(urls[dest], mid)).removeprefix("; ")
         elif verdict is MoveVerdict.ROLL_BACK:
             if created:
                 await self._delete_pod(ns, dname)

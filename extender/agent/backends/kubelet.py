@@ -173,6 +173,9 @@ def write_oci_layout(archive: Path, layout: Path, annotations: dict[str, str], r
 class KubeletBackend:
     name = "kubelet"
     fenced_by_pid = False
+    # The kubelet never stops the container it checkpoints, and every checkpoint is whole: one per move
+    # (``Coordinator._migrate_single``), not a pre-copy that the final checkpoint would replace.
+    single_checkpoint = True
 
     def __init__(self, node_address: str, config: KubeletConfig, importer: ContainerdImporter | None = None) -> None:
         self.node = node_address
