@@ -1,0 +1,168 @@
+"""Batch on the slack of long-running services: available resources (paper 004 Eq. 2 and 4), the LRP score
+and choice (Alg. 1, weights cpu 0.38 / memory 0.62), and the reclaimable capacity a node publishes.
+
+Why a module of its own: the same three numbers must drive the filter verb, the score verb and what the
+controller publishes as extended resources, or a batch pod would be admitted on a prediction the score never
+saw. The per-service prediction ``I_i`` (Eq. 3) comes from :mod:`extender.core.characterise`; here it is only
+summed.
+
+Amounts are signed integers (millicores, bytes): Eq. 3 may predict a negative idle amount (a service using
+more than it requested) and Eq. 2 is negative on an over-committed node; both are information, so nothing is
+clamped until something must be published to the API server (extended resources cannot be negative).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from extender.core.model import InvalidInputError, Node, Resources, WorkloadKind
+
+__all__ = [
+    "LRP_WEIGHTS",
+    "MAX_LRP_SCORE",
+    "Amount",
+    "available",
+    "available_for_batch",
+    "fits",
+    "lrp_choose",
+    "lrp_score",
+    "node_available",
+    "node_available_for_batch",
+    "reclaimable",
+]
+
+# Paper 004 §V: "the weights of CPU and memory are configured as 0.38 and 0.62 respectively during the
+# evaluation process of scheduling and autoscaling" (from the Alibaba trace's average cluster utilisation).
+LRP_WEIGHTS = (0.38, 0.62)
+# kube-scheduler's framework.MaxNodeScore: the score is on the same 0..100 scale as packing.py's scores.
+MAX_LRP_SCORE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """A signed (cpu millicores, memory bytes) pair: an availability or an idle prediction."""
+
+    cpu_milli: int = 0
+    memory_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_milli", "memory_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidInputError(f"{name} must be an integer, got {v!r}")
+
+    def __add__(self, other: Amount) -> Amount:
+        return Amount(self.cpu_milli + other.cpu_milli, self.memory_bytes + other.memory_bytes)
+
+    @staticmethod
+    def total(items: Iterable[Amount]) -> Amount:
+        cpu = mem = 0
+        for a in items:
+            cpu += a.cpu_milli
+            mem += a.memory_bytes
+        return Amount(cpu, mem)
+
+
+def available(capacity: Resources, requests: Iterable[Resources]) -> Amount:
+    """Eq. 2 of paper 004: ``A_v = C_v - sum_{ak_i in S_v} R_i``, what a node has left by requests.
+
+    ``C_v`` is the node's allocatable (what the kubelet admits against), ``R_i`` every active pod's request.
+    Long-running services are filtered on this (§IV-A 1).
+    """
+    used = Resources.total(requests)
+    return Amount(capacity.cpu_milli - used.cpu_milli, capacity.memory_bytes - used.memory_bytes)
+
+
+def available_for_batch(capacity: Resources, requests: Iterable[Resources], idle: Iterable[Amount]) -> Amount:
+    """Eq. 4 of paper 004: ``A'_v = A_v + sum_{L_i in L_v} I_i``: a batch pod may also use the idle
+    resources predicted (Eq. 3) for the long-running services ``L_v`` on the node.
+
+    ``idle`` holds one prediction per service that has one; a service not yet given a class contributes
+    nothing (no prediction, no lending).
+    """
+    return available(capacity, requests) + Amount.total(idle)
+
+
+def reclaimable(idle: Iterable[Amount]) -> Amount:
+    """What a node publishes as batch capacity: ``sum I_i`` (the slack term of Eq. 4), floored at 0.
+
+    Why not ``A'_v``: batch pods that request the published extended resources do not request cpu/memory, so
+    the ``A_v`` part stays with ordinary pods; publishing it again would hand the same millicores out twice.
+    The floor: an extended resource cannot be negative, and a negative sum means there is nothing to lend.
+    """
+    total = Amount.total(idle)
+    return Amount(max(0, total.cpu_milli), max(0, total.memory_bytes))
+
+
+def node_available(node: Node) -> Amount:
+    """Eq. 2 for a core ``Node`` (allocatable minus the requests of the pods on it)."""
+    return available(node.allocatable, (p.requests for p in node.pods))
+
+
+def node_available_for_batch(node: Node, idle_by_pod: Mapping[str, Amount]) -> Amount:
+    """Eq. 4 for a core ``Node``: the idle predictions of its *service* pods (by pod key) added to Eq. 2.
+
+    A prediction for a pod that is not a service on this node is ignored: batch pods lend nothing (the paper
+    limits characterisation to long-running services) and predictions for pods elsewhere are not this node's.
+    """
+    idle = (idle_by_pod[p.key] for p in node.pods if p.kind is WorkloadKind.SERVICE and p.key in idle_by_pod)
+    return available_for_batch(node.allocatable, (p.requests for p in node.pods), idle)
+
+
+def fits(avail: Amount, demand: Resources) -> bool:
+    """The filter of §IV-A 1: a pod fits where at least its demand ``D_i`` is available, per resource."""
+    return demand.cpu_milli <= avail.cpu_milli and demand.memory_bytes <= avail.memory_bytes
+
+
+def _check_weights(weights: tuple[float, float]) -> None:
+    if len(weights) != 2 or any(
+        isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0 for w in weights
+    ):
+        raise InvalidInputError(f"weights must be two finite numbers >= 0, got {weights!r}")
+    if sum(weights) <= 0:
+        raise InvalidInputError(f"weights must not all be 0, got {weights!r}")
+
+
+def lrp_score(capacity: Resources, avail: Amount, demand: Resources, weights: tuple[float, float] = LRP_WEIGHTS) -> int:
+    """Least Requested Priority on the predicted availability (paper 004 Alg. 1), 0..100, higher = emptier.
+
+    Alg. 1 selects the node with the lowest utilisation; utilisation here is what would be left after the
+    pod is placed, as a fraction of the node's capacity, per resource clamped to [0, 1], weighted cpu 0.38 /
+    memory 0.62 and normalised by the weights' sum:
+    ``floor(100 * (w_cpu * left_cpu / C_cpu + w_mem * left_mem / C_mem) / (w_cpu + w_mem))``.
+    A resource with zero capacity is left out (as kube-scheduler does). Filter with :func:`fits` first: a
+    node the pod does not fit scores 0 on the resource it lacks, not a refusal.
+    """
+    _check_weights(weights)
+    total = weight_sum = 0.0
+    for w, left, cap in (
+        (weights[0], avail.cpu_milli - demand.cpu_milli, capacity.cpu_milli),
+        (weights[1], avail.memory_bytes - demand.memory_bytes, capacity.memory_bytes),
+    ):
+        if cap <= 0:
+            continue
+        total += w * min(1.0, max(0.0, left / cap))
+        weight_sum += w
+    if weight_sum == 0:
+        return 0
+    return math.floor(MAX_LRP_SCORE * total / weight_sum)
+
+
+def lrp_choose(
+    candidates: Sequence[tuple[str, Resources, Amount]],
+    demand: Resources,
+    weights: tuple[float, float] = LRP_WEIGHTS,
+) -> str | None:
+    """Alg. 1 of paper 004: among ``(node name, capacity, available)`` where the pod fits, the node with the
+    highest :func:`lrp_score` (lowest utilisation); a tie keeps the earlier candidate; None when none fits
+    (which is when the paper hands the pod to autoscaling)."""
+    best: tuple[int, str] | None = None
+    for name, capacity, avail in candidates:
+        if not fits(avail, demand):
+            continue
+        score = lrp_score(capacity, avail, demand, weights)
+        if best is None or score > best[0]:
+            best = (score, name)
+    return None if best is None else best[1]
