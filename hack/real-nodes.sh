@@ -7,6 +7,11 @@
 #        hack/real-nodes.sh down                             (removes every real node of $QOS_STATE)
 #        hack/real-nodes.sh import IMAGE.tar ...             (imports images into every real node's containerd)
 #        hack/real-nodes.sh list                             (NAME IP POD_CIDR lines)
+#        hack/real-nodes.sh remove NAME ...                  (a machine going away: its Node object deleted,
+#                                                             the node stopped and forgotten; what a cloud does
+#                                                             after the autoscaler deleted the instance)
+#        hack/real-nodes.sh restart-kubelet NAME ...         (its kubelet stopped and started again: a Node
+#                                                             object deleted from the API registers again)
 #        hack/real-nodes.sh leftovers                        (exit 1, naming them, if anything of real nodes remains:
 #                                                             namespaces, links, cgroups, mounts, processes, dirs)
 #
@@ -573,8 +578,45 @@ leftovers() {
   log "real nodes: nothing left over"
 }
 
+registered() { # <name> -> its registry line "name idx group flavour", or die
+  local line
+  line="$(awk -v n="$1" '$1 == n' "${REGISTRY}" 2>/dev/null)"
+  [[ -n "${line}" ]] || die "no real node $1 in ${QOS_STATE}"
+  echo "${line}"
+}
+
+remove() {
+  local name idx
+  for name in "$@"; do
+    read -r _ idx _ _ <<< "$(registered "${name}")"
+    "${KUBECTL[@]}" delete node "${name}" --wait=false >/dev/null 2>&1 || true
+    stop_node "${name}" "${idx}"
+    sed -i "/^${name} /d" "${REGISTRY}"
+    log "${name}: removed"
+  done
+}
+
+restart_kubelet() {
+  local name idx group flavour t
+  for name in "$@"; do
+    read -r _ idx group flavour <<< "$(registered "${name}")"
+    stop_pid "${RUN_ROOT}/${name}/kubelet.pid"
+    start_node "${name}" "${idx}" "${group}" "${flavour}"  # starts only what is not running: the kubelet
+    t=$((SECONDS + 120))
+    until "${KUBECTL[@]}" get "node/${name}" >/dev/null 2>&1; do
+      ((SECONDS < t)) || die "${name} did not register again; see ${LOGS}/${name}-kubelet.log"
+      sleep 0.5
+    done
+    "${KUBECTL[@]}" annotate --overwrite node "${name}" \
+      "qos.kube-qos-extender.io/price-per-hour=$(cat "${NODES_ROOT}/${name}/price")" >/dev/null
+    log "${name}: kubelet restarted, node registered"
+  done
+}
+
 case "${cmd}" in
   up) up "$@" ;;
+  remove) remove "$@" ;;
+  restart-kubelet) restart_kubelet "$@" ;;
   leftovers) leftovers ;;
   down) down ;;
   import)

@@ -15,6 +15,7 @@ from extender.config import ConfigError, ExtenderConfig
 from extender.consolidation import decide
 from extender.consolidation.config import ConsolidationSettings, load_consolidation_config, parse_consolidation_config
 from extender.consolidation.decide import MoveVerdict
+from extender.core import reschedule
 from extender.core.model import Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.core.reschedule import MigrationPlan
 from extender.kube.convert import node_from_k8s, pod_from_k8s
@@ -143,6 +144,19 @@ def test_node_blocker_names_the_first_pod_that_keeps_the_node_and_skips_daemonse
     plan = MigrationPlan("a", (("ns/z", "b"),))
     nodes = [bnode("a", batch("ns/z")), bnode("b")]
     assert "karpenter.sh/do-not-disrupt=true" in (decide.check_plan(plan, nodes, [kpod("z", annotations=pinned)]) or "")
+
+
+def test_daemonset_pods_go_with_their_node_neither_moved_nor_keeping_it() -> None:
+    """Every real node runs the agent DaemonSet: its pod (a service pod by the defaults) must not stop the plan."""
+    agent = Pod("qos-agent-x", Resources(50, GI // 8, 1), kind=WorkloadKind.SERVICE, node_name="a",
+                request_id="kube-qos-agent/DaemonSet/qos-agent")  # fmt: skip
+    other = Pod("web", Resources(50, GI // 8, 1), kind=WorkloadKind.SERVICE, node_name="a",
+                request_id="ns/ReplicaSet/web-1")  # fmt: skip
+    job = batch("job")
+    plans = reschedule.consolidation_plans([bnode("a", agent, job), bnode("b")], ["a"], 0.0, 300.0)
+    assert plans == [MigrationPlan("a", (("default/job", "b"),))]
+    assert decide.check_plan(plans[0], [bnode("a", agent, job), bnode("b")]) is None
+    assert reschedule.consolidation_plans([bnode("a", other, job), bnode("b")], ["a"], 0.0, 300.0) == []
 
 
 def test_check_plan_holds_or_names_what_changed() -> None:

@@ -21,7 +21,7 @@ from extender.autoscaler.handoff import Consolidation
 from extender.core import reschedule
 from extender.core.model import ANNOTATION_PREFIX, Node, WorkloadKind
 from extender.core.packing import fits
-from extender.core.reschedule import MigrationPlan
+from extender.core.reschedule import MigrationPlan, stays_with_node
 
 __all__ = [
     "AGENT_URL_ANNOTATION",
@@ -181,7 +181,7 @@ def check_plan(
     source = by_name.get(plan.source)
     if source is None:
         return f"node {plan.source} is gone"
-    on_node = {p.key: p for p in source.pods}
+    on_node = {p.key: p for p in source.pods if not stays_with_node(p)}  # DaemonSet pods go with the node
     planned = [k for k, _ in plan.moves]
     if live_pods is not None:
         live = {object_key(p) for p in live_pods}

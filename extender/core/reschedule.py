@@ -112,6 +112,14 @@ def _destinations(source: Node, others: Sequence[Node]) -> list[Node]:
     return [n for n in others if n.name != source.name and not n.unschedulable and n.group == source.group]
 
 
+def stays_with_node(pod: Pod) -> bool:
+    """A DaemonSet's pod (``request_id`` = its owner, ``<ns>/DaemonSet/<name>``): it runs on every node its
+    selector picks and goes with its node. Consolidation neither moves it nor lets it keep the node (the
+    autoscaler's idle rule does not count it either); without this, no real node (every one runs the agent
+    DaemonSet) could ever be consolidated."""
+    return "/DaemonSet/" in pod.request_id
+
+
 def migration_plan(source: Node, others: Sequence[Node], now: float, cycle_seconds: float) -> MigrationPlan | None:
     """Seed 000 Alg. 5: a plan moving *every* pod off ``source``, or None.
 
@@ -124,12 +132,13 @@ def migration_plan(source: Node, others: Sequence[Node], now: float, cycle_secon
     """
     _check_now(now)
     _check_cycle(cycle_seconds)
-    for pod in source.pods:
+    movable = [p for p in source.pods if not stays_with_node(p)]
+    for pod in movable:
         if pod.kind is not WorkloadKind.BATCH or not pod.migratable:
             return None
     working = {n.name: n for n in _destinations(source, others)}
     moves: list[tuple[str, str]] = []
-    for pod in bfd_sort(source.pods):
+    for pod in bfd_sort(movable):
         dest = time_bin_bfd_choose(list(working.values()), pod, now, cycle_seconds)
         if dest is None:
             return None
