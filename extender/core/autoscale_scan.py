@@ -13,7 +13,9 @@ What one scan decides:
   covered by a node being provisioned (``ProvisioningLedger.uncovered``, paper 003 Alg. 7) -> ``plan_pods``
   (greedy heterogeneous packing by cost-efficiency, paper 000 / 004);
 * scale-up, batch group, every ``batch_cycle_seconds`` or at once on a burst (the uncovered batch demand does
-  not fit the largest flavour's memory): ``plan_batch`` (0-bin capacity deducted first, paper 000 Alg. 4);
+  not fit the largest flavour's memory) or at once when a batch pod would otherwise miss its SLO (it could not
+  wait for the next cycle plus the node lag: ``slo_urgent``): ``plan_batch`` (0-bin capacity deducted first,
+  paper 000 Alg. 4);
 * at most ``budget`` nodes per scan (service group first): the caller's limits;
 * scale-down: nodes with no pods (``counts`` decides which pods count) since the first scan that saw them
   empty, for ``idle_seconds`` (paper 004); batch nodes under ``underutil_threshold`` for
@@ -27,13 +29,13 @@ What stays with the callers: the ledger's bookkeeping of what was actually reque
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.core import autoscale, packing, reschedule
 from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 
-__all__ = ["Purchase", "ScanResult", "ScanSettings", "ScanState", "group_of", "in_group", "scan"]
+__all__ = ["Purchase", "ScanResult", "ScanSettings", "ScanState", "group_of", "in_group", "scan", "slo_urgent"]
 
 
 def group_of(pod: Pod) -> NodeGroup:
@@ -61,9 +63,15 @@ class ScanSettings:
     underutil_threshold: float = 0.5  # paper 000 Table 6
     underutil_sustain_seconds: float = 300.0
     batch_queue_quiet_seconds: float = 300.0
+    # class name -> SLO (the extender config's classes): a batch pod of a class listed here is planned for at
+    # once when waiting for the next batch cycle would break its SLO; empty: the cycle and bursts only.
+    slo: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         autoscale.validate_catalogue(self.flavours)
+        for name, value in self.slo.items():
+            if not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise InvalidInputError(f"slo of class {name!r} must be in (0, 1], got {value!r}")
         for name in ("batch_cycle_seconds", "idle_seconds", "underutil_sustain_seconds", "batch_queue_quiet_seconds"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
@@ -142,6 +150,19 @@ class ScanResult:
     consolidation_plans: tuple[reschedule.MigrationPlan, ...] = ()
 
 
+def slo_urgent(pod: Pod, waited: float, slo: float, horizon: float, now: float) -> bool:
+    """Would this pending batch pod miss its SLO if it got a node only ``horizon`` seconds from now?
+
+    A pod that has waited ``waited`` seconds and will run its remaining runtime R ends with availability
+    R / (R + waited + horizon) (its first run, as the autoscaler sees it: the controller's account of earlier
+    runs lives in another process), which stays >= slo while waited + horizon <= R (1 - slo) / slo. Services
+    have no runtime: they are planned every scan anyway."""
+    if pod.kind is not WorkloadKind.BATCH or pod.runtime_seconds is None:
+        return False
+    remaining = pod.remaining_runtime(now)
+    return waited + horizon > remaining * (1.0 - slo) / slo
+
+
 def unschedulable(
     pending: Sequence[Pod], nodes: Sequence[Node], accepts: Callable[[Node, NodeGroup], bool] = in_group
 ) -> list[Pod]:
@@ -161,6 +182,8 @@ def scan(
     accepts: Callable[[Node, NodeGroup], bool] = in_group,
     counts: Callable[[Pod], bool] = _counts,
     leaving: frozenset[str] = frozenset(),
+    waited: Mapping[str, float] | None = None,
+    lag_seconds: float = 0.0,
 ) -> ScanResult:
     """One autoscaling scan (module docstring). Updates ``state``'s clocks; the ledger changes only through
     ``state.provisioned`` / ``state.arrived``, which the caller calls for what it actually requested.
@@ -170,7 +193,9 @@ def scan(
     are dropped here. ``batch_pending``: whether a batch pod is waiting at all (default: one is in
     ``pending``). ``budget``: nodes this scan may buy. ``accepts``: which nodes take which group's pods.
     ``counts``: which pods keep a node from being idle (DaemonSet pods do not). ``leaving``: nodes being
-    deleted, left out of consolidation.
+    deleted, left out of consolidation. ``waited``: pod key -> seconds it has been pending, and ``lag_seconds``
+    the expected node lag: with ``settings.slo``, a batch pod that cannot wait for the next cycle plus the lag
+    (``slo_urgent``) makes the batch plan due now.
     """
     flavours = settings.flavours
     waiting = unschedulable(pending, nodes, accepts)
@@ -201,7 +226,16 @@ def scan(
         due = now - state.last_batch_plan >= settings.batch_cycle_seconds
         biggest = max(flavours, key=lambda f: f.capacity.memory_bytes).capacity
         burst = not Resources.total(p.requests for p in batch).fits_in(biggest)
-        if due or burst:
+        urgent = False
+        if not (due or burst) and waited is not None and settings.slo:
+            horizon = state.last_batch_plan + settings.batch_cycle_seconds - now + lag_seconds
+            urgent = any(
+                p.class_name in settings.slo
+                and p.key in waited
+                and slo_urgent(p, waited[p.key], settings.slo[p.class_name], horizon, now)
+                for p in batch
+            )
+        if due or burst or urgent:
             state.last_batch_plan = now
             batch_nodes = [n for n in nodes if n.group is NodeGroup.BATCH]
             plan = autoscale.plan_batch(

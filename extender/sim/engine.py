@@ -211,6 +211,7 @@ class Simulator:
                     underutil_threshold=self.prod.underutil_threshold,
                     underutil_sustain_seconds=self.prod.underutil_sustain_seconds,
                     batch_queue_quiet_seconds=self.prod.batch_queue_quiet_seconds,
+                    slo={name: c.slo for name, c in self.prod.classes.items()},
                 )
             else:
                 self._scan_settings = autoscale_scan.ScanSettings(
@@ -227,6 +228,7 @@ class Simulator:
         self.flow_moves: list[tuple[str, str]] = []
         self.flow_waiting: str | None = None  # request id whose migration the flow waits for
         self.left_alone: dict[str, float] = {}
+        self.lag_samples: list[float] = []  # product: measured node lags, as the sidecar keeps them
         self.ca_unneeded: dict[str, float] = {}
         self.last_scale_up = -math.inf
         self.sched_pending = False
@@ -264,7 +266,10 @@ class Simulator:
             self._add_node(host.name, host.capacity, host.group, host.flavour, 0.0, 0.0, 0.0)
         for flavour_name, group in self.w.initial:
             f = self.w.flavour(flavour_name)
-            self._add_node(self._new_name(f.name), f.capacity, group, f.name, f.price_per_hour, 0.0, 0.0)
+            node = self._add_node(self._new_name(f.name), f.capacity, group, f.name, f.price_per_hour, 0.0, 0.0)
+            # The workload's first nodes are the autoscaled groups' initial nodes (paper 000 §6.2: HTAS manages
+            # its two workers; cluster-autoscaler's group holds them too), so the product may remove them.
+            node.owned = True
         self.push(0.0, "tick")
         if self.autoscaled:
             self.push(0.0, "autoscale")
@@ -649,6 +654,7 @@ class Simulator:
     def _on_node_ready(self, name: object) -> None:
         node = self.provisioning.pop(str(name))
         self.nodes[node.name] = node
+        self.lag_samples = [*self.lag_samples, self.now - node.requested_at][-self.prod.lag_window :]
         self.scan_state.arrived(node.name)
         self.ca_ledger = self.ca_ledger.arrived(node.name)
         self.request_schedule()
@@ -799,6 +805,10 @@ class Simulator:
             batch_pending=batch_pending,
             budget=max(0, budget),
             leaving=leaving,
+            waited={self._pod(r).key: self.now - r.since for r in waiting},
+            lag_seconds=autoscale.measured_lag(
+                self.lag_samples, p.lag_default_seconds, window=p.lag_window, quantile=p.lag_quantile
+            ),
         )
         for purchase in result.purchases:
             self._provision(purchase.flavour, purchase.group, purchase.pods)

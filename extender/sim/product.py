@@ -51,6 +51,9 @@ class ProductSettings:
     max_nodes_per_cycle: int = 50  # autoscaler.limits.max_nodes_per_cycle
     max_nodes: int = 200  # autoscaler.limits.max_nodes
     scale_down_provisioned_only: bool = True  # autoscaler.scale_down_provisioned_only
+    lag_default_seconds: float = 120.0  # autoscaler.lag.default_seconds (expected node lag before any sample)
+    lag_window: int = 20  # autoscaler.lag.window
+    lag_quantile: float = 0.9  # autoscaler.lag.quantile
     gated_demand_seconds: float = 15.0  # extender.autoscaler.view.GATED_DEMAND_SECONDS (a gated pod is demand)
     # consolidation config (config/autoscaler/consolidation/consolidation.yaml)
     consolidation: bool = True  # consolidation.enabled
