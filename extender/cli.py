@@ -4,17 +4,106 @@ assembled in ``extender.processes``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
+import yaml
 
+from extender.autoscaler.config import AutoscalerSettings, parse_autoscaler_config
+from extender.autoscaler.view import GATED_DEMAND_SECONDS
+from extender.config import ConfigError, ExtenderConfig, parse_config
+from extender.consolidation.config import ConsolidationSettings, parse_consolidation_config
 from extender.core.model import InvalidInputError
 from extender.processes import agent as agent_process
 from extender.processes import autoscaler as autoscaler_process
 from extender.processes import serve as serve_process
+
+if TYPE_CHECKING:
+    from extender.sim.product import ProductSettings
+
+
+def product_settings(
+    extender: ExtenderConfig, autoscaler: AutoscalerSettings, consolidation: ConsolidationSettings
+) -> ProductSettings:
+    """The simulator's `product` policy from the product's own config files, read by the loaders the processes
+    use (tests/test_cli_simulate.py checks config/'s files give ``ProductSettings()``, the simulator's default)."""
+    from extender.sim.product import ProductSettings
+
+    pol, ctl = extender.policy, extender.controller
+    return ProductSettings(
+        classes=dict(pol.classes),
+        alpha_seconds=pol.alpha_seconds,
+        min_run_quantum_seconds=pol.min_run_quantum_seconds,
+        q_hysteresis_seconds=pol.q_hysteresis_seconds,
+        overhead_cap=pol.overhead_cap,
+        relax_by_importance=pol.relax_by_importance,
+        profile=extender.scheduling.profile,
+        scaling_cycle_seconds=extender.scheduling.scaling_cycle_seconds,
+        enforce_node_groups=extender.node_groups.enforce,
+        watchdog_seconds=ctl.watchdog_seconds,
+        max_gate_seconds=ctl.max_gate_seconds,
+        host_score=ctl.host_score,
+        pin_node=ctl.pin_node,
+        scan_interval_seconds=autoscaler.scan_interval_seconds,
+        batch_cycle_seconds=autoscaler.batch_cycle_seconds,
+        idle_seconds=autoscaler.idle_seconds,
+        provisioning_timeout_seconds=autoscaler.provisioning_timeout_seconds,
+        underutil_threshold=autoscaler.underutil_threshold,
+        underutil_sustain_seconds=autoscaler.underutil_sustain_seconds,
+        batch_queue_quiet_seconds=(
+            consolidation.batch_queue_quiet_seconds
+            if consolidation.batch_queue_quiet_seconds is not None
+            else autoscaler.batch_queue_quiet_seconds
+        ),
+        weights=autoscaler.weights,
+        max_nodes_per_cycle=autoscaler.max_nodes_per_cycle,
+        max_nodes=autoscaler.max_nodes,
+        scale_down_provisioned_only=autoscaler.scale_down_provisioned_only,
+        lag_default_seconds=autoscaler.lag_default_seconds,
+        lag_window=autoscaler.lag_window,
+        lag_quantile=autoscaler.lag_quantile,
+        gated_demand_seconds=GATED_DEMAND_SECONDS,
+        consolidation=consolidation.enabled,
+        left_alone_seconds=consolidation.left_alone_seconds,
+        consolidation_provisioned_only=consolidation.provisioned_only,
+    )
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInputError(f"--product-config: cannot read {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise InvalidInputError(f"--product-config: {path} is not a YAML mapping")
+    return raw
+
+
+def load_product_settings(config_dir: str | Path) -> ProductSettings:
+    """``--product-config DIR``: the product's files in a config/ tree (controller/extender.yaml,
+    autoscaler/autoscaler.yaml, autoscaler/consolidation/consolidation.yaml), validated by the processes' own
+    parsers. The certificate paths (Secret mounts in a pod) are dropped first: a simulation opens no socket."""
+    root = Path(config_dir)
+    ext = _yaml(root / "controller" / "extender.yaml")
+    if isinstance(ext.get("server"), dict):
+        ext["server"].pop("tls", None)
+    scaler = _yaml(root / "autoscaler" / "autoscaler.yaml")
+    cons = _yaml(root / "autoscaler" / "consolidation" / "consolidation.yaml")
+    if isinstance(cons.get("consolidation"), dict):
+        cons["consolidation"].pop("agent", None)
+        cons["consolidation"]["agent"] = {"scheme": "http"}
+    try:
+        extender = parse_config(ext)
+        autoscaler = parse_autoscaler_config(scaler, extender)
+        consolidation = parse_consolidation_config(cons)
+    except ConfigError as exc:
+        raise InvalidInputError(f"--product-config {root}: {exc}") from exc
+    return product_settings(extender, autoscaler, consolidation)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -30,6 +119,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.alpha is not None:
         overrides["alpha_cold"] = overrides["alpha_hot"] = args.alpha
     config = SimConfig(**overrides)
+    if args.product_config:
+        config = dataclasses.replace(config, product=load_product_settings(args.product_config))
     default = ["qos-driven", "priority"] if workload.hosts else ["htas", "k8s"]
     policies = args.policy or default
     unknown = [p for p in policies if p not in POLICIES]
@@ -53,7 +144,15 @@ def _demo_simulate() -> None:
         ("htas-cycle", ["htas", "k8s"]),
     ):
         ns = argparse.Namespace(
-            workload=workload, hosts=None, policy=policies, json=None, plots=None, seed=None, quantum=None, alpha=None
+            workload=workload,
+            hosts=None,
+            policy=policies,
+            json=None,
+            plots=None,
+            seed=None,
+            quantum=None,
+            alpha=None,
+            product_config=None,
         )
         _simulate(ns)
         print()
@@ -91,7 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="replay a workload through the policy core and report SLIs and cost")
     sim.add_argument("--workload", required=True, help="built-in name or a broker CSV path")
     sim.add_argument("--hosts", help="host list (paper-002 infrastructure format) for a CSV workload")
-    sim.add_argument("--policy", action="append", help="qos-driven | qos-paper | priority | htas | k8s (repeat)")
+    sim.add_argument(
+        "--policy", action="append", help="qos-driven | qos-paper | priority | htas | k8s | product (repeat)"
+    )
+    sim.add_argument(
+        "--product-config",
+        help="config/ folder whose controller, autoscaler and consolidation files define `product` "
+        "(default: the shipped values, compiled in)",
+    )
     sim.add_argument("--json", help="write the report JSON here")
     sim.add_argument("--plots", help="write PNG plots into this directory")
     sim.add_argument("--seed", type=int)

@@ -68,3 +68,42 @@ def test_plots_without_matplotlib_is_a_clear_error_before_simulating(
     assert "kube-qos-extender[plots]" in captured.err
     assert captured.out == ""  # nothing was simulated
     assert not (tmp_path / "p").exists()
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_product_policy_defaults_are_the_shipped_config() -> None:
+    """`product` is exactly config/'s product: its compiled-in defaults equal what the processes' own parsers
+    read from config/controller, config/autoscaler and its consolidation Component. A changed default in
+    config/ without the simulator (or the reverse) fails here."""
+    from extender.cli import load_product_settings
+    from extender.sim.product import ProductSettings
+    from extender.sim.workloads import HTAS_FLAVOURS
+
+    from_files = load_product_settings(REPO / "config")
+    assert from_files == ProductSettings()
+    assert from_files.host_score == "profile" and from_files.consolidation  # the controller on, consolidation on
+    # the flavour catalogue of the built-in autoscaled workloads is the shipped one
+    import yaml
+
+    from extender.config import parse_flavours
+
+    shipped = yaml.safe_load((REPO / "config" / "extender.yaml").read_text())["flavours"]
+    assert parse_flavours(shipped) == HTAS_FLAVOURS
+
+
+def test_product_config_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["simulate", "--workload", "htas-stable", "--policy", "product", "--product-config", str(tmp_path)]) == 2
+    )
+    assert "--product-config: cannot read" in capsys.readouterr().err
+    (tmp_path / "controller").mkdir()
+    (tmp_path / "autoscaler" / "consolidation").mkdir(parents=True)
+    (tmp_path / "controller" / "extender.yaml").write_text("qos: {alpha_seconds: -1}\n")
+    (tmp_path / "autoscaler" / "autoscaler.yaml").write_text("autoscaler: {}\n")
+    (tmp_path / "autoscaler" / "consolidation" / "consolidation.yaml").write_text("consolidation: {}\n")
+    assert (
+        main(["simulate", "--workload", "htas-stable", "--policy", "product", "--product-config", str(tmp_path)]) == 2
+    )
+    assert "alpha_seconds" in capsys.readouterr().err
