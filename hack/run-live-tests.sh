@@ -61,7 +61,7 @@ for phase in ${PHASES}; do
     # The product: no host extender, no hack/manifests webhook, the host scheduler without the qos profile;
     # one real node per node group (containers really run there), kwok nodes for the autoscaler to add.
     2) run_in_cluster "${QOS_DEPLOYED_STATE:-/tmp/qos-ci-deployed}" QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 \
-         QOS_MANIFESTS_DIR=none hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=1 -- \
+         QOS_MANIFESTS_DIR=none hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=2 -- \
          -m deployed e2e "$@" || rc=$?
        # local-down must remove everything real nodes made (namespaces, links, cgroups, mounts, processes)
        hack/real-nodes.sh leftovers || rc=1 ;;
