@@ -41,6 +41,7 @@
 #                                in-cluster qos-scheduler Deployment owns the qos-scheduler profile (the
 #                                deployed-for-real e2e, hack/deploy-local.sh); use with QOS_MANIFESTS_DIR=none
 #   QOS_NODE_LIFECYCLE=1         0: run kube-controller-manager with --controllers=*,-nodelifecycle
+#   QOS_KWOK_USAGE=1             0: kwok emulates no usage (1: hack/kwok-usage.yaml, scraped by Prometheus)
 #   QOS_ETCD_FSYNC=0             1: let etcd fsync (default runs it with --unsafe-no-fsync: throwaway state)
 #   QOS_SCHEDULER_QPS=50 QOS_SCHEDULER_BURST=100   scheduler client rate limit (raise for throughput runs)
 #   ports: QOS_ETCD_PORT=23790 QOS_ETCD_PEER_PORT=23800 QOS_APISERVER_PORT=6443 QOS_SCHEDULER_PORT=10259
@@ -398,6 +399,19 @@ scrape_configs:
   static_configs:
   - targets: ['${HOST}:${KWOK_PORT}']
 EOF
+  if [[ "${QOS_KWOK_USAGE:-1}" == 1 ]]; then
+    # kwok's emulated kubelet /metrics/resource per node (hack/kwok-usage.yaml); undeclared usage is dropped.
+    cat <<EOF
+- job_name: kwok-resource
+  scrape_interval: 10s
+  http_sd_configs: [{url: 'http://${HOST}:${KWOK_PORT}/discovery/prometheus', refresh_interval: 10s}]
+  relabel_configs:
+  - {source_labels: [__metrics_path__], regex: '/metrics/nodes/([^/]+)/metrics/resource', target_label: node}
+  metric_relabel_configs:
+  - {source_labels: [kwok_usage_declared], regex: 'false', action: drop}
+  - {regex: kwok_usage_declared, action: labeldrop}
+EOF
+  fi
   if [[ "${QOS_WITH_EXTENDER}" == 1 ]]; then
     cat <<EOF
 - job_name: kube-qos-extender
@@ -542,9 +556,12 @@ start_component kube-scheduler "${SCHEDULER_PORT}" "${CONF}/kube-scheduler.yaml"
   --client-ca-file="${CA}" \
   --profiling=false
 
-start_component kwok "${KWOK_PORT}" "${KWOK_STAGES}" "${BIN_DIR}/kwok" \
+KWOK_CONFIGS=("${KWOK_STAGES}")
+if [[ "${QOS_KWOK_USAGE:-1}" == 1 ]]; then KWOK_CONFIGS+=("${HACK_DIR}/kwok-usage.yaml"); fi
+cat "${KWOK_CONFIGS[@]}" > "${CONF}/kwok.fingerprint"
+start_component kwok "${KWOK_PORT}" "${CONF}/kwok.fingerprint" "${BIN_DIR}/kwok" \
   --kubeconfig="${KCFG}/kwok.kubeconfig" \
-  --config="${KWOK_STAGES}" \
+  "${KWOK_CONFIGS[@]/#/--config=}" \
   --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
   --node-lease-duration-seconds=40 \

@@ -168,7 +168,9 @@ def utilisation(usage: float, request: float) -> float:
     return usage / request
 
 
-def daily_profile(times: Sequence[float], values: Sequence[float], interval_seconds: int = 900) -> Array:
+def daily_profile(
+    times: Sequence[float] | Array, values: Sequence[float] | Array, interval_seconds: int = 900
+) -> Array:
     """One value per interval of the day: the sample closest to the interval's start, highest over the days.
 
     Paper 004 §V: "dividing each day into 96 uniform intervals ([0, 15min, ..., 1385min]), with the closest
