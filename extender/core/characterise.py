@@ -53,6 +53,7 @@ __all__ = [
     "WorkloadModel",
     "assign_class",
     "class_peak",
+    "classify_services",
     "daily_profile",
     "due_for_recluster",
     "fit_classes",
@@ -397,6 +398,29 @@ def assign_class(centres: Array, profile: Array, observed_seconds: float, observ
     if observed_seconds < observation_seconds or not np.isfinite(np.asarray(profile, dtype=np.float64)).any():
         return None
     return nearest_class(centres, profile)
+
+
+def classify_services(
+    model: WorkloadModel, profiles: Mapping[str, ServiceProfile], observation_seconds: float
+) -> dict[str, dict[str, int]]:
+    """The classes of the services running now: a service in the model's data set keeps the class the last
+    clustering gave it; any other is assigned by :func:`assign_class` per resource once observed for ``p``,
+    and is left out (no prediction) before that or when its profile's intervals differ from the model's."""
+    out: dict[str, dict[str, int]] = {}
+    slots = DAY_SECONDS // model.interval_seconds
+    for key, prof in profiles.items():
+        known = model.assignments.get(key)
+        if known is not None and set(known) == set(RESOURCES):
+            out[key] = dict(known)
+            continue
+        if prof.cpu.shape != (slots,):
+            continue
+        got = {
+            r: assign_class(model.centres(r), prof.of(r), prof.observed_seconds, observation_seconds) for r in RESOURCES
+        }
+        if all(v is not None for v in got.values()):
+            out[key] = {r: int(v) for r, v in got.items() if v is not None}
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------

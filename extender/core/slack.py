@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from extender.core.characterise import RESOURCES, WorkloadModel, idle_resources
 from extender.core.model import InvalidInputError, Node, Resources, WorkloadKind
 
 __all__ = [
@@ -25,12 +26,14 @@ __all__ = [
     "Amount",
     "available",
     "available_for_batch",
+    "batch_capacity",
     "fits",
     "lrp_choose",
     "lrp_score",
     "node_available",
     "node_available_for_batch",
     "reclaimable",
+    "service_idle",
 ]
 
 # Paper 004 §V: "the weights of CPU and memory are configured as 0.38 and 0.62 respectively during the
@@ -166,3 +169,37 @@ def lrp_choose(
         if best is None or score > best[0]:
             best = (score, name)
     return None if best is None else best[1]
+
+
+def service_idle(
+    model: WorkloadModel,
+    classes: Mapping[str, int],
+    request: Resources,
+    at: float,
+    horizon_seconds: float,
+) -> Amount:
+    """Eq. 3 for one service pod of a fitted model: ``I_i`` per resource from the classes it was given
+    (``{"cpu": i, "memory": j}``, :func:`extender.core.characterise.assign_class`), for ``[at, at + horizon)``."""
+    for r in RESOURCES:
+        if r not in classes:
+            raise InvalidInputError(f"no {r} class given (got {dict(classes)})")
+        n = model.centres(r).shape[0]
+        if not 0 <= classes[r] < n:
+            raise InvalidInputError(f"{r} class {classes[r]} does not exist (the model has {n})")
+    cpu = idle_resources(
+        request.cpu_milli, model.centres("cpu")[classes["cpu"]], at, horizon_seconds, model.interval_seconds
+    )
+    mem = idle_resources(
+        request.memory_bytes, model.centres("memory")[classes["memory"]], at, horizon_seconds, model.interval_seconds
+    )
+    return Amount(cpu, mem)
+
+
+def batch_capacity(nodes: Sequence[Node], idle_by_pod: Mapping[str, Amount]) -> dict[str, Amount]:
+    """Per node, what it publishes as batch capacity: :func:`reclaimable` over its *service* pods' predictions
+    (by pod key). A node without a predicted service publishes 0: batch pods then fit nowhere on its slack."""
+    out: dict[str, Amount] = {}
+    for node in nodes:
+        idle = (idle_by_pod[p.key] for p in node.pods if p.kind is WorkloadKind.SERVICE and p.key in idle_by_pod)
+        out[node.name] = reclaimable(idle)
+    return out
