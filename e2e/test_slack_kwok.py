@@ -1,0 +1,190 @@
+"""Predicted slack published as extended resources that kube-scheduler honours (issue 16, deliverables 2-3).
+
+A service pod on a kwok node uses (as kwok emulates and Prometheus scrapes) a quarter of what it requests. It
+is classified from that measured usage against a model with two classes, "a quarter all day" and "three
+quarters all day" (a fixture model: the live cluster has no day of history to fit one from, so the *classes* are
+given and everything else is measured). The publisher writes the node's reclaimable capacity (Eq. 3: request
+minus the class's peak) as qos.kube-qos-extender.io/batch-cpu / batch-memory into the node status; the stock
+default-scheduler then binds a batch pod that requests them, and leaves a second one Pending for lack of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from extender.config import KubernetesConfig
+from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackPublisher, plan
+from extender.core.characterise import (
+    DAY_SECONDS,
+    CharacteriseConfig,
+    ServiceProfile,
+    classify_services,
+    fit_model,
+)
+from extender.core.model import Node, Pod, Resources, WorkloadKind
+from extender.kube.client import new_api_client
+from extender.kube.sync_client import Kube
+from extender.kube.usage import PrometheusUsage, pod_traces, service_profiles
+from tests.live import require_kubeconfig
+
+pytestmark = [pytest.mark.live]
+
+GI = 2**30
+IMAGE = "registry.invalid/pause:3.9"
+CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
+
+
+@pytest.fixture
+def env() -> Iterator[tuple[Kube, str, str, str]]:
+    kubeconfig = require_kubeconfig()
+    kube = Kube(kubeconfig)
+    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
+    if not prom:
+        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
+    rid = f"slack-{uuid.uuid4().hex[:6]}"
+    kube.ensure_namespace(rid)
+    node = f"{rid}-node"
+    kube.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
+            },
+            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
+            "status": {
+                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            },
+        }
+    )
+    try:
+        yield kube, prom, rid, kubeconfig
+    finally:
+        kube.delete_namespace(rid)
+        kube.delete_node(node)
+        kube.close()
+
+
+def _batch_pod(name: str, rid: str, cpu_milli: int, memory: int) -> dict[str, Any]:
+    want = {BATCH_CPU: str(cpu_milli), BATCH_MEMORY: str(memory)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {"qos.kube-qos-extender.io/kind": "batch"}},
+        "spec": {
+            "nodeSelector": {"e2e-run": rid},
+            "tolerations": [{"key": "e2e-run", "operator": "Equal", "value": rid, "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": IMAGE, "resources": {"requests": want, "limits": want}}],
+        },
+    }
+
+
+async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, str, str, str]) -> None:
+    kube, prom, ns, kubeconfig = env
+    node = f"{ns}-node"
+    svc_request = Resources(2000, 4 * GI)
+    kube.create_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "svc",
+                "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
+            },
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
+                ],
+            },
+        },
+    )
+    kube.wait(lambda: kube.pods(ns) and kube.pods(ns)[0].get("status", {}).get("phase") == "Running", "svc Running")
+
+    slots = CFG.slots
+    model = fit_model(
+        CFG,
+        {
+            "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
+            "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
+        },
+        now=time.time(),
+    )
+    started = time.time()
+    key = f"{ns}/svc"
+    async with aiohttp.ClientSession() as session:
+        reader = PrometheusUsage(prom, session, rate_window="30s")
+        classes: dict[str, dict[str, int]] = {}
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            cpu, mem = await reader.history(started, time.time(), 5.0)
+            cpu_pods = pod_traces({k: v for k, v in cpu.items() if k.namespace == ns})
+            mem_pods = pod_traces({k: v for k, v in mem.items() if k.namespace == ns})
+            profiles, _ = service_profiles(cpu_pods, mem_pods, {key: svc_request})
+            classes = classify_services(model, profiles, CFG.observation_seconds)
+            if key in classes:
+                break
+            await asyncio.sleep(3)
+        else:
+            pytest.fail("the service was never observed for the observation time")
+    assert classes[key] == model.assignments["fixture/quarter"]
+
+    core_node = Node(
+        node,
+        Resources(4000, 8 * GI, 110),
+        pods=(Pod("svc", Resources.request(2000, 4 * GI), namespace=ns, kind=WorkloadKind.SERVICE),),
+    )
+    amounts = plan(model, [core_node], classes, at=time.time(), horizon_seconds=CFG.prediction_seconds)
+    # Eq. 3: 2000 m - ceil(2000 x 0.25) and 4 Gi x 0.75
+    assert amounts[node].cpu_milli == 2000 - math.ceil(2000 * 0.25) == 1500
+    assert amounts[node].memory_bytes == 3 * GI
+
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    try:
+        publisher = SlackPublisher(k8s.CoreV1Api(api))
+        status = kube.get(f"/api/v1/nodes/{node}")["status"]
+        assert await publisher.publish({node: status}, amounts) == {node: "patched"}
+        status = kube.get(f"/api/v1/nodes/{node}")["status"]
+        assert await publisher.publish({node: status}, amounts) == {node: "unchanged"}
+    finally:
+        await api.close()
+    for field in ("capacity", "allocatable"):
+        assert status[field][BATCH_CPU] == "1500"
+        assert status[field][BATCH_MEMORY] == str(3 * GI)
+
+    kube.create_pod(ns, _batch_pod("batch-1", ns, 1000, 2 * GI))
+    kube.wait(
+        lambda: kube.get(f"/api/v1/namespaces/{ns}/pods/batch-1")["spec"].get("nodeName") == node, "batch-1 bound"
+    )
+    kube.create_pod(ns, _batch_pod("batch-2", ns, 1000, 2 * GI))  # 1000 + 1000 > 1500 published
+
+    def refused() -> bool:
+        events = kube.events(ns)
+        return any(
+            e.get("reason") == "FailedScheduling"
+            and e.get("involvedObject", {}).get("name") == "batch-2"
+            and f"Insufficient {BATCH_CPU}" in e.get("message", "")
+            for e in events
+        )
+
+    kube.wait(refused, "batch-2 refused for lack of batch-cpu", timeout=60)
+    assert not kube.get(f"/api/v1/namespaces/{ns}/pods/batch-2")["spec"].get("nodeName")
+    # kwok's heartbeats kept what was published
+    assert kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"][BATCH_CPU] == "1500"
