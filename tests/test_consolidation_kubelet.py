@@ -105,3 +105,10 @@ def test_container_failure_ends_the_wait_only_for_states_that_do_not_heal() -> N
     )
     assert decide.container_failure(None) is None
     assert decide.container_failure({"status": {}}) is None
+
+
+def test_destination_node_gone_keeps_the_source() -> None:
+    assert decide.destination_node_gone({"metadata": {"name": "b"}}, "b") is None
+    assert decide.destination_node_gone(None, "b") == "the destination node b is gone"
+    deleting = {"metadata": {"name": "b", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    assert decide.destination_node_gone(deleting, "b") == "the destination node b is being deleted"

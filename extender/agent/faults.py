@@ -88,6 +88,11 @@ class FaultInjection:
         if self.fires(point):
             for handler in logging.getLogger().handlers:
                 handler.flush()
+            if os.getpid() == 1:
+                # PID 1 of a container (the agent in its DaemonSet pod): the kernel ignores a SIGKILL it sends
+                # itself, so the hook silently did nothing on real nodes. _exit ends it as abruptly (no
+                # cleanup, no finally blocks); the kubelet restarts the container either way.
+                os._exit(128 + signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
 
     def snapshot(self) -> dict[str, Any]:

@@ -40,6 +40,7 @@ __all__ = [
     "container_failure",
     "destination_manifest",
     "destination_name",
+    "destination_node_gone",
     "may_cordon",
     "migration_id",
     "node_blocker",
@@ -269,6 +270,19 @@ def checkpoint_blocker(pod: Mapping[str, Any]) -> str | None:
                 f"pod {key} has volume {v.get('name') if isinstance(v, Mapping) else v!r} ({', '.join(kinds)}): "
                 "its content does not move with a checkpoint"
             )
+    return None
+
+
+def destination_node_gone(node: Mapping[str, Any] | None, name: str) -> str | None:
+    """Before the source pod is deleted: is the destination node still there? None if so, else why not.
+
+    A node deleted during the restore keeps its kubelet running the restored pod for a while, so the pod can
+    look Running; but the pod garbage collector deletes pods bound to a missing node, and committing then
+    would leave no copy at all. The source (a checkpoint never stops it) is the copy to keep."""
+    if node is None:
+        return f"the destination node {name} is gone"
+    if _meta(node).get("deletionTimestamp"):
+        return f"the destination node {name} is being deleted"
     return None
 
 

@@ -335,6 +335,9 @@ class ConsolidationFlow:
                         )  # fmt: skip
                         created = await self._create_bound(ns, dname, manifest, dest)
                         await self._wait_running(ns, dname)
+                        gone = decide.destination_node_gone(await self._node(dest), dest)
+                        if gone is not None:
+                            raise _Refused(gone)
                     except Exception as exc:  # the source kept running: nothing is lost by giving up here
                         why = str(exc) if isinstance(exc, _Refused) else f"{type(exc).__name__}: {exc}"
                         outcome = "rolled_back"
