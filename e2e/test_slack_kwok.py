@@ -3,9 +3,11 @@
 A service pod on a kwok node uses (as kwok emulates and Prometheus scrapes) a quarter of what it requests. It
 is classified from that measured usage against a model with two classes, "a quarter all day" and "three
 quarters all day" (a fixture model: the live cluster has no day of history to fit one from, so the *classes* are
-given and everything else is measured). The publisher writes the node's reclaimable capacity (Eq. 3: request
-minus the class's peak) as qos.kube-qos-extender.io/batch-cpu / batch-memory into the node status; the stock
-default-scheduler then binds a batch pod that requests them, and leaves a second one Pending for lack of them.
+given and everything else is measured). extender.controller.slack.SlackController lists the node and its pods,
+reads the usage, classifies the service once observed for p, and writes the node's reclaimable capacity (Eq. 3:
+request minus the class's peak) as qos.kube-qos-extender.io/batch-cpu / batch-memory into the node status; the
+stock default-scheduler then binds a batch pod that requests them, and leaves a second one Pending for lack of
+them. Without a model (no file, no day of history) the same controller publishes 0.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,18 +27,12 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from extender.config import KubernetesConfig
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackPublisher, plan
-from extender.core.characterise import (
-    DAY_SECONDS,
-    CharacteriseConfig,
-    ServiceProfile,
-    classify_services,
-    fit_model,
-)
-from extender.core.model import Node, Pod, Resources, WorkloadKind
+from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController, SlackSettings
+from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
+from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
-from extender.kube.usage import PrometheusUsage, pod_traces, service_profiles
+from extender.kube.usage import PrometheusUsage
 from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
@@ -94,10 +91,9 @@ def _batch_pod(name: str, rid: str, cpu_milli: int, memory: int) -> dict[str, An
     }
 
 
-async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, str, str, str]) -> None:
+async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, str, str, str], tmp_path: Path) -> None:
     kube, prom, ns, kubeconfig = env
     node = f"{ns}-node"
-    svc_request = Resources(2000, 4 * GI)
     kube.create_pod(
         ns,
         {
@@ -119,7 +115,7 @@ async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, s
     kube.wait(lambda: kube.pods(ns) and kube.pods(ns)[0].get("status", {}).get("phase") == "Running", "svc Running")
 
     slots = CFG.slots
-    model = fit_model(
+    fixture_model = fit_model(
         CFG,
         {
             "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
@@ -127,47 +123,47 @@ async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, s
         },
         now=time.time(),
     )
-    started = time.time()
-    key = f"{ns}/svc"
-    async with aiohttp.ClientSession() as session:
-        reader = PrometheusUsage(prom, session, rate_window="30s")
-        classes: dict[str, dict[str, int]] = {}
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            cpu, mem = await reader.history(started, time.time(), 5.0)
-            cpu_pods = pod_traces({k: v for k, v in cpu.items() if k.namespace == ns})
-            mem_pods = pod_traces({k: v for k, v in mem.items() if k.namespace == ns})
-            profiles, _ = service_profiles(cpu_pods, mem_pods, {key: svc_request})
-            classes = classify_services(model, profiles, CFG.observation_seconds)
-            if key in classes:
-                break
-            await asyncio.sleep(3)
-        else:
-            pytest.fail("the service was never observed for the observation time")
-    assert classes[key] == model.assignments["fixture/quarter"]
-
-    core_node = Node(
-        node,
-        Resources(4000, 8 * GI, 110),
-        pods=(Pod("svc", Resources.request(2000, 4 * GI), namespace=ns, kind=WorkloadKind.SERVICE),),
+    settings = SlackSettings(
+        model_path=tmp_path / "model.json",
+        config=CFG,
+        history_seconds=600.0,
+        classify_seconds=600.0,
+        step_seconds=5.0,
+        node_selector=f"e2e-run={ns}",
     )
-    amounts = plan(model, [core_node], classes, at=time.time(), horizon_seconds=CFG.prediction_seconds)
-    # Eq. 3: 2000 m - ceil(2000 x 0.25) and 4 Gi x 0.75
-    assert amounts[node].cpu_milli == 2000 - math.ceil(2000 * 0.25) == 1500
-    assert amounts[node].memory_bytes == 3 * GI
-
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     try:
-        publisher = SlackPublisher(k8s.CoreV1Api(api))
-        status = kube.get(f"/api/v1/nodes/{node}")["status"]
-        assert await publisher.publish({node: status}, amounts) == {node: "patched"}
-        status = kube.get(f"/api/v1/nodes/{node}")["status"]
-        assert await publisher.publish({node: status}, amounts) == {node: "unchanged"}
+        async with aiohttp.ClientSession() as session:
+            reader = PrometheusUsage(prom, session, rate_window="30s")
+            core = k8s.CoreV1Api(api)
+            # no model file and no service with a whole day of usage: no model, nothing lent
+            bare = SlackController(settings, core, reader)
+            assert await bare.start() == "none"
+            assert await bare.step() == {node: Amount(0, 0)}
+            assert kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"][BATCH_CPU] == "0"
+
+            ctl = SlackController(settings, core, reader, model=fixture_model)
+            assert await ctl.start() == "given"
+            deadline = time.monotonic() + 150
+            amounts: dict[str, Amount] = {}
+            while time.monotonic() < deadline:
+                amounts = await ctl.step()  # 0 until svc has been observed for p (20 s) through Prometheus
+                if amounts[node] != Amount(0, 0):
+                    break
+                await asyncio.sleep(3)
+            else:
+                pytest.fail(f"the service was never classified; last published: {amounts}")
+            assert await ctl.publisher.publish({node: kube.get(f"/api/v1/nodes/{node}")["status"]}, amounts) == {
+                node: "unchanged"
+            }
     finally:
         await api.close()
-    for field in ("capacity", "allocatable"):
-        assert status[field][BATCH_CPU] == "1500"
-        assert status[field][BATCH_MEMORY] == str(3 * GI)
+    # classified "a quarter" from its measured usage -> Eq. 3: 2000 m - ceil(2000 x 0.25) and 4 Gi x 0.75
+    assert amounts == {node: Amount(2000 - math.ceil(2000 * 0.25), 3 * GI)}
+    status = kube.get(f"/api/v1/nodes/{node}")["status"]
+    for part in ("capacity", "allocatable"):
+        assert status[part][BATCH_CPU] == "1500"
+        assert status[part][BATCH_MEMORY] == str(3 * GI)
 
     kube.create_pod(ns, _batch_pod("batch-1", ns, 1000, 2 * GI))
     kube.wait(

@@ -13,6 +13,7 @@ import pytest
 from extender.controller.slack import (
     BATCH_CPU,
     BATCH_MEMORY,
+    SlackSettings,
     capacity_patch,
     load_model,
     load_or_refit,
@@ -193,3 +194,12 @@ async def test_refresh_every_runs_until_stopped_and_survives_a_failing_step() ->
 
     await refresh_every(0.001, step, stop)
     assert calls == 3
+
+
+def test_slack_settings_must_let_a_new_service_be_classified(tmp_path: Path) -> None:
+    cfg = CharacteriseConfig(observation_seconds=3600.0)
+    assert SlackSettings(tmp_path / "m.json", cfg, classify_seconds=3600.0).node_selector is None
+    with pytest.raises(InvalidInputError, match="observation time"):
+        SlackSettings(tmp_path / "m.json", cfg, classify_seconds=600.0)
+    with pytest.raises(InvalidInputError, match="step_seconds"):
+        SlackSettings(tmp_path / "m.json", cfg, step_seconds=0.0)

@@ -23,32 +23,41 @@ import asyncio
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from extender.config import NodeGroupsConfig, PodDefaults
 from extender.controller.patches import escape
 from extender.core.characterise import (
     CharacteriseConfig,
     ModelFormatError,
+    ServiceProfile,
     WorkloadModel,
     classify_services,
+    due_for_recluster,
     fit_model,
     is_complete,
     model_from_document,
     model_to_document,
+    recluster_model,
 )
-from extender.core.model import InvalidInputError, Node, Resources
+from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources, WorkloadKind
 from extender.core.slack import Amount, batch_capacity, service_idle
 from extender.kube.client import ApiError, read_json
+from extender.kube.convert import node_from_k8s, pod_from_k8s
 from extender.kube.usage import PrometheusUsage, pod_traces, service_profiles
 
 __all__ = [
     "BATCH_CPU",
     "BATCH_MEMORY",
+    "SlackController",
     "SlackPublisher",
+    "SlackSettings",
     "capacity_patch",
     "fit_from_prometheus",
     "load_model",
@@ -96,14 +105,14 @@ def capacity_patch(status: Mapping[str, Any], amount: Amount) -> list[Op]:
         raise InvalidInputError(f"an extended resource cannot be negative: {amount}")
     want = {BATCH_CPU: str(amount.cpu_milli), BATCH_MEMORY: str(amount.memory_bytes)}
     ops: list[Op] = []
-    for field in ("capacity", "allocatable"):
-        current = status.get(field)
+    for part in ("capacity", "allocatable"):
+        current = status.get(part)
         if not isinstance(current, Mapping):
-            ops.append({"op": "add", "path": f"/status/{field}", "value": dict(want)})
+            ops.append({"op": "add", "path": f"/status/{part}", "value": dict(want)})
             continue
         for name, value in want.items():
             if current.get(name) != value:
-                ops.append({"op": "add", "path": f"/status/{field}/{escape(name)}", "value": value})
+                ops.append({"op": "add", "path": f"/status/{part}/{escape(name)}", "value": value})
     return ops
 
 
@@ -243,8 +252,147 @@ async def refresh_every(interval_seconds: float, step: Callable[[], Awaitable[ob
             continue
 
 
-def classify(
-    model: WorkloadModel, profiles: Mapping[str, Any], config: CharacteriseConfig
-) -> dict[str, dict[str, int]]:
-    """:func:`classify_services` with the configured observation time (a convenience for the shell)."""
-    return classify_services(model, profiles, config.observation_seconds)
+@dataclass(frozen=True, slots=True)
+class SlackSettings:
+    """How the slack controller reads, fits and publishes.
+
+    model_path: the model file (kept across restarts).
+    history_seconds: usage history a (re)fit reads (the paper's traces cover 8 days).
+    classify_seconds: usage history read every interval to profile and classify the running services; at least
+       the observation time ``p``, or no new service ever qualifies.
+    step_seconds: resolution of the range queries.
+    node_selector: label selector of the nodes to publish on (None: every node).
+    """
+
+    model_path: Path
+    config: CharacteriseConfig = field(default_factory=CharacteriseConfig)
+    history_seconds: float = 8 * 86_400.0
+    classify_seconds: float = 86_400.0
+    step_seconds: float = 60.0
+    defaults: PodDefaults = field(default_factory=PodDefaults)
+    node_selector: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.classify_seconds < self.config.observation_seconds:
+            raise InvalidInputError(
+                f"classify_seconds ({self.classify_seconds}) must cover the observation time "
+                f"({self.config.observation_seconds}): no new service could ever be classified"
+            )
+        for name in ("history_seconds", "step_seconds"):
+            if not getattr(self, name) > 0:
+                raise InvalidInputError(f"{name} must be > 0")
+
+
+class SlackController:
+    """One refresh: list nodes and running pods, profile and classify the service pods from Prometheus,
+    re-cluster when a cycle is due, publish each node's batch capacity. ``model`` may be given (tests, or a
+    caller that loaded it); else :meth:`start` loads the file or fits from the history."""
+
+    def __init__(
+        self,
+        settings: SlackSettings,
+        core_api: Any,
+        reader: PrometheusUsage,
+        *,
+        model: WorkloadModel | None = None,
+        clock: Callable[[], float] = time.time,
+        timeout: float = 10.0,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self._core = core_api
+        self._reader = reader
+        self._clock = clock
+        self._timeout = timeout
+        self.publisher = SlackPublisher(core_api, timeout)
+
+    async def _cluster(self) -> tuple[list[Node], dict[str, Any]]:
+        kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self._timeout}
+        selector = {"label_selector": self.settings.node_selector} if self.settings.node_selector else {}
+        node_list = await read_json(await self._core.list_node(**selector, **kw))
+        pod_list = await read_json(
+            await self._core.list_pod_for_all_namespaces(field_selector="status.phase=Running", **kw)
+        )
+        statuses: dict[str, Any] = {}
+        by_node: dict[str, list[Pod]] = {}
+        for obj in pod_list.get("items", []):
+            node = (obj.get("spec") or {}).get("nodeName")
+            if not node:
+                continue
+            try:
+                pod, _ = pod_from_k8s(obj, self.settings.defaults, DEFAULT_CLASSES)
+            except InvalidInputError as exc:
+                log.warning("pod skipped", extra={"pod": str(obj.get("metadata", {}).get("name")), "error": str(exc)})
+                continue
+            by_node.setdefault(node, []).append(pod)
+        nodes: list[Node] = []
+        for obj in node_list.get("items", []):
+            try:
+                n = node_from_k8s(obj, NodeGroupsConfig())
+            except InvalidInputError as exc:
+                log.warning("node skipped", extra={"node": str(obj.get("metadata", {}).get("name")), "error": str(exc)})
+                continue
+            for pod in by_node.get(n.name, []):
+                n = n.with_pod(pod)
+            nodes.append(n)
+            statuses[n.name] = obj.get("status") or {}
+        return nodes, statuses
+
+    async def _profiles(self, services: Mapping[str, Resources], seconds: float) -> dict[str, ServiceProfile]:
+        now = self._clock()
+        cpu, mem = await self._reader.history(now - seconds, now, self.settings.step_seconds)
+        profiles, _ = service_profiles(
+            pod_traces(cpu), pod_traces(mem), services, self.settings.config.interval_seconds
+        )
+        return profiles
+
+    async def start(self) -> str:
+        """Load the model file, or fit one from the history (saved); ``none`` when no service has a whole day
+        of usage yet (nothing is lent until one has)."""
+        if self.model is not None:
+            return "given"
+        nodes, _ = await self._cluster()
+        services = _services(nodes)
+
+        async def refit() -> WorkloadModel:
+            now = self._clock()
+            return await fit_from_prometheus(
+                self._reader,
+                services,
+                self.settings.config,
+                now - self.settings.history_seconds,
+                now,
+                self.settings.step_seconds,
+            )
+
+        try:
+            self.model, how = await load_or_refit(self.settings.model_path, refit)
+        except InvalidInputError as exc:
+            log.warning("no workload model yet", extra={"error": str(exc)})
+            return "none"
+        return how
+
+    async def step(self) -> dict[str, Amount]:
+        """One refresh; returns what each node was given (all 0 while there is no model)."""
+        nodes, statuses = await self._cluster()
+        services = _services(nodes)
+        now = self._clock()
+        classes: dict[str, dict[str, int]] = {}
+        if self.model is not None and services:
+            profiles = await self._profiles(services, self.settings.classify_seconds)
+            cfg = self.settings.config
+            if due_for_recluster(self.model, now, cfg.recluster_seconds):
+                complete = {k: p for k, p in profiles.items() if is_complete(p.cpu) and is_complete(p.memory)}
+                self.model = recluster_model(cfg, self.model, complete, now)
+                save_model(self.settings.model_path, self.model)
+            classes = classify_services(self.model, profiles, cfg.observation_seconds)
+        if self.model is None:
+            amounts = {n.name: Amount(0, 0) for n in nodes}
+        else:
+            amounts = plan(self.model, nodes, classes, now, self.settings.config.prediction_seconds)
+        await self.publisher.publish(statuses, amounts)
+        return amounts
+
+
+def _services(nodes: Sequence[Node]) -> dict[str, Resources]:
+    return {p.key: p.requests for n in nodes for p in n.pods if p.kind is WorkloadKind.SERVICE}
