@@ -315,3 +315,41 @@ def test_destination_runtime_refuses_the_restore_and_the_source_keeps_running(
     image = ((result.get("record") or {}).get("restored_workload") or {}).get("image")
     assert image and "checkpoint image discarded" in result["reason"], result["reason"]
     assert image not in product.ctr(service, "images", "ls", "-q").split()
+
+
+def test_faults_on_real_pods_end_with_one_copy_and_no_lost_progress(product: Product) -> None:  # noqa: F811
+    """A representative, fast subset of bench/migration_faults.py's faults (the bench runs all five, >= 20 times),
+    through the same code: the agents' TEST-ONLY fault hooks turned on for this cluster (the DaemonSet's
+    ``--enable-test-fault-injection``, removed again at the end), a counter moved by the flow while:
+
+    * one byte of the uploaded archive is flipped once: the destination rejects it (sha256), the source sends it
+      again, the move succeeds and the count goes on from the checkpoint;
+    * the source agent dies once the checkpoint is on its disk: the kubelet restarts it, it rolls the migration
+      back from its journal, the flow (repeating its request with the same id) learns that; the source counts on;
+    * the destination Node is deleted while its pod is restored from the checkpoint: the flow does not commit
+      (the pod GC would delete that pod), deletes it, discards the image; the source counts on; the node's
+      kubelet is restarted and registers again.
+
+    Each must end with exactly one running copy (API and both nodes' containerd) and no lost progress."""
+    from bench.migration_faults import Bench, Cluster, set_fault_flag
+
+    batch, service = _group_nodes(product)
+    c = Cluster(product.env, product.kube, product.bin_dir, batch, service)
+    set_fault_flag(c, True)
+    bench = Bench(c)
+    try:
+        corrupted = bench.one("archive-corrupted", 1, batch, service)  # odd index: corrupted once
+        killed = bench.one("source-killed-after-checkpoint", 0, batch, service)
+        deleted = bench.one("dest-node-deleted", 0, service, batch)
+    finally:
+        bench.close()
+        set_fault_flag(c, False)
+    for run in (corrupted, killed, deleted):
+        assert run.get("one_copy") and run.get("progress_kept"), json.dumps(run, indent=1, default=str)
+    assert corrupted["outcome"] == "succeeded" and corrupted["survivor"] == "destination", corrupted
+    assert "transfer-final x2" in corrupted["reason"], corrupted["reason"]
+    assert killed["outcome"] == "rolled_back" and killed["survivor"] == "source", killed
+    assert "restarted" in killed["reason"], killed["reason"]
+    assert deleted["node_deleted"] and deleted["outcome"] == "rolled_back" and deleted["survivor"] == "source"
+    assert "is gone" in deleted["reason"] or "binding" in deleted["reason"], deleted["reason"]
+    assert _ready(product.kube.get(f"/api/v1/nodes/{batch}")), "the deleted node registered again"
