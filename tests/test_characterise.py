@@ -386,6 +386,7 @@ def _doc() -> dict:  # type: ignore[type-arg]
         (lambda d: d["dataset"]["web-a"].update(cpu=[0.1]), "4 rates"),
         (lambda d: d.update(interval_seconds=1000), "divid"),
         (lambda d: d.update(fitted_at="now"), "fitted_at"),
+        (lambda d: d.update(k=0), "k must be"),
     ],
 )
 def test_bad_model_documents_are_refused_clearly(mutate, message: str) -> None:  # type: ignore[no-untyped-def]

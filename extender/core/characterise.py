@@ -501,6 +501,10 @@ class WorkloadModel:
 
     def __post_init__(self) -> None:
         _check_interval(self.interval_seconds)
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise InvalidInputError(f"k must be an integer >= 1, got {self.k!r}")
+        if not math.isfinite(self.fitted_at):
+            raise InvalidInputError(f"fitted_at must be finite, got {self.fitted_at!r}")
         slots = DAY_SECONDS // self.interval_seconds
         if set(self.classes) != set(RESOURCES):
             raise InvalidInputError(f"classes must be given for exactly {RESOURCES}, got {sorted(self.classes)}")
