@@ -76,8 +76,13 @@ def test_base_renders_the_promised_objects(base: list[dict[str, Any]]) -> None:
         "ConfigMap",
     }
     (dep,) = _by_kind(base, "Deployment")
-    containers = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+    spec = dep["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in spec["containers"] + spec.get("initContainers", [])}
     assert set(containers) == {"kube-scheduler", "extender"}
+    # The extender is a native sidecar gated by /readyz: kube-scheduler starts only after its first full sync.
+    (sidecar,) = spec["initContainers"]
+    assert sidecar["name"] == "extender" and sidecar["restartPolicy"] == "Always"
+    assert sidecar["startupProbe"]["httpGet"]["path"] == "/readyz"
     assert containers["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.35.8"
     pod_sc = dep["spec"]["template"]["spec"]["securityContext"]
     assert pod_sc["runAsNonRoot"] is True
@@ -487,8 +492,9 @@ def test_local_overlay_fits_this_machine(rendered: dict[str, list[dict[str, Any]
     images = set()
     for w in _pod_templates(docs):
         spec = w["spec"]["template"]["spec"]
-        assert not spec.get("initContainers")
-        for c in spec["containers"]:
+        # the only init container is the extender's native sidecar (same image set, nothing else pulled)
+        assert all(c.get("restartPolicy") == "Always" for c in spec.get("initContainers", []))
+        for c in spec["containers"] + spec.get("initContainers", []):
             images.add(c["image"])
             assert c["imagePullPolicy"] == "Never", (w["metadata"]["name"], c["name"])
         (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][

@@ -68,6 +68,11 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 MARKER_RESOURCE = "qos.kube-qos-extender.io/managed"
 
 
+# The client certificates' subject CNs this project's manifests and scripts issue (config/base, hack/).
+SCHEDULER_CLIENT_CN = "kube-scheduler-extender-client"
+METRICS_CLIENT_CN = "prometheus-extender-client"
+
+
 class ConfigError(ValueError):
     """The configuration file is unusable; the message names the offending option."""
 
@@ -80,6 +85,11 @@ class TlsConfig:
     cert_file: str | None = None
     key_file: str | None = None
     client_ca_file: str | None = None
+    # Subject common names allowed on the verbs (kube-scheduler's client certificate) and on /metrics (the
+    # scraper's): a certificate signed by client_ca_file proves who the client is, these lists say what it may
+    # do, so a metrics credential cannot create Bindings.
+    verb_clients: tuple[str, ...] = (SCHEDULER_CLIENT_CN,)
+    metrics_clients: tuple[str, ...] = (METRICS_CLIENT_CN,)
 
     @property
     def enabled(self) -> bool:
@@ -93,6 +103,9 @@ class ServerConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     request_timeout_seconds: float = 4.0
     tls: TlsConfig = field(default_factory=TlsConfig)
+    # A second, verbs-only listener on 127.0.0.1 without TLS (None: off): for the sidecar topology, where
+    # kube-scheduler and the extender share the pod's network namespace and the loopback is private to them.
+    loopback_verbs_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,13 +332,20 @@ def read_labels(raw: dict[str, Any], key: str, path: str, default: Mapping[str, 
 
 def _parse_server(raw: object, base: Path | None) -> ServerConfig:
     path = "server"
-    s = section(raw, path, {"host", "port", "max_body_bytes", "request_timeout_seconds", "tls"})
-    t = section(s.get("tls"), f"{path}.tls", {"cert_file", "key_file", "client_ca_file"})
+    s = section(raw, path, {"host", "port", "max_body_bytes", "request_timeout_seconds", "tls", "loopback_verbs_port"})
+    t = section(
+        s.get("tls"), f"{path}.tls", {"cert_file", "key_file", "client_ca_file", "verb_clients", "metrics_clients"}
+    )
     tls = TlsConfig(
         cert_file=read_file_path(t, "cert_file", f"{path}.tls", base),
         key_file=read_file_path(t, "key_file", f"{path}.tls", base),
         client_ca_file=read_file_path(t, "client_ca_file", f"{path}.tls", base),
+        verb_clients=_read_names(t, "verb_clients", f"{path}.tls", (SCHEDULER_CLIENT_CN,)),
+        metrics_clients=_read_names(t, "metrics_clients", f"{path}.tls", (METRICS_CLIENT_CN,)),
     )
+    loopback = s.get("loopback_verbs_port")
+    if loopback is not None:
+        loopback = read_int(s, "loopback_verbs_port", path, 0, minimum=1, maximum=65535)
     if (tls.cert_file is None) != (tls.key_file is None):
         raise _fail(f"{path}.tls", "cert_file and key_file must be set together")
     if tls.client_ca_file is not None and tls.cert_file is None:
@@ -336,7 +356,16 @@ def _parse_server(raw: object, base: Path | None) -> ServerConfig:
         max_body_bytes=read_int(s, "max_body_bytes", path, 64 * 1024 * 1024, minimum=1024, maximum=2**31),
         request_timeout_seconds=read_number(s, "request_timeout_seconds", path, 4.0, minimum=0, exclusive_min=True),
         tls=tls,
+        loopback_verbs_port=loopback,
     )
+
+
+def _read_names(raw: dict[str, Any], key: str, path: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A list of certificate subject common names; empty means nobody (a path nobody may call)."""
+    value = raw.get(key, list(default))
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _fail(f"{path}.{key}", f"must be a list of non-empty strings (certificate subject CNs), got {value!r}")
+    return tuple(value)
 
 
 def _parse_kubernetes(raw: object, base: Path | None) -> KubernetesConfig:

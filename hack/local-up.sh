@@ -33,6 +33,9 @@
 #                                extender is started, else unset (empty: every pod reaches the extender)
 #   QOS_EXTENDER_WEIGHT=5        extender prioritize weight (score 0..10 x weight x 10; see README)
 #   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=5s QOS_EXTENDER_NODE_CACHE=true (nodeCacheCapable)
+#   QOS_EXTENDER_LOOPBACK_PORT=   when set, the extender also serves the verbs over plain HTTP on
+#                                127.0.0.1:PORT (server.loopback_verbs_port) and kube-scheduler calls that
+#                                (the sidecar topology's transport); TLS stays for admission and /metrics
 #   QOS_MANIFESTS_DIR=hack/manifests   every *.yaml there is applied once the apiserver is ready, after
 #                                ${VAR} substitution (QOS_CA_BUNDLE = base64 CA, EXTENDER_URL, EXTENDER_HOST,
 #                                EXTENDER_PORT, QOS_STATE and any exported variable); config/base's
@@ -71,6 +74,9 @@ QOS_EXTENDER_WEIGHT="${QOS_EXTENDER_WEIGHT:-5}"
 QOS_EXTENDER_NODE_CACHE="${QOS_EXTENDER_NODE_CACHE:-true}"
 QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
 QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-5s}"
+QOS_EXTENDER_LOOPBACK_PORT="${QOS_EXTENDER_LOOPBACK_PORT:-}"
+[[ -z "${QOS_EXTENDER_LOOPBACK_PORT}" || "${QOS_EXTENDER_LOOPBACK_PORT}" =~ ^[0-9]+$ ]] \
+  || die "QOS_EXTENDER_LOOPBACK_PORT must be a port number, got ${QOS_EXTENDER_LOOPBACK_PORT}"
 QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
 QOS_HOST_QOS_PROFILE="${QOS_HOST_QOS_PROFILE:-1}"
 QOS_SCHEDULER_QPS="${QOS_SCHEDULER_QPS:-50}"
@@ -288,7 +294,10 @@ gen_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-c
 [[ -s "${CERTS}/front-proxy-client.crt" ]] \
   || sign_cert "${CERTS}/front-proxy-ca" "${CERTS}/front-proxy-client" "/CN=front-proxy-client" clientAuth
 gen_cert extender-serving "/CN=kube-qos-extender" serverAuth "${LOCAL_SAN}"
+# Two client identities of the same CA, each allowed on its own paths only (server.tls.verb_clients /
+# metrics_clients): kube-scheduler's for the verbs, Prometheus' (and the tests' scrapes) for /metrics.
 gen_cert extender-client "/O=kube-qos-extender-clients/CN=kube-scheduler-extender-client" clientAuth
+gen_cert extender-metrics-client "/O=kube-qos-extender-clients/CN=prometheus-extender-client" clientAuth
 # The extender's own API identity: user qos-extender, bound to config/base's least-privilege ClusterRole
 # (hack/manifests/00-qos-extender-local-rbac.yaml), so the local cluster exercises the shipped RBAC.
 gen_cert qos-extender "/O=kube-qos-extender/CN=qos-extender" clientAuth
@@ -342,18 +351,29 @@ EOF
   if [[ "${QOS_WITH_EXTENDER}" == 1 ]]; then
     cat <<EOF
 extenders:
+EOF
+    if [[ -n "${QOS_EXTENDER_LOOPBACK_PORT}" ]]; then
+      cat <<EOF
+- urlPrefix: http://127.0.0.1:${QOS_EXTENDER_LOOPBACK_PORT}
+  enableHTTPS: false
+EOF
+    else
+      cat <<EOF
 - urlPrefix: ${EXTENDER_URL}
+  enableHTTPS: true
+  tlsConfig:
+    caFile: ${CERTS}/ca.crt
+    certFile: ${CERTS}/extender-client.crt
+    keyFile: ${CERTS}/extender-client.key
+EOF
+    fi
+    cat <<EOF
   filterVerb: filter
   prioritizeVerb: prioritize
   preemptVerb: preempt
   bindVerb: bind
   weight: ${QOS_EXTENDER_WEIGHT}
   nodeCacheCapable: ${QOS_EXTENDER_NODE_CACHE}
-  enableHTTPS: true
-  tlsConfig:
-    caFile: ${CERTS}/ca.crt
-    certFile: ${CERTS}/extender-client.crt
-    keyFile: ${CERTS}/extender-client.key
   httpTimeout: ${QOS_EXTENDER_TIMEOUT}
   ignorable: ${QOS_EXTENDER_IGNORABLE}
 EOF
@@ -417,7 +437,7 @@ EOF
 - job_name: kube-qos-extender
   scheme: $(url_scheme "${EXTENDER_METRICS_URL}")
   metrics_path: $(url_path "${EXTENDER_METRICS_URL}")
-  tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/extender-client.crt, key_file: ${CERTS}/extender-client.key}
+  tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/extender-metrics-client.crt, key_file: ${CERTS}/extender-metrics-client.key}
   static_configs:
   - targets: ['$(url_hostport "${EXTENDER_METRICS_URL}")']
 EOF
@@ -435,8 +455,8 @@ EOF
     refresh_interval: 5s
   tls_config:
     ca_file: ${CERTS}/ca.crt
-    cert_file: ${CERTS}/extender-client.crt
-    key_file: ${CERTS}/extender-client.key
+    cert_file: ${CERTS}/extender-metrics-client.crt
+    key_file: ${CERTS}/extender-metrics-client.key
     server_name: qos-extender.kube-qos-system.svc
 EOF
   fi
@@ -570,7 +590,7 @@ start_component kwok "${KWOK_PORT}" "${CONF}/kwok.fingerprint" "${BIN_DIR}/kwok"
   --cidr=10.244.0.0/16
 
 # ---------------------------------------------------------------- the extender (real, optional)
-EXTENDER_CURL=(--cacert "${CA}" --cert "${CERTS}/extender-client.crt" --key "${CERTS}/extender-client.key")
+EXTENDER_CURL=(--cacert "${CA}" --cert "${CERTS}/extender-metrics-client.crt" --key "${CERTS}/extender-metrics-client.key")
 if [[ "${QOS_START_EXTENDER}" == 1 ]]; then
   [[ -x "${QOS_PYTHON}" ]] || die "missing ${QOS_PYTHON}: make venv (or set QOS_PYTHON)"
   [[ "${EXTENDER_HOST}" == 127.0.0.1 || "${EXTENDER_HOST}" == localhost ]] \
@@ -585,6 +605,7 @@ doc.setdefault("server", {}).update(
     tls={"cert_file": "${CERTS}/extender-serving.crt", "key_file": "${CERTS}/extender-serving.key",
          "client_ca_file": "${CERTS}/ca.crt"},
 )
+doc["server"]["loopback_verbs_port"] = int("${QOS_EXTENDER_LOOPBACK_PORT}") if "${QOS_EXTENDER_LOOPBACK_PORT}" else None
 doc.setdefault("kubernetes", {})["kubeconfig"] = "${KCFG}/qos-extender.kubeconfig"
 doc.setdefault("scheduling", {})["marker_resource"] = "${QOS_MARKER_RESOURCE}"
 ctl = doc.setdefault("controller", {})
@@ -689,8 +710,12 @@ fi
   echo "EXTENDER_URL=${EXTENDER_URL}"
   echo "EXTENDER_METRICS_URL=${EXTENDER_METRICS_URL}"
   echo "EXTENDER_CA=${CERTS}/ca.crt"
-  echo "EXTENDER_CLIENT_CERT=${CERTS}/extender-client.crt"
-  echo "EXTENDER_CLIENT_KEY=${CERTS}/extender-client.key"
+  # the scraper's identity (/metrics only), as hack/kind-up.sh and hack/deploy-local.sh print it
+  echo "EXTENDER_CLIENT_CERT=${CERTS}/extender-metrics-client.crt"
+  echo "EXTENDER_CLIENT_KEY=${CERTS}/extender-metrics-client.key"
+  # kube-scheduler's identity (the verbs only)
+  echo "EXTENDER_SCHEDULER_CERT=${CERTS}/extender-client.crt"
+  echo "EXTENDER_SCHEDULER_KEY=${CERTS}/extender-client.key"
   echo "EXTENDER_SERVING_CERT=${CERTS}/extender-serving.crt"
   echo "EXTENDER_SERVING_KEY=${CERTS}/extender-serving.key"
   echo "PROMETHEUS_URL=http://${HOST}:${PROMETHEUS_PORT}"

@@ -57,6 +57,7 @@ def test_every_option_is_in_the_default_file_with_a_comment() -> None:
     known = {
         "server", "server.host", "server.port", "server.max_body_bytes", "server.request_timeout_seconds",
         "server.tls", "server.tls.cert_file", "server.tls.key_file", "server.tls.client_ca_file",
+        "server.tls.verb_clients", "server.tls.metrics_clients", "server.loopback_verbs_port",
         "kubernetes", "kubernetes.kubeconfig", "kubernetes.context", "kubernetes.watch_timeout_seconds",
         "kubernetes.backoff_initial_seconds", "kubernetes.backoff_max_seconds", "kubernetes.request_timeout_seconds",
         "kubernetes.events", "kubernetes.event_component",

@@ -21,10 +21,10 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from extender.config import ExtenderConfig, ServerConfig, TlsConfig
+from extender.config import ConfigError, ExtenderConfig, ServerConfig, TlsConfig, parse_config
 from extender.kube.snapshot import Snapshot
 from extender.webhook import verbs
-from extender.webhook.app import make_app, make_ssl_context, start_server
+from extender.webhook.app import make_app, make_ssl_context, start_loopback_server, start_server
 from extender.webhook.metrics import Metrics
 from tests.golden.replay import FULL_LOG, NODECACHE_LOG, load_log, node_objects
 
@@ -84,6 +84,24 @@ async def post(client: TestClient[Any, Any], verb: str, body: Any) -> tuple[int,
     return resp.status, orjson.loads(await resp.read())
 
 
+IN_BAND = ("filter", "bind")  # result types with an Error field: every failure is 200 + Error
+
+
+def assert_error(verb: str, status: int, body: Any, code: int) -> str:
+    """A failure answer: 200 with Error set for filter/bind (what kube-scheduler reads; a non-200 body it never
+    reads), ``code`` with {"Error": ...} for prioritize/preempt. Returns the message."""
+    if verb in IN_BAND:
+        assert status == 200, (status, body)
+        if verb == "filter":
+            assert body["Nodes"] is None and body["NodeNames"] is None, body
+            assert body["FailedNodes"] == {} and body["FailedAndUnresolvableNodes"] == {}, body
+    else:
+        assert status == code, (status, body)
+    assert isinstance(body["Error"], str) and body["Error"], body
+    message: str = body["Error"]
+    return message
+
+
 # ----------------------------------------------------------------------------------------------- happy
 
 
@@ -139,8 +157,7 @@ VERBS = ("filter", "prioritize", "preempt", "bind")
 async def test_malformed_bodies_get_400_json(setup: Setup, verb: str, raw: bytes) -> None:
     client, *_ = setup
     status, body = await post(client, verb, raw)
-    assert status == 400, body
-    assert isinstance(body["Error"], str) and body["Error"]
+    assert_error(verb, status, body, 400)
 
 
 def _mutated(verb: str, path: Path, mutate: Any) -> dict[str, Any]:
@@ -195,8 +212,7 @@ WRONG_TYPES = [
 async def test_wrong_types_get_400_with_reason(setup: Setup, verb: str, path: Path, mutate: Any, message: str) -> None:
     client, *_ = setup
     status, body = await post(client, verb, _mutated(verb, path, mutate))
-    assert status == 400, body
-    assert message in body["Error"], body
+    assert message in assert_error(verb, status, body, 400), body
 
 
 @pytest.mark.parametrize("path", [FULL_LOG, NODECACHE_LOG])
@@ -209,7 +225,7 @@ async def test_duplicate_node_names_get_400(setup: Setup, path: Path) -> None:
         else:
             body["Nodes"]["items"].append(copy.deepcopy(body["Nodes"]["items"][0]))
         status, answer = await post(client, verb, body)
-        assert status == 400 and "duplicate node name 'node-1'" in answer["Error"]
+        assert "duplicate node name 'node-1'" in assert_error(verb, status, answer, 400)
 
 
 async def test_empty_and_null_node_lists(setup: Setup) -> None:
@@ -230,15 +246,17 @@ async def test_empty_and_null_node_lists(setup: Setup) -> None:
 
 
 async def test_unknown_node_names(setup: Setup) -> None:
-    """A node the watch has not delivered yet is rejected *per node* (resolvable), not by failing the whole
-    call: one lagging node must not make every other node unschedulable for this pod."""
+    """A node the watch has not delivered yet is rejected *per node*, not by failing the whole call (one
+    lagging node must not make every other node unschedulable for this pod), and as unresolvable: as a
+    FailedNode it would be a preemption candidate with no victims, which fails the whole attempt upstream."""
     client, _, binder, _ = setup
     body = golden(NODECACHE_LOG, "filter") | {"NodeNames": ["node-1", "node-9"]}
     status, answer = await post(client, "filter", body)
     assert status == 200 and answer["NodeNames"] == ["node-1"]
-    assert "not in the extender's snapshot" in answer["FailedNodes"]["node-9"]
+    assert "not in the extender's snapshot" in answer["FailedAndUnresolvableNodes"]["node-9"]
+    assert answer["FailedNodes"] == {}
     status, answer = await post(client, "prioritize", body)
-    assert status == 200 and dict((h["Host"], h["Score"]) for h in answer)["node-9"] == 0
+    assert status == 200 and "node-9" not in {h["Host"] for h in answer}  # absent: scores 0 upstream
     pre = golden(NODECACHE_LOG, "preempt")
     pre["NodeNameToMetaVictims"] = {"node-9": pre["NodeNameToMetaVictims"]["node-1"]}
     status, answer = await post(client, "preempt", pre)
@@ -253,7 +271,9 @@ async def test_oversized_body_gets_413_json() -> None:
     app = make_app(config, synced_snapshot(), ScriptedBinder())
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         status, body = await post(client, "filter", golden(FULL_LOG, "filter"))
-    assert status == 413 and "4096" in body["Error"]
+        assert "4096" in assert_error("filter", status, body, 413)
+        status, body = await post(client, "prioritize", golden(FULL_LOG, "prioritize"))
+        assert "4096" in assert_error("prioritize", status, body, 413)
 
 
 async def test_unknown_verbs_and_methods(setup: Setup) -> None:
@@ -274,11 +294,14 @@ async def test_not_ready_before_first_sync() -> None:
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         resp = await client.get("/readyz")
         assert resp.status == 503
-        for verb, path in (("filter", FULL_LOG), ("prioritize", NODECACHE_LOG), ("preempt", FULL_LOG)):
+        for verb, path in (
+            ("filter", FULL_LOG),
+            ("prioritize", NODECACHE_LOG),
+            ("preempt", FULL_LOG),
+            ("bind", FULL_LOG),
+        ):
             status, body = await post(client, verb, golden(path, verb))
-            assert status == 503 and "not synced" in body["Error"]
-        status, body = await post(client, "bind", golden(FULL_LOG, "bind"))
-        assert status == 503
+            assert "not synced" in assert_error(verb, status, body, 503)
         assert (await client.get("/healthz")).status == 200
         snap.replace_nodes(node_objects(), "1")
         snap.replace_pods([], "1")
@@ -293,7 +316,7 @@ async def test_request_timeout_answers_503() -> None:
         uid = snap.pods["default/pod-a"].pod.uid
         req = {"PodName": "pod-a", "PodNamespace": "default", "PodUID": uid, "Node": "node-1"}
         status, body = await post(client, "bind", req)
-    assert status == 503 and "did not finish within 0.2 s" in body["Error"]
+    assert "did not finish within 0.2 s" in assert_error("bind", status, body, 503)
 
 
 async def test_metrics_follow_prometheus_conventions(setup: Setup) -> None:
@@ -304,6 +327,7 @@ async def test_metrics_follow_prometheus_conventions(setup: Setup) -> None:
     body = golden(NODECACHE_LOG, "filter")
     body["Pod"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "3600m"
     body["Pod"]["metadata"]["annotations"] = {"qos.kube-qos-extender.io/class": "platinum"}
+    body["Pod"]["metadata"]["resourceVersion"] += "-edited"  # a changed pod has a new resourceVersion
     await post(client, "filter", body)
     await post(client, "filter", b"nope")
     await post(client, "prioritize", golden(NODECACHE_LOG, "prioritize"))
@@ -359,20 +383,37 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
+# name -> subject CN: the scheduler's and the scraper's identities (config defaults), another CA-signed one
+CLIENTS = {
+    "scheduler": "kube-scheduler-extender-client",
+    "scraper": "prometheus-extender-client",
+    "client": "client",
+}
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
              "-subj", "/CN=test-ca", cwd=d)  # fmt: skip
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
+    certs = [("server", "/CN=server", "subjectAltName=IP:127.0.0.1")]
+    certs += [(name, f"/O=test/CN={cn}", "extendedKeyUsage=clientAuth") for name, cn in CLIENTS.items()]
+    for name, subject, ext in certs:
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)  # fmt: skip
+                 "-subj", subject, cwd=d)  # fmt: skip
         (d / f"{name}.ext").write_text(ext + "\n")
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
                  "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "rogue.key", "-out", "rogue.crt",
-             "-days", "2", "-subj", "/CN=rogue", cwd=d)  # fmt: skip
+             "-days", "2", "-subj", "/CN=kube-scheduler-extender-client", cwd=d)  # fmt: skip
     return d
+
+
+def _client_ctx(pki: Path, cert: str | None) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if cert:
+        ctx.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
+    return ctx
 
 
 async def test_tls_requires_a_ca_signed_client_certificate_except_for_admission_and_health(pki: Path) -> None:
@@ -385,13 +426,10 @@ async def test_tls_requires_a_ca_signed_client_certificate_except_for_admission_
     try:
 
         def client_ctx(cert: str | None) -> ssl.SSLContext:
-            ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-            if cert:
-                ctx.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
-            return ctx
+            return _client_ctx(pki, cert)
 
         async with aiohttp.ClientSession() as session:
-            async with session.post(url, data=body, ssl=client_ctx("client")) as resp:
+            async with session.post(url, data=body, ssl=client_ctx("scheduler")) as resp:
                 assert resp.status == 200
                 assert (await resp.json())["NodeNames"] == ["node-1", "node-2", "node-3"]
             # no certificate: the verbs and /metrics refuse (403, JSON); health and admission answer
@@ -407,7 +445,7 @@ async def test_tls_requires_a_ca_signed_client_certificate_except_for_admission_
                 f"https://127.0.0.1:{port}/admission/mutate", data=orjson.dumps(review), ssl=client_ctx(None)
             ) as resp:
                 assert resp.status == 200 and (await resp.json())["response"] == {"uid": "u", "allowed": True}
-            # a certificate the CA did not sign fails the handshake on every path
+            # a certificate the CA did not sign fails the handshake on every path, whatever its subject says
             for path in ("filter", "admission/mutate", "healthz"):
                 with pytest.raises(aiohttp.ClientError):
                     async with session.post(
@@ -417,6 +455,80 @@ async def test_tls_requires_a_ca_signed_client_certificate_except_for_admission_
             with pytest.raises(aiohttp.ClientError):  # plain HTTP to a TLS port
                 async with session.post(f"http://127.0.0.1:{port}/filter", data=body) as resp:
                     await resp.read()
+    finally:
+        await runner.cleanup()
+
+
+async def test_verbs_only_for_the_scheduler_and_metrics_only_for_the_scraper(pki: Path) -> None:
+    """A CA-signed certificate is an identity, not a permission: a metrics credential must not create
+    Bindings, nor any other certificate the CA signed call the verbs (server.tls.verb_clients /
+    metrics_clients, subject CNs)."""
+    tls = TlsConfig(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
+    config = dataclasses.replace(CONFIG, server=ServerConfig(port=0, tls=tls))
+    snap = synced_snapshot()
+    binder = ScriptedBinder()
+    runner, port = await start_server(make_app(config, snap, binder), config)
+    base = f"https://127.0.0.1:{port}"
+    uid = snap.pods["default/pod-a"].pod.uid
+    bind = orjson.dumps({"PodName": "pod-a", "PodNamespace": "default", "PodUID": uid, "Node": "node-1"})
+    filter_body = orjson.dumps(golden(NODECACHE_LOG, "filter"))
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def call(cert: str, method: str, path: str, data: bytes | None = None) -> tuple[int, Any]:
+                async with session.request(method, f"{base}{path}", data=data, ssl=_client_ctx(pki, cert)) as resp:
+                    raw = await resp.read()
+                    return resp.status, (orjson.loads(raw) if resp.content_type == "application/json" else raw)
+
+            for cert in ("scraper", "client"):
+                for path, data in (("/bind", bind), ("/filter", filter_body), ("/prioritize", filter_body)):
+                    status, answer = await call(cert, "POST", path, data)
+                    assert status == 403, (cert, path, status, answer)
+                    assert "server.tls.verb_clients" in answer["Error"] and CLIENTS[cert] in answer["Error"]
+            assert binder.calls == []  # nothing reached the API server side
+            for cert in ("scheduler", "client"):
+                status, answer = await call(cert, "GET", "/metrics")
+                assert status == 403 and "server.tls.metrics_clients" in answer["Error"], (cert, answer)
+            status, _ = await call("scraper", "GET", "/metrics")
+            assert status == 200
+            status, answer = await call("scheduler", "POST", "/bind", bind)
+            assert (status, answer) == (200, {"Error": ""})
+            assert [c.node for c in binder.calls] == ["node-1"]
+        # The lists are configuration: the scraper's name allowed on the verbs too, and it may call them.
+        both = dataclasses.replace(tls, verb_clients=(CLIENTS["scheduler"], CLIENTS["scraper"]))
+        config2 = dataclasses.replace(CONFIG, server=ServerConfig(port=0, tls=both))
+        runner2, port2 = await start_server(make_app(config2, synced_snapshot(), ScriptedBinder()), config2)
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(
+                    f"https://127.0.0.1:{port2}/filter", data=filter_body, ssl=_client_ctx(pki, "scraper")
+                ) as resp,
+            ):
+                assert resp.status == 200
+        finally:
+            await runner2.cleanup()
+    finally:
+        await runner.cleanup()
+
+
+async def test_loopback_listener_serves_only_the_verbs_without_tls(pki: Path) -> None:
+    """server.loopback_verbs_port: plain HTTP on 127.0.0.1 for the sidecar's kube-scheduler, the four verbs
+    and nothing else (admission, metrics, health stay on the TLS listener)."""
+    snap = synced_snapshot()
+    app = make_app(CONFIG, snap, ScriptedBinder(), verbs_only=True)
+    runner, port = await start_loopback_server(app, 0)
+    try:
+        assert all(addr[0] == "127.0.0.1" for addr in runner.addresses)
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                f"http://127.0.0.1:{port}/filter", data=orjson.dumps(golden(NODECACHE_LOG, "filter"))
+            ) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["NodeNames"] == ["node-1", "node-2", "node-3"]
+            for method, path in (("GET", "/metrics"), ("GET", "/readyz"), ("POST", "/admission/mutate")):
+                async with session.request(method, f"http://127.0.0.1:{port}{path}", data=b"{}") as resp:
+                    assert resp.status == 404, (path, resp.status)
     finally:
         await runner.cleanup()
 
@@ -432,3 +544,26 @@ async def test_server_binds_loopback_by_default() -> None:
             assert resp.status == 200
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("server", "message"),
+    [
+        ({"tls": {"verb_clients": "kube-scheduler"}}, "server.tls.verb_clients: must be a list of non-empty strings"),
+        ({"tls": {"metrics_clients": [""]}}, "server.tls.metrics_clients: must be a list of non-empty strings"),
+        ({"loopback_verbs_port": 0}, "server.loopback_verbs_port: must be between 1 and 65535"),
+        ({"loopback_verbs_port": "8081"}, "server.loopback_verbs_port: must be an integer"),
+    ],
+)
+def test_access_and_listener_options_are_validated(server: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"server": server})
+
+
+def test_access_defaults_match_the_shipped_certificates() -> None:
+    """hack/ and config/ issue these CNs; the defaults let those certificates in and nothing else."""
+    cfg = parse_config({"server": {"loopback_verbs_port": 18081}})
+    assert cfg.server.tls.verb_clients == ("kube-scheduler-extender-client",)
+    assert cfg.server.tls.metrics_clients == ("prometheus-extender-client",)
+    assert cfg.server.loopback_verbs_port == 18081
+    assert parse_config({}).server.loopback_verbs_port is None

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extender.config import ExtenderConfig
-from extender.kube.snapshot import Snapshot
+from extender.kube.snapshot import RequestPods, Snapshot
 from extender.webhook.app import make_app
 from extender.webhook.metrics import Metrics
 from tests.golden.replay import FULL_LOG, NODECACHE_LOG, load_log, node_objects
@@ -106,6 +106,10 @@ class Harness:
         self.loop.run_until_complete(self.client.start_server())
 
     def post(self, verb: str, body: bytes) -> tuple[int, Any]:
+        # Request Pods are parsed once per UID + resourceVersion (an API server guarantee: one version, one
+        # content); fuzzed bodies change content under the same version, so each example starts uncached.
+        self.snapshot.request_pods = RequestPods()
+
         async def go() -> tuple[int, Any]:
             resp = await self.client.post(f"/{verb}", data=body)
             return resp.status, orjson.loads(await resp.read())
@@ -156,7 +160,13 @@ def _input_uids(body: Any) -> set[str]:
 def check(verb: str, body: Any, status: int, answer: Any) -> None:
     assert status in (200, 400), (status, answer)
     if status == 400:
+        assert verb in ("prioritize", "preempt"), (verb, answer)  # filter and bind answer errors in-band
         assert isinstance(answer, dict) and isinstance(answer["Error"], str) and answer["Error"]
+        return
+    if verb in ("filter", "bind") and answer["Error"]:
+        assert isinstance(answer["Error"], str)
+        if verb == "filter":
+            assert answer["Nodes"] is None and answer["NodeNames"] is None
         return
     if verb == "filter":
         assert set(answer) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
@@ -169,7 +179,7 @@ def check(verb: str, body: Any, status: int, answer: Any) -> None:
         assert not set(passed) & set(answer["FailedNodes"])
     elif verb == "prioritize":
         assert isinstance(answer, list)
-        assert all(0 <= h["Score"] <= 10 and h["Host"] in _input_nodes(body) for h in answer)
+        assert all(0 < h["Score"] <= 10 and h["Host"] in _input_nodes(body) for h in answer)
     elif verb == "preempt":
         out = answer["NodeNameToMetaVictims"]
         assert set(out) <= set(body.get("NodeNameToMetaVictims") or body.get("NodeNameToVictims") or {})

@@ -8,6 +8,14 @@ BindLedger: when we bind a pod, the watch shows it on its node a little later. U
 "assumes" it there (kube-scheduler's cache does the same for its own bindings), so filter never offers the
 same free space twice; the pod is confirmed when the watch shows it bound, forgotten when it is deleted, and
 expired after a TTL if the watch never shows it (a bind that failed after all).
+
+NodeTable: the per-node numbers filter and prioritize need (allocatable, requested incl. assumed pods, pod
+count, cordon, node groups) as numpy columns, updated incrementally: a pod or ledger change marks its node
+dirty, and the next verb refreshes only the dirty rows. A verb then costs one name -> row lookup per
+candidate plus a few vector operations, instead of a Python loop over nodes.
+
+RequestPods: kube-scheduler sends the same Pod to filter, prioritize, preempt; the parsed Pod is kept per
+UID and resourceVersion, so a pod is converted once, and bind can assume a pod the watch has not shown yet.
 """
 
 from __future__ import annotations
@@ -15,6 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from extender.config import ExtenderConfig
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources
@@ -28,7 +39,7 @@ from extender.kube.convert import (
     pod_key,
 )
 
-__all__ = ["BindLedger", "LedgerEntry", "NodeEntry", "PodEntry", "Snapshot"]
+__all__ = ["BindLedger", "LedgerEntry", "NodeEntry", "NodeTable", "PodEntry", "RequestPods", "Snapshot"]
 
 
 # ------------------------------------------------------------------------------------------------ ledger
@@ -62,7 +73,7 @@ class BindLedger:
     def get(self, key: str) -> LedgerEntry | None:
         return self._entries.get(key)
 
-    def assume(self, pod: Pod, node: str, now: float) -> None:
+    def assume(self, pod: Pod, node: str, now: float) -> LedgerEntry:
         """Record that ``pod`` now occupies ``node`` (replaces an earlier assumption for the same pod)."""
         self.forget(pod.key)
         entry = LedgerEntry(pod, node, pod.uid, now)
@@ -70,6 +81,7 @@ class BindLedger:
         self._by_node.setdefault(node, {})[pod.key] = entry
         if self._on_change is not None:
             self._on_change(node)
+        return entry
 
     def confirm(self, key: str) -> LedgerEntry | None:
         """The watch shows the pod bound (or gone): the snapshot accounts for it now."""
@@ -96,6 +108,102 @@ class BindLedger:
 
     def on_node(self, node: str) -> Iterable[LedgerEntry]:
         return self._by_node.get(node, {}).values()
+
+
+# ------------------------------------------------------------------------------------------- node table
+
+GROUP_BITS = {NodeGroup.BATCH: 1, NodeGroup.SERVICE: 2}
+
+I64 = npt.NDArray[np.int64]
+
+
+class NodeTable:
+    """Per-node columns (one row per known node; rows of deleted nodes are reused) for vectorised verbs."""
+
+    COLUMNS = ("alloc_cpu", "alloc_mem", "alloc_pods", "used_cpu", "used_mem", "used_pods", "groups")
+    # Extended resources are not columns: a pod requesting one takes the per-node path (filter_nodes).
+
+    def __init__(self) -> None:
+        self.row: dict[str, int] = {}
+        self._free_rows: list[int] = []
+        self._size = 0
+        cap = 64
+        self.alloc_cpu: I64 = np.zeros(cap, np.int64)
+        self.alloc_mem: I64 = np.zeros(cap, np.int64)
+        self.alloc_pods: I64 = np.zeros(cap, np.int64)
+        self.used_cpu: I64 = np.zeros(cap, np.int64)
+        self.used_mem: I64 = np.zeros(cap, np.int64)
+        self.used_pods: I64 = np.zeros(cap, np.int64)
+        self.groups: I64 = np.zeros(cap, np.int64)  # GROUP_BITS of the groups the node accepts
+        self.unschedulable: npt.NDArray[np.bool_] = np.zeros(cap, np.bool_)
+
+    def _grow(self) -> None:
+        cap = 2 * len(self.alloc_cpu)
+        for name in (*self.COLUMNS, "unschedulable"):
+            old = getattr(self, name)
+            new = np.zeros(cap, old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+    def set_node(self, name: str, entry: NodeEntry) -> int:
+        i = self.row.get(name)
+        if i is None:
+            if self._free_rows:
+                i = self._free_rows.pop()
+            else:
+                if self._size == len(self.alloc_cpu):
+                    self._grow()
+                i = self._size
+                self._size += 1
+            self.row[name] = i
+        alloc = entry.node.allocatable
+        self.alloc_cpu[i] = alloc.cpu_milli
+        self.alloc_mem[i] = alloc.memory_bytes
+        self.alloc_pods[i] = alloc.pods
+        self.unschedulable[i] = entry.node.unschedulable
+        self.groups[i] = sum(GROUP_BITS[g] for g in entry.accepts)
+        return i
+
+    def remove(self, name: str) -> None:
+        i = self.row.pop(name, None)
+        if i is not None:
+            self._free_rows.append(i)
+
+    def set_used(self, i: int, requested: Resources, count: int) -> None:
+        self.used_cpu[i] = requested.cpu_milli
+        self.used_mem[i] = requested.memory_bytes
+        self.used_pods[i] = count
+
+
+class RequestPods:
+    """Parsed request Pods by UID (latest resourceVersion only), bounded, oldest dropped first."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._by_uid: dict[str, tuple[str, Any]] = {}
+
+    def get(self, uid: str, resource_version: str) -> Any | None:
+        hit = self._by_uid.get(uid)
+        return hit[1] if hit is not None and hit[0] == resource_version else None
+
+    def latest(self, uid: str) -> Any | None:
+        hit = self._by_uid.get(uid)
+        return hit[1] if hit is not None else None
+
+    def put(self, uid: str, resource_version: str, parsed: Any) -> None:
+        self._by_uid.pop(uid, None)
+        self._by_uid[uid] = (resource_version, parsed)
+        while len(self._by_uid) > self.limit:
+            del self._by_uid[next(iter(self._by_uid))]
+
+    def drop(self, uid: str) -> None:
+        self._by_uid.pop(uid, None)
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
 
 
 # ---------------------------------------------------------------------------------------------- snapshot
@@ -136,6 +244,9 @@ class Snapshot:
         self._by_node: dict[str, _NodePods] = {}
         self._uids: dict[str, str] = {}
         self._views: dict[str, Node] = {}  # node_view cache, dropped whenever what it shows changes
+        self.table = NodeTable()
+        self._dirty: set[str] = set()  # nodes whose table row's used_* columns are stale
+        self.request_pods = RequestPods()
         self.ledger = BindLedger(config.bind.ledger_ttl_seconds, on_change=self._invalidate)
         self.bound_at: dict[str, float] = {}  # pods we bound -> when (start-time fallback, SLI accounting)
         self.nodes_synced = False
@@ -157,6 +268,19 @@ class Snapshot:
 
     def _invalidate(self, node: str) -> None:
         self._views.pop(node, None)
+        self._dirty.add(node)
+
+    def fresh_table(self) -> NodeTable:
+        """The node table with every dirty row refreshed (O(changed nodes) since the last call)."""
+        if self._dirty:
+            row = self.table.row
+            for name in self._dirty:
+                i = row.get(name)
+                if i is not None:
+                    requested, count = self.requested_on(name)
+                    self.table.set_used(i, requested, count)
+            self._dirty.clear()
+        return self.table
 
     def _touch(self, now: float | None) -> None:
         if now is not None:
@@ -175,14 +299,19 @@ class Snapshot:
         self._views.pop(name, None)
         if event_type == "DELETED":
             self.nodes.pop(name, None)
+            self.table.remove(name)
             return
         try:
             node = node_from_k8s(obj, self.config.node_groups, self._managed)
         except (InvalidInputError, TypeError, AttributeError):
             self.conversion_errors += 1
             self.nodes.pop(name, None)  # a node we cannot read is a node we cannot offer
+            self.table.remove(name)
             return
-        self.nodes[name] = NodeEntry(node, node_group_of(node.labels, self.config.node_groups))
+        entry = NodeEntry(node, node_group_of(node.labels, self.config.node_groups))
+        self.nodes[name] = entry
+        self.table.set_node(name, entry)
+        self._dirty.add(name)
 
     def replace_nodes(
         self, items: Iterable[Mapping[str, Any]], resource_version: str | None, now: float | None = None
@@ -190,6 +319,8 @@ class Snapshot:
         """A full list: the new truth (after start or a 410 Gone)."""
         self.nodes.clear()
         self._views.clear()
+        self.table.clear()
+        self._dirty.clear()
         for obj in items:
             self.apply_node("ADDED", obj, now)
         self.node_resource_version = resource_version
@@ -209,6 +340,7 @@ class Snapshot:
             slot = self._by_node.get(node)
             if slot is not None and key in slot.pods:
                 self._views.pop(node, None)
+                self._dirty.add(node)
                 del slot.pods[key]
                 slot.requested = slot.requested - entry.pod.requests
                 if not slot.pods:
@@ -221,6 +353,7 @@ class Snapshot:
         node = entry.pod.node_name
         if node is not None:
             self._views.pop(node, None)
+            self._dirty.add(node)
             slot = self._by_node.setdefault(node, _NodePods())
             slot.pods[key] = entry.pod
             slot.requested = slot.requested + entry.pod.requests
@@ -235,9 +368,14 @@ class Snapshot:
             return ()
         self._unindex(key)
         if event_type == "DELETED" or is_terminal(obj):
-            # Gone or finished: it frees its node, and any assumption of ours about it is moot.
+            # Gone or finished: it frees its node, and any assumption of ours about it is moot (also one a
+            # bind still in flight made: the bind must not bring it back, see assume_bind).
             self.ledger.forget(key)
             self.bound_at.pop(key, None)
+            meta = obj.get("metadata")
+            uid = meta.get("uid") if isinstance(meta, dict) else None
+            if isinstance(uid, str):
+                self.request_pods.drop(uid)
             return ()
         try:
             pod, problems = pod_from_k8s(
@@ -266,6 +404,7 @@ class Snapshot:
         self._by_node.clear()
         self._uids.clear()
         self._views.clear()
+        self._dirty.update(self.table.row)
         found: list[tuple[str, tuple[Problem, ...]]] = []
         for obj in items:
             problems = self.apply_pod("ADDED", obj, now)
@@ -352,8 +491,10 @@ class Snapshot:
 
     # ------------------------------------------------------------------------------------------ binds
 
-    def record_bind(self, pod: Pod, node: str, now: float) -> None:
-        """After a successful bind: assume the pod on the node until the watch shows it."""
+    def assume_bind(self, pod: Pod, node: str, now: float) -> LedgerEntry:
+        """Before the Binding POST (kube-scheduler's assume()): the pod occupies ``node`` from now on, so a
+        filter running while the bind is in flight never offers the same space twice. ``cancel_bind`` undoes
+        it when the bind fails; a DELETED event during the call forgets it (and nothing brings it back)."""
         bound = Pod(
             pod.name,
             pod.requests,
@@ -370,7 +511,19 @@ class Snapshot:
             pod.migratable,
         )
         self.bound_at[pod.key] = now
+        return self.ledger.assume(bound, node, now)
+
+    def cancel_bind(self, entry: LedgerEntry) -> None:
+        """The bind failed: drop our assumption, unless something newer replaced it."""
+        if self.ledger.get(entry.pod.key) is entry:
+            self.ledger.forget(entry.pod.key)
+            if self.bound_at.get(entry.pod.key) == entry.assumed_at:
+                del self.bound_at[entry.pod.key]
+
+    def record_bind(self, pod: Pod, node: str, now: float) -> None:
+        """A bind made outside the bind verb (replays, tests): assume it unless the watch already shows it."""
         current = self.pods.get(pod.key)
         if current is not None and current.pod.node_name == node:
-            return  # the watch was faster than our answer: nothing to assume
-        self.ledger.assume(bound, node, now)
+            self.bound_at[pod.key] = now
+            return
+        self.assume_bind(pod, node, now)

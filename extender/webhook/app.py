@@ -1,10 +1,14 @@
 """The aiohttp app: POST /filter /prioritize /preempt /bind, GET /healthz /readyz /metrics.
 
-Every body is orjson both ways. Bad input never reaches a 500: a body that is not JSON, has the wrong types
-or misses the Pod gets 400 ``{"Error": ...}``; too large 413; unknown path 404; wrong method 405; before the
-first full list+watch sync 503; past the per-request deadline 503. The JSON error object uses the protocol's
-``Error`` field name, so a scheduler that decoded it would read the reason. A bind that fails is answered 200
-with ``ExtenderBindingResult.Error`` set, which is what kube-scheduler expects.
+Every body is orjson both ways. Bad input never reaches a 500. kube-scheduler never reads the body of a
+non-200 answer (its error says only "code 503") and each one costs it a new connection, so /filter and /bind,
+whose result types have an ``Error`` field, answer every failure 200 with ``Error`` set (bad JSON, wrong types,
+too large, not synced, past the deadline); /prioritize and /preempt have no such field and answer 400 (bad
+input), 413 (too large), 503 (not synced / past the per-request deadline) with ``{"Error": ...}``. Unknown path
+404, wrong method 405, a client certificate not allowed on the path 403 (see ``access``).
+
+``make_app(verbs_only=True)`` is the loopback listener's app (server.loopback_verbs_port): the four verbs and
+nothing else, no TLS, for the sidecar topology where only the pod's own kube-scheduler can reach 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from aiohttp import web
 from extender.config import ExtenderConfig, TlsConfig
 from extender.core.model import InvalidInputError
 from extender.kube.snapshot import Snapshot
-from extender.webhook import verbs
-from extender.webhook.admission import ADMISSION_PATH, add_admission_route
+from extender.webhook import access, verbs
+from extender.webhook.admission import add_admission_route
 from extender.webhook.metrics import Metrics
 
-__all__ = ["CONFIG_KEY", "EventSink", "make_app", "make_ssl_context", "start_server"]
+__all__ = ["CONFIG_KEY", "EventSink", "make_app", "make_ssl_context", "start_loopback_server", "start_server"]
 
 log = logging.getLogger("extender.webhook.app")
 
@@ -51,27 +55,45 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"Error": message}, status)
 
 
+def _in_band_error(verb: str, message: str) -> web.Response:
+    """A failure of /filter or /bind answered the way kube-scheduler reads it: 200 with ``Error`` set."""
+    if verb == "filter":
+        body: dict[str, Any] = {
+            "Nodes": None,
+            "NodeNames": None,
+            "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {},
+            "Error": message,
+        }
+        return _json(body)
+    return _json({"Error": message})
+
+
+IN_BAND_ERRORS = frozenset({"filter", "bind"})
+
+
 class _Outcome(Exception):
-    def __init__(self, response: web.Response, outcome: str) -> None:
+    def __init__(self, response: web.Response, outcome: str, message: str) -> None:
         super().__init__(outcome)
         self.response = response
         self.outcome = outcome
+        self.message = message
 
 
 async def _read_json(request: web.Request) -> Any:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise _Outcome(
-            _error(413, f"request body larger than the limit of {request.app[CONFIG_KEY].server.max_body_bytes} bytes"),
-            "too_large",
-        ) from exc
+        message = f"request body larger than the limit of {request.app[CONFIG_KEY].server.max_body_bytes} bytes"
+        raise _Outcome(_error(413, message), "too_large", message) from exc
     if not raw:
-        raise _Outcome(_error(400, "empty request body (expected a JSON object)"), "bad_request")
+        message = "empty request body (expected a JSON object)"
+        raise _Outcome(_error(400, message), "bad_request", message)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise _Outcome(_error(400, f"request body is not valid JSON: {exc}"), "bad_request") from exc
+        message = f"request body is not valid JSON: {exc}"
+        raise _Outcome(_error(400, message), "bad_request", message) from exc
 
 
 def make_app(
@@ -82,8 +104,12 @@ def make_app(
     events: EventSink | None = None,
     metrics: Metrics | None = None,
     clock: Clock = time.time,
+    verbs_only: bool = False,
 ) -> web.Application:
-    """The extender app; ``clock`` is wall time (decisions compare it with Kubernetes timestamps)."""
+    """The extender app; ``clock`` is wall time (decisions compare it with Kubernetes timestamps).
+
+    ``verbs_only``: the loopback listener's app (no health, metrics, admission; no client-certificate check).
+    """
     metrics = metrics if metrics is not None else Metrics()
     timeout = config.server.request_timeout_seconds
 
@@ -141,6 +167,11 @@ def make_app(
     def verb_route(verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         handler = handlers[verb]
 
+        in_band = verb in IN_BAND_ERRORS
+
+        def fail(status: int, message: str) -> web.Response:
+            return _in_band_error(verb, message) if in_band else _error(status, message)
+
         async def route(request: web.Request) -> web.Response:
             start = time.perf_counter()
             outcome = "internal"
@@ -150,19 +181,19 @@ def make_app(
                 return response
             except _Outcome as o:
                 outcome = o.outcome
-                return o.response
+                return fail(o.response.status, o.message)
             except verbs.NotReadyError as exc:
                 outcome = "not_ready"
-                return _error(503, str(exc))
+                return fail(503, str(exc))
             except InvalidInputError as exc:
                 outcome = "bad_request"
-                return _error(400, f"bad {verb} request: {exc}")
+                return fail(400, f"bad {verb} request: {exc}")
             except TimeoutError:
                 outcome = "timeout"
-                return _error(503, f"{verb} did not finish within {timeout} s")
+                return fail(503, f"{verb} did not finish within {timeout} s")
             except Exception:
                 log.exception("unexpected error", extra={"verb": verb})
-                return _error(500, f"internal error in {verb}; see the extender's log")
+                return fail(500, f"internal error in {verb}; see the extender's log")
             finally:
                 metrics.request_duration.labels(verb).observe(time.perf_counter() - start)
                 metrics.requests.labels(verb, outcome).inc()
@@ -205,12 +236,14 @@ def make_app(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         transport = request.transport
-        if request.path not in ANONYMOUS_PATHS and not (transport and transport.get_extra_info("peercert")):
-            return _error(403, f"{request.path} requires a client certificate signed by server.tls.client_ca_file")
+        peercert = transport.get_extra_info("peercert") if transport is not None else None
+        reason = access.denial(request.path, bool(peercert), access.subject_common_names(peercert), config.server.tls)
+        if reason is not None:
+            return _error(403, reason)
         return await handler(request)
 
     middlewares = [json_errors]
-    if config.server.tls.client_ca_file is not None:
+    if config.server.tls.client_ca_file is not None and not verbs_only:
         middlewares.append(client_certificate)
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=middlewares)
     app[CONFIG_KEY] = config
@@ -218,6 +251,8 @@ def make_app(
     app[METRICS_KEY] = metrics
     for verb in handlers:
         app.router.add_post(f"/{verb}", verb_route(verb))
+    if verbs_only:
+        return app
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_route)
@@ -225,17 +260,13 @@ def make_app(
     return app
 
 
-# With a client CA, these paths also answer clients without a certificate (a certificate that IS presented must
-# still be signed by the CA, or the handshake fails). The API server calls the admission webhook, and managed
-# control planes cannot give it a client certificate; kubelet probes health. None of them changes the cluster:
-# an admission answer only shapes the pod the API server asked about. The verbs (bind writes Bindings) and
-# /metrics require a certificate.
-ANONYMOUS_PATHS = frozenset({"/healthz", "/readyz", ADMISSION_PATH})
+# With a client CA, these paths also answer clients without a certificate (see access.py).
+ANONYMOUS_PATHS = access.ANONYMOUS_PATHS
 
 
 def make_ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
     """Server TLS; with a client CA, a presented client certificate must be signed by it (CERT_OPTIONAL, so
-    ANONYMOUS_PATHS stay reachable) and every other path refuses a client without one (403)."""
+    ANONYMOUS_PATHS stay reachable); every other path refuses a client without an allowed one (403)."""
     if tls.cert_file is None or tls.key_file is None:
         return None
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -259,3 +290,17 @@ async def start_server(app: web.Application, config: ExtenderConfig) -> tuple[we
             port = int(address[1])
             break
     return runner, port
+
+
+async def start_loopback_server(app: web.Application, port: int) -> tuple[web.AppRunner, int]:
+    """The verbs-only plain-HTTP listener on 127.0.0.1:port (``make_app(verbs_only=True)``)."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    bound = port
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            bound = int(address[1])
+            break
+    return runner, bound

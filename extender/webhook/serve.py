@@ -23,7 +23,7 @@ from extender.kube.events import KubeEventSink
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
 from extender.signals import stop_event
-from extender.webhook.app import make_app, start_server
+from extender.webhook.app import make_app, start_loopback_server, start_server
 from extender.webhook.metrics import Metrics
 
 __all__ = ["Running", "serve", "start"]
@@ -46,6 +46,8 @@ class Running:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     controller: QosController | None = None  # the current term's controller (None: standby or disabled)
     leadership: Leadership | None = None
+    loopback: web.AppRunner | None = None  # server.loopback_verbs_port's plain-HTTP verbs listener
+    loopback_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -58,6 +60,8 @@ class Running:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.loopback is not None:
+            await self.loopback.cleanup()
         await self.runner.cleanup()
         await self.api_client.close()
 
@@ -86,10 +90,16 @@ async def start(config: ExtenderConfig) -> Running:
     binder = KubeBinder(api_client, config.bind)
     app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time)
     runner, port = await start_server(app, config)
+    loopback: web.AppRunner | None = None
+    loopback_port: int | None = None
+    if config.server.loopback_verbs_port is not None:
+        verbs_app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time, verbs_only=True)
+        loopback, loopback_port = await start_loopback_server(verbs_app, config.server.loopback_verbs_port)
     tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
     if events is not None:
         tasks.append(asyncio.create_task(events.run(), name="events"))
     running = Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks)
+    running.loopback, running.loopback_port = loopback, loopback_port
     if isinstance(snapshot, TrackingSnapshot):
         ctl_events = (
             ControllerEvents(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
@@ -119,7 +129,14 @@ async def start(config: ExtenderConfig) -> Running:
             tasks.append(asyncio.create_task(ctl_events.run(), name="controller-events"))
     log.info(
         "serving",
-        extra={"decision": {"host": config.server.host, "port": port, "tls": config.server.tls.enabled}},
+        extra={
+            "decision": {
+                "host": config.server.host,
+                "port": port,
+                "tls": config.server.tls.enabled,
+                "loopback_verbs_port": loopback_port,
+            }
+        },
     )
     return running
 
