@@ -603,13 +603,33 @@ class Simulator:
         self._place(r, self.nodes[best.node])
         return True
 
+    @staticmethod
+    def _room(nodes: Iterable[Node]) -> tuple[int, int]:
+        """The largest free cpu and the largest free memory over ``nodes`` (not necessarily on one node): a pod
+        asking for more of either fits none of them. Placements only shrink free space, so the bound stays
+        valid for a whole pass; it spares the per-node checks of the pods a full cluster cannot take."""
+        cpu = mem = -1
+        for n in nodes:
+            free = n.free
+            if free.pods > 0:
+                cpu = max(cpu, free.cpu_milli)
+                mem = max(mem, free.memory_bytes)
+        return cpu, mem
+
     def _schedule_plain(self, pending: list[Req]) -> None:
         """No preemption (all pods share one priority): k8s scores, or HTAS's BFD / time-bin BFD."""
         if self.policy == "htas":
             pods = packing.bfd_sort(self._pod(r) for r in pending)
         else:
             pods = sorted((self._pod(r) for r in pending), key=lambda p: (self.reqs[p.request_id].spec.arrival, p.key))
+        room = {
+            g: self._room(self._core_node(n) for n in self._ready_nodes() if self.policy != "htas" or n.group is g)
+            for g in NodeGroup
+        }
         for pod in pods:
+            cpu, mem = room[autoscale_scan.group_of(pod)]
+            if pod.requests.cpu_milli > cpu or pod.requests.memory_bytes > mem:
+                continue  # fits no node (exact: the check every node would fail)
             r = self.reqs[pod.request_id]
             if self.policy == "htas":
                 group = NodeGroup.BATCH if pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE
@@ -662,8 +682,15 @@ class Simulator:
     def _unschedulable(self) -> list[Pod]:
         """Pending pods no ready node can take now: what a real autoscaler sees as unschedulable."""
         nodes = [self._core_node(n) for n in self._ready_nodes()]
+        cpu, mem = self._room(nodes)
         pods = (self._pod(r) for r in self._pending())
-        return [pod for pod in pods if not any(packing.fits(n, pod) for n in nodes)]
+        return [
+            pod
+            for pod in pods
+            if pod.requests.cpu_milli > cpu
+            or pod.requests.memory_bytes > mem
+            or not any(packing.fits(n, pod) for n in nodes)
+        ]
 
     def _on_autoscale(self, _: object) -> None:
         if self.policy == "k8s":
