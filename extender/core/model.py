@@ -354,12 +354,14 @@ class Node:
     created_at: float | None = None
 
     _requested: Resources = field(init=False, repr=False, compare=False, default=Resources())
+    _free: Resources = field(init=False, repr=False, compare=False, default=Resources())
 
     def __post_init__(self) -> None:
         if not self.allocatable.is_nonnegative():
             raise InvalidInputError(f"node {self.name}: negative allocatable {self.allocatable}")
         # Computed once: a Node is immutable, and policies ask for its free space in every trial.
         object.__setattr__(self, "_requested", Resources.total(p.requests for p in self.pods))
+        object.__setattr__(self, "_free", self.allocatable - self._requested)
 
     @property
     def requested(self) -> Resources:
@@ -367,7 +369,7 @@ class Node:
 
     @property
     def free(self) -> Resources:
-        return self.allocatable - self.requested
+        return self._free
 
     def with_pod(self, pod: Pod) -> Node:
         """A copy with ``pod`` added: decisions simulate placements without mutating the snapshot."""
