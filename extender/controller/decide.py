@@ -178,6 +178,9 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
 
     order = qos.queue_order(pending, policy)
     top_priority = max((r.pod.priority for r in running.values()), default=0)
+    # kube-scheduler's preemption only evicts strictly lower priorities: below this nobody can be handed over
+    # (a cheap exact guard; the priority check per node is the pass's dearest step on large clusters)
+    lowest_priority = min((p.priority for n in world.nodes for p in n.pods), default=None)
     for inst in order:
         g = gated_by_key[inst.pod.key]
         # QoS preemption is among equals and below: a pod of higher priority is never a QoS victim.
@@ -195,7 +198,11 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
         if not feasible:
             # Priority beats Q: where kube-scheduler could make room by preempting strictly lower-priority pods
             # (which it does, with the preempt verb narrowing its victims), hand the pod over unpinned.
-            if any(qos.priority_feasibility(inst.pod, n, policy).feasible for n in selected):
+            if (
+                lowest_priority is not None
+                and lowest_priority < inst.pod.priority
+                and any(qos.priority_feasibility(inst.pod, n, policy).feasible for n in selected)
+            ):
                 releases.append(
                     Release(
                         inst.pod.key,
@@ -237,6 +244,8 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             )
         placed = replace(inst.pod, started_at=None, node_name=best.node)
         nodes[best.node] = nodes[best.node].without_pods(best.victims).with_pod(placed)
+        if lowest_priority is None or placed.priority < lowest_priority:
+            lowest_priority = placed.priority
         releases.append(
             Release(
                 inst.pod.key,
