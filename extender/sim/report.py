@@ -121,8 +121,43 @@ def format_table(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _availabilities(res: SimResult, class_name: str) -> list[float]:
+    return sorted(
+        qos.availability(r.e, r.p) for r in res.reqs if r.spec.class_name == class_name and r.state is not State.WAITING
+    )
+
+
+def _cdf_panel(ax: Any, results: Sequence[SimResult], class_name: str, slo: float) -> None:
+    """Empirical CDF of the class's per-request availability, one line per policy, the SLO as a dashed line:
+    the share of requests left of the line is the share that missed its SLO."""
+    for res in results:
+        values = _availabilities(res, class_name)
+        if not values:
+            continue
+        ys = [(i + 1) / len(values) for i in range(len(values))]
+        ax.step([0.0, *values], [0.0, *ys], where="post", label=res.policy)
+    ax.axvline(slo, color="black", linestyle="--", linewidth=1, label=f"SLO {slo:g}")
+    ax.set_xlim(max(0.0, min(slo - 0.3, 0.7)), 1.005)
+    ax.set_xlabel(f"{class_name}: availability per request")
+    ax.set_ylabel("share of requests <= x")
+    ax.grid(alpha=0.3)
+
+
+def _timeline(res: SimResult, end: float) -> tuple[list[float], list[dict[str, int]], list[float]]:
+    ts = [t / 60 for t, _, _ in res.timeline] + [end / 60]
+    counts = [c for _, c, _ in res.timeline]
+    rates = [rate for _, _, rate in res.timeline]
+    return ts, [*counts, counts[-1]], [*rates, rates[-1]]
+
+
 def write_plots(report: Mapping[str, Any], results: Sequence[SimResult], out_dir: str | Path) -> list[Path]:
-    """Availability per class side by side, nodes by flavour over time, and cost rate over time."""
+    """What a user compares policies on (matplotlib, Agg: no display needed):
+
+    * ``availability_cdf.png``: per class, the CDF of per-request availability with the SLO line;
+    * ``cost_rate.png``: the bill's rate ($/h of the nodes alive or being provisioned) over time;
+    * ``nodes_by_flavour.png``: nodes by flavour over time, one panel per policy;
+    * ``summary.png``: the three side by side (the README's figure).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,54 +166,71 @@ def write_plots(report: Mapping[str, Any], results: Sequence[SimResult], out_dir
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
+    classes: Mapping[str, ServiceClass] = results[0].classes if results else {}  # type: ignore[assignment]
+    class_names = sorted({c for run in report["runs"] for c in run["classes"]}, key=lambda c: classes[c].slo)
+    title = f"{report['workload']}: {' vs '.join(r.policy for r in results)}"
+    timed = [r for r in results if r.timeline]
+    flavours = sorted({f for r in timed for _, c, _ in r.timeline for f in c})
 
-    fig, ax = plt.subplots(figsize=(8, 4))
-    class_names = sorted({c for run in report["runs"] for c in run["classes"]})
-    width = 0.8 / max(1, len(results))
-    for i, res in enumerate(results):
-        data = [
-            [qos.availability(r.e, r.p) for r in res.reqs if r.spec.class_name == c and r.state is not State.WAITING]
-            for c in class_names
-        ]
-        pos = [k + i * width for k in range(len(class_names))]
-        ax.boxplot(data, positions=pos, widths=width * 0.9, tick_labels=[""] * len(pos))
-        ax.plot([], [], label=res.policy)
-    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(class_names))], class_names)
-    ax.set_ylabel("availability")
-    ax.set_title(f"{report['workload']}: availability per class ({', '.join(r.policy for r in results)})")
-    fig.tight_layout()
-    paths.append(out / "availability.png")
-    fig.savefig(paths[-1])
-    plt.close(fig)
-
-    fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for res in results:
-        if not res.timeline:
-            continue
-        ts = [t / 60 for t, _, _ in res.timeline]
-        axes[0].step(ts, [sum(c.values()) for _, c, _ in res.timeline], where="post", label=res.policy)
-        axes[1].step(ts, [rate for _, _, rate in res.timeline], where="post", label=res.policy)
-    axes[0].set_ylabel("nodes")
-    axes[1].set_ylabel("cost rate ($/h)")
-    axes[1].set_xlabel("minutes")
-    axes[0].legend()
-    fig.tight_layout()
-    paths.append(out / "nodes_cost.png")
-    fig.savefig(paths[-1])
-    plt.close(fig)
-
-    for res in results:
-        flavours = sorted({f for _, c, _ in res.timeline for f in c})
-        if not flavours:
-            continue
-        fig, ax = plt.subplots(figsize=(8, 3))
-        ts = [t / 60 for t, _, _ in res.timeline]
-        ax.stackplot(ts, [[c.get(f, 0) for _, c, _ in res.timeline] for f in flavours], labels=flavours, step="post")
-        ax.set_title(f"{res.policy}: nodes by flavour")
-        ax.set_xlabel("minutes")
-        ax.legend(loc="upper left", fontsize="small")
+    def save(fig: Any, name: str) -> None:
         fig.tight_layout()
-        paths.append(out / f"flavours_{res.policy}.png")
-        fig.savefig(paths[-1])
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=110)
         plt.close(fig)
+
+    fig, axes = plt.subplots(1, max(1, len(class_names)), figsize=(4.2 * max(1, len(class_names)), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], class_names, strict=False):
+        _cdf_panel(ax, results, name, classes[name].slo)
+    axes[0][0].legend(fontsize="small")
+    fig.suptitle(title)
+    save(fig, "availability_cdf.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    for res in timed:
+        ts, _, rates = _timeline(res, res.end)
+        ax.step(ts, rates, where="post", label=f"{res.policy} (${res.cost_usd:.2f})")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("cost rate ($/h)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    save(fig, "cost_rate.png")
+
+    if timed:
+        fig, axes = plt.subplots(len(timed), 1, figsize=(8, 2.6 * len(timed)), sharex=True, squeeze=False)
+        for ax, res in zip(axes[:, 0], timed, strict=True):
+            ts, counts, _ = _timeline(res, res.end)
+            ax.stackplot(ts, [[c.get(f, 0) for c in counts] for f in flavours], labels=flavours, step="post")
+            ax.set_ylabel(f"{res.policy}: nodes")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(loc="upper left", fontsize="small", ncol=3)
+        axes[-1][0].set_xlabel("minutes")
+        fig.suptitle(f"{report['workload']}: nodes by flavour")
+        save(fig, "nodes_by_flavour.png")
+
+    # the README's figure: every class's CDF, the cost rate, and the node count by flavour of each policy
+    panels = len(class_names) + 1 + len(timed)
+    fig, axes = plt.subplots(1, panels, figsize=(3.8 * panels, 3.4), squeeze=False)
+    for ax, name in zip(axes[0], class_names, strict=False):
+        _cdf_panel(ax, results, name, classes[name].slo)
+    axes[0][0].legend(fontsize="x-small")
+    ax = axes[0][len(class_names)]
+    for res in timed:
+        ts, _, rates = _timeline(res, res.end)
+        ax.step(ts, rates, where="post", label=f"{res.policy} ${res.cost_usd:.2f}")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("cost rate ($/h)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    for k, res in enumerate(timed):
+        ax = axes[0][len(class_names) + 1 + k]
+        ts, counts, _ = _timeline(res, res.end)
+        ax.stackplot(ts, [[c.get(f, 0) for c in counts] for f in flavours], labels=flavours, step="post")
+        ax.set_xlabel("minutes")
+        ax.set_ylabel(f"{res.policy}: nodes by flavour")
+        ax.grid(alpha=0.3)
+        if k == 0:
+            ax.legend(loc="upper left", fontsize="x-small")
+    fig.suptitle(title)
+    save(fig, "summary.png")
     return paths
