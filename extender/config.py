@@ -220,6 +220,9 @@ class ExtenderConfig:
     flavours: tuple[Flavour, ...] = ()
     log_level: str = "INFO"
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    # The `slack` section as given (None: absent): validated by extender.controller.slack_config, which sits
+    # above config in the import layers because its types are the slack controller's (issue 16).
+    slack: Any = None
 
 
 # ---------------------------------------------------------------------------------------------- checkers
@@ -671,6 +674,7 @@ TOP_LEVEL = {
     "flavours",
     "logging",
     "controller",
+    "slack",
 }
 
 
@@ -695,6 +699,7 @@ def parse_config(raw: object, base: Path | None = None) -> ExtenderConfig:
         flavours=parse_flavours(top.get("flavours")),
         log_level=read_req_str(logging_section, "level", "logging", "INFO", choices=LOG_LEVELS),
         controller=_parse_controller(top.get("controller")),
+        slack=top.get("slack"),
     )
 
 

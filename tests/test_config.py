@@ -83,6 +83,15 @@ def test_every_option_is_in_the_default_file_with_a_comment() -> None:
         "controller.leader_election.identity", "controller.leader_election.lease_duration_seconds",
         "controller.leader_election.renew_deadline_seconds", "controller.leader_election.retry_period_seconds",
     }  # fmt: skip
+    known |= {"slack", "slack.characterise", "slack.colocate"} | {  # validated by controller/slack_config.py
+        f"slack.{k}"
+        for k in (
+            "enabled", "prometheus_url", "rate_window", "model_path", "refresh_seconds", "history_seconds",
+            "classify_seconds", "step_seconds", "node_selector", "evict", "miss_tolerance", "colocate.enabled",
+            "colocate.classes", "characterise.k", "characterise.seeds", "characterise.interval_seconds",
+            "characterise.observation_seconds", "characterise.recluster_seconds", "characterise.prediction_seconds",
+        )
+    }  # fmt: skip
     assert present == known
     lines = text.splitlines()
     undocumented = []

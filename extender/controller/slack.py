@@ -11,10 +11,16 @@ in both ``capacity`` and ``allocatable`` (a kubelet recomputes allocatable from 
 kubelet doing so), refreshed every prediction interval. A batch pod that requests these instead of cpu/memory
 is then admitted by kube-scheduler and the kubelet only where the prediction says there is room.
 
+Safety: every refresh also measures the services' usage now. Where a node's batch pods (those requesting
+the batch resources) no longer fit in what its services really leave idle, the fewest of them are evicted in
+QoS order (:func:`extender.core.slack.choose_evictions`: lowest class first, then the most time to violate its
+SLO), through the Eviction API so PodDisruptionBudgets are honoured, with a Warning Event on the pod and on
+the node; that node then publishes no more than its real slack for the interval.
+
 This module is the thin shell: the model file (load, save, refit when it is missing or bad), fitting from the
-usage history in Prometheus, and the node status PATCH; every number is decided in ``extender.core``. It is
-not wired into ``serve`` yet (the webhook's rewrite of batch requests and the eviction on a wrong prediction
-are the next steps of issue 16).
+usage history in Prometheus, the node status PATCH and the evictions; every number and every choice is
+decided in ``extender.core``. ``qos-extender serve`` starts it when the config's ``slack.enabled`` is true
+(:mod:`extender.controller.slack_config`, :mod:`extender.processes.serve`).
 """
 
 from __future__ import annotations
@@ -22,17 +28,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from extender.config import NodeGroupsConfig, PodDefaults
 from extender.controller.patches import escape
+from extender.controller.slack_config import SlackConfig
 from extender.core.characterise import (
     CharacteriseConfig,
     ModelFormatError,
@@ -46,31 +56,58 @@ from extender.core.characterise import (
     model_to_document,
     recluster_model,
 )
-from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources, WorkloadKind
-from extender.core.slack import Amount, batch_capacity, service_idle
+from extender.core.model import (
+    DEFAULT_CLASSES,
+    InvalidInputError,
+    Node,
+    Pod,
+    Resources,
+    ServiceClass,
+    WorkloadKind,
+    memory_bytes,
+)
+from extender.core.slack import (
+    Amount,
+    BatchTenant,
+    batch_capacity,
+    choose_evictions,
+    lendable_after_miss,
+    measured_idle,
+    prediction_misses,
+    real_slack,
+    service_idle,
+)
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import node_from_k8s, pod_from_k8s
-from extender.kube.usage import PrometheusUsage, pod_traces, service_profiles
+from extender.kube.usage import PrometheusUsage, UsageSourceError, pod_traces, pod_usage, service_profiles
 
 __all__ = [
     "BATCH_CPU",
     "BATCH_MEMORY",
+    "EVICTION_REASON",
     "SlackController",
+    "SlackMetrics",
     "SlackPublisher",
     "SlackSettings",
+    "batch_demand",
     "capacity_patch",
     "fit_from_prometheus",
     "load_model",
     "load_or_refit",
     "plan",
+    "predicted_idle",
     "refresh_every",
+    "run_slack_controller",
     "save_model",
+    "settings_from_config",
 ]
 
 log = logging.getLogger("extender.controller.slack")
 
 BATCH_CPU = "qos.kube-qos-extender.io/batch-cpu"
 BATCH_MEMORY = "qos.kube-qos-extender.io/batch-memory"
+# The reason of the Events on a batch pod evicted (and on its node) because a service's usage grew.
+EVICTION_REASON = "BatchSlackReclaimed"
 
 Op = dict[str, Any]
 
@@ -89,13 +126,40 @@ def plan(
 ) -> dict[str, Amount]:
     """Per node, the batch capacity for ``[at, at + horizon)``: Eq. 3 for every service pod that has classes
     (:func:`extender.core.characterise.classify_services`), summed per node and floored at 0."""
+    return batch_capacity(nodes, predicted_idle(model, nodes, classes_by_pod, at, horizon_seconds))
+
+
+def predicted_idle(
+    model: WorkloadModel,
+    nodes: Sequence[Node],
+    classes_by_pod: Mapping[str, Mapping[str, int]],
+    at: float,
+    horizon_seconds: float,
+) -> dict[str, Amount]:
+    """Eq. 3 per service pod (by key) that has classes: what it is predicted to leave idle, i.e. what is lent."""
     idle: dict[str, Amount] = {}
     for node in nodes:
         for pod in node.pods:
             classes = classes_by_pod.get(pod.key)
             if classes is not None:
                 idle[pod.key] = service_idle(model, classes, pod.requests, at, horizon_seconds)
-    return batch_capacity(nodes, idle)
+    return idle
+
+
+def batch_demand(obj: Mapping[str, Any]) -> Amount | None:
+    """What a Pod object requests of the batch resources (sum over its containers; the larger of that and
+    any init container, as the scheduler counts); None when it requests neither (not on the lent slack)."""
+    spec = obj.get("spec") or {}
+
+    def one(c: Any) -> Amount:
+        req = ((c or {}).get("resources") or {}).get("requests") or {}
+        return Amount(memory_bytes(req.get(BATCH_CPU, 0)), memory_bytes(req.get(BATCH_MEMORY, 0)))
+
+    total = Amount.total(one(c) for c in spec.get("containers") or [])
+    for c in spec.get("initContainers") or []:
+        i = one(c)
+        total = Amount(max(total.cpu_milli, i.cpu_milli), max(total.memory_bytes, i.memory_bytes))
+    return None if total == Amount(0, 0) else total
 
 
 def capacity_patch(status: Mapping[str, Any], amount: Amount) -> list[Op]:
@@ -262,6 +326,10 @@ class SlackSettings:
        the observation time ``p``, or no new service ever qualifies.
     step_seconds: resolution of the range queries.
     node_selector: label selector of the nodes to publish on (None: every node).
+    classes: the service classes, for the QoS order of evictions (importance, SLO).
+    evict: evict batch pods that no longer fit in the real slack (False: only count the misses).
+    miss_tolerance: a service leaving less idle than predicted by more than this fraction of its request is a
+       prediction miss (metric; the node then publishes no more than its real slack).
     """
 
     model_path: Path
@@ -271,6 +339,9 @@ class SlackSettings:
     step_seconds: float = 60.0
     defaults: PodDefaults = field(default_factory=PodDefaults)
     node_selector: str | None = None
+    classes: Mapping[str, ServiceClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
+    evict: bool = True
+    miss_tolerance: float = 0.05
 
     def __post_init__(self) -> None:
         if self.classify_seconds < self.config.observation_seconds:
@@ -281,12 +352,86 @@ class SlackSettings:
         for name in ("history_seconds", "step_seconds"):
             if not getattr(self, name) > 0:
                 raise InvalidInputError(f"{name} must be > 0")
+        if not 0 <= self.miss_tolerance < 1:
+            raise InvalidInputError(f"miss_tolerance must be in [0, 1), got {self.miss_tolerance!r}")
+
+
+_REFRESH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class SlackMetrics:
+    """The publisher's metrics (prefix ``qos_extender_slack_``), in the extender's registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry if registry is not None else CollectorRegistry()
+        self.published_cpu = Gauge(
+            "qos_extender_slack_published_batch_cpu_millicores",
+            f"{BATCH_CPU} last published per node (millicores).",
+            ["node"],
+            registry=r,
+        )
+        self.published_memory = Gauge(
+            "qos_extender_slack_published_batch_memory_bytes",
+            f"{BATCH_MEMORY} last published per node (bytes).",
+            ["node"],
+            registry=r,
+        )
+        self.refresh_duration = Histogram(
+            "qos_extender_slack_refresh_duration_seconds",
+            "One refresh: list, measure, classify, (re)cluster when due, evict, publish.",
+            buckets=_REFRESH_BUCKETS,
+            registry=r,
+        )
+        self.refresh_failures = Counter(
+            "qos_extender_slack_refresh_failures", "Refreshes that raised (the published values stay).", registry=r
+        )
+        self.model_classes = Gauge(
+            "qos_extender_slack_model_classes",
+            "Classes of the workload model per resource (0: no model, nothing lent).",
+            ["resource"],
+            registry=r,
+        )
+        self.refits = Counter(
+            "qos_extender_slack_refits",
+            "Models fitted or re-clustered: fitted (no file), refitted (bad file), reclustered (cycle due).",
+            ["how"],
+            registry=r,
+        )
+        self.prediction_misses = Counter(
+            "qos_extender_slack_prediction_misses",
+            "Service observations leaving less idle than predicted (beyond miss_tolerance of the request).",
+            registry=r,
+        )
+        self.evictions = Counter(
+            "qos_extender_slack_evictions",
+            "Batch pods evicted because the real slack no longer held them, by result: evicted, gone (404), "
+            "pdb (429: a PodDisruptionBudget refused), error.",
+            ["result"],
+            registry=r,
+        )
+        self.classified_services = Gauge(
+            "qos_extender_slack_classified_services", "Service pods with a class (their slack is lent).", registry=r
+        )
+
+    def model(self, model: WorkloadModel | None) -> None:
+        for r in ("cpu", "memory"):
+            self.model_classes.labels(r).set(0 if model is None else model.centres(r).shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class _Cluster:
+    nodes: list[Node]
+    statuses: dict[str, Any]
+    demand: dict[str, Amount]  # batch pods on the lent slack: pod key -> batch resources requested
+    uids: dict[str, str]
+    node_uids: dict[str, str]
 
 
 class SlackController:
     """One refresh: list nodes and running pods, profile and classify the service pods from Prometheus,
-    re-cluster when a cycle is due, publish each node's batch capacity. ``model`` may be given (tests, or a
-    caller that loaded it); else :meth:`start` loads the file or fits from the history."""
+    re-cluster when a cycle is due, evict the batch pods a wrong prediction left without room, publish each
+    node's batch capacity. ``model`` may be given (tests, or a caller that loaded it); else :meth:`start` loads
+    the file or fits from the history."""
 
     def __init__(
         self,
@@ -297,6 +442,8 @@ class SlackController:
         model: WorkloadModel | None = None,
         clock: Callable[[], float] = time.time,
         timeout: float = 10.0,
+        metrics: SlackMetrics | None = None,
+        event_component: str | None = "qos-extender",
     ) -> None:
         self.settings = settings
         self.model = model
@@ -305,8 +452,11 @@ class SlackController:
         self._clock = clock
         self._timeout = timeout
         self.publisher = SlackPublisher(core_api, timeout)
+        self.metrics = metrics if metrics is not None else SlackMetrics()
+        self._component = event_component
+        self.evicted: list[str] = []  # every pod this controller evicted, in order (tests, logs)
 
-    async def _cluster(self) -> tuple[list[Node], dict[str, Any]]:
+    async def _cluster(self) -> _Cluster:
         kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self._timeout}
         selector = {"label_selector": self.settings.node_selector} if self.settings.node_selector else {}
         node_list = await read_json(await self._core.list_node(**selector, **kw))
@@ -315,17 +465,24 @@ class SlackController:
         )
         statuses: dict[str, Any] = {}
         by_node: dict[str, list[Pod]] = {}
+        demand: dict[str, Amount] = {}
+        uids: dict[str, str] = {}
         for obj in pod_list.get("items", []):
             node = (obj.get("spec") or {}).get("nodeName")
             if not node:
                 continue
             try:
-                pod, _ = pod_from_k8s(obj, self.settings.defaults, DEFAULT_CLASSES)
+                pod, _ = pod_from_k8s(obj, self.settings.defaults, self.settings.classes)
+                want = batch_demand(obj)
             except InvalidInputError as exc:
                 log.warning("pod skipped", extra={"pod": str(obj.get("metadata", {}).get("name")), "error": str(exc)})
                 continue
             by_node.setdefault(node, []).append(pod)
+            uids[pod.key] = pod.uid
+            if want is not None:
+                demand[pod.key] = want
         nodes: list[Node] = []
+        node_uids: dict[str, str] = {}
         for obj in node_list.get("items", []):
             try:
                 n = node_from_k8s(obj, NodeGroupsConfig())
@@ -336,7 +493,8 @@ class SlackController:
                 n = n.with_pod(pod)
             nodes.append(n)
             statuses[n.name] = obj.get("status") or {}
-        return nodes, statuses
+            node_uids[n.name] = str((obj.get("metadata") or {}).get("uid") or "")
+        return _Cluster(nodes, statuses, demand, uids, node_uids)
 
     async def _profiles(self, services: Mapping[str, Resources], seconds: float) -> dict[str, ServiceProfile]:
         now = self._clock()
@@ -350,9 +508,9 @@ class SlackController:
         """Load the model file, or fit one from the history (saved); ``none`` when no service has a whole day
         of usage yet (nothing is lent until one has)."""
         if self.model is not None:
+            self.metrics.model(self.model)
             return "given"
-        nodes, _ = await self._cluster()
-        services = _services(nodes)
+        services = _services((await self._cluster()).nodes)
 
         async def refit() -> WorkloadModel:
             now = self._clock()
@@ -369,12 +527,37 @@ class SlackController:
             self.model, how = await load_or_refit(self.settings.model_path, refit)
         except InvalidInputError as exc:
             log.warning("no workload model yet", extra={"error": str(exc)})
+            self.metrics.model(None)
             return "none"
+        if how != "loaded":
+            self.metrics.refits.labels(how).inc()
+        self.metrics.model(self.model)
         return how
+
+    async def _measured(self, services: Mapping[str, Resources]) -> dict[str, Amount] | None:
+        """Each service's idle now (request minus measured usage); None when Prometheus cannot say (the
+        safety check then waits for the next refresh rather than act on nothing)."""
+        try:
+            usage = pod_usage((await self._reader.current()).values())
+        except UsageSourceError as exc:
+            log.warning("current usage unavailable, no safety check this refresh", extra={"error": str(exc)})
+            return None
+        return {k: measured_idle(services[k], cpu, mem) for k, (cpu, mem) in usage.items() if k in services}
 
     async def step(self) -> dict[str, Amount]:
         """One refresh; returns what each node was given (all 0 while there is no model)."""
-        nodes, statuses = await self._cluster()
+        started = time.monotonic()
+        try:
+            return await self._step()
+        except Exception:
+            self.metrics.refresh_failures.inc()
+            raise
+        finally:
+            self.metrics.refresh_duration.observe(time.monotonic() - started)
+
+    async def _step(self) -> dict[str, Amount]:
+        cluster = await self._cluster()
+        nodes = cluster.nodes
         services = _services(nodes)
         now = self._clock()
         classes: dict[str, dict[str, int]] = {}
@@ -385,14 +568,204 @@ class SlackController:
                 complete = {k: p for k, p in profiles.items() if is_complete(p.cpu) and is_complete(p.memory)}
                 self.model = recluster_model(cfg, self.model, complete, now)
                 save_model(self.settings.model_path, self.model)
+                self.metrics.refits.labels("reclustered").inc()
+                self.metrics.model(self.model)
             classes = classify_services(self.model, profiles, cfg.observation_seconds)
+        self.metrics.classified_services.set(len(classes))
         if self.model is None:
             amounts = {n.name: Amount(0, 0) for n in nodes}
         else:
-            amounts = plan(self.model, nodes, classes, now, self.settings.config.prediction_seconds)
-        await self.publisher.publish(statuses, amounts)
+            idle = predicted_idle(self.model, nodes, classes, now, self.settings.config.prediction_seconds)
+            amounts = batch_capacity(nodes, idle)
+            if idle:
+                await self._safety(cluster, services, idle, amounts, now)
+        await self.publisher.publish(cluster.statuses, amounts)
+        for name, amount in amounts.items():
+            self.metrics.published_cpu.labels(name).set(amount.cpu_milli)
+            self.metrics.published_memory.labels(name).set(amount.memory_bytes)
         return amounts
+
+    async def _safety(
+        self,
+        cluster: _Cluster,
+        services: Mapping[str, Resources],
+        idle: Mapping[str, Amount],
+        amounts: dict[str, Amount],
+        now: float,
+    ) -> None:
+        """Compare the lent slack with the measured one: count the misses, evict what no longer fits (the
+        choice is :func:`extender.core.slack.choose_evictions`), and let a missed node publish only its real
+        slack (``amounts`` is updated in place)."""
+        measured = await self._measured(services)
+        if measured is None:
+            return
+        misses = set(prediction_misses(idle, measured, services, self.settings.miss_tolerance))
+        self.metrics.prediction_misses.inc(len(misses))
+        for node in cluster.nodes:
+            lent = {p.key: idle[p.key] for p in node.pods if p.key in idle}
+            if not lent:
+                continue  # nothing lent here: batch pods here are not on a prediction of ours
+            real = real_slack(lent, measured)
+            tenants = [
+                BatchTenant(
+                    p.key,
+                    cluster.demand[p.key],
+                    _importance(self.settings.classes, p.class_name),
+                    _slo(self.settings.classes, p.class_name),
+                    max(0.0, now - p.started_at) if p.started_at is not None else 0.0,
+                )
+                for p in node.pods
+                if p.key in cluster.demand
+            ]
+            victims = choose_evictions(real, tenants)
+            if victims or misses & lent.keys():
+                amounts[node.name] = lendable_after_miss(amounts[node.name], real)
+            if not victims:
+                continue
+            missed = sorted(misses & lent.keys())
+            log.warning(
+                "batch pods no longer fit in the real slack",
+                extra={"node": node.name, "decision": {"real": str(real), "victims": list(victims), "missed": missed}},
+            )
+            if not self.settings.evict:
+                continue
+            for key in victims:
+                why = (
+                    f"service usage on {node.name} rose above the prediction ({', '.join(missed) or 'several'}): "
+                    f"real slack {real.cpu_milli}m cpu / {real.memory_bytes} B memory no longer holds its batch "
+                    f"pods; {key} evicted first in QoS order"
+                )
+                result = await self._evict(key, cluster.uids.get(key, ""))
+                self.metrics.evictions.labels(result).inc()
+                if result == "evicted":
+                    self.evicted.append(key)
+                    await self._event(
+                        key, cluster.uids.get(key, ""), node.name, cluster.node_uids.get(node.name, ""), why
+                    )
+
+    async def _evict(self, key: str, uid: str) -> str:
+        namespace, name = key.split("/", 1)
+        body: Any = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}} if uid else {},
+        }
+        try:
+            response = await self._core.create_namespaced_pod_eviction(
+                name, namespace, body, _preload_content=False, _request_timeout=self._timeout
+            )
+            await read_json(response)
+        except ApiError as exc:
+            if exc.status == 404:
+                return "gone"
+            result = "pdb" if exc.status == 429 else "error"
+            log.warning("batch pod not evicted", extra={"pod": key, "error": f"{result}: {exc}"})
+            return result
+        except (OSError, TimeoutError) as exc:
+            log.warning("batch pod not evicted", extra={"pod": key, "error": repr(exc)})
+            return "error"
+        log.info("batch pod evicted", extra={"pod": key})
+        return "evicted"
+
+    async def _event(self, key: str, uid: str, node: str, node_uid: str, message: str) -> None:
+        """A Warning Event on the evicted pod and one on its node (best effort: logged when refused)."""
+        if self._component is None:
+            return
+        namespace, name = key.split("/", 1)
+        stamp = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for ns, obj in (
+            (namespace, {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": uid}),
+            ("default", {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}),
+        ):
+            event = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{obj['name']}.", "namespace": ns},
+                "involvedObject": obj,
+                "reason": EVICTION_REASON,
+                "message": message[:1024],
+                "type": "Warning",
+                "source": {"component": self._component},
+                "reportingComponent": self._component,
+                "reportingInstance": socket.gethostname(),
+                "firstTimestamp": stamp,
+                "lastTimestamp": stamp,
+                "count": 1,
+            }
+            try:
+                await read_json(
+                    await self._core.create_namespaced_event(
+                        ns, event, _preload_content=False, _request_timeout=self._timeout
+                    )
+                )
+            except (ApiError, OSError, TimeoutError) as exc:
+                log.warning("event not posted", extra={"pod": key, "node": node, "error": repr(exc)})
+
+
+def _importance(classes: Mapping[str, ServiceClass], name: str) -> int:
+    """A class missing from the settings counts as less important than every known one."""
+    c = classes.get(name)
+    return c.importance if c is not None else max((x.importance for x in classes.values()), default=0) + 1
+
+
+def _slo(classes: Mapping[str, ServiceClass], name: str) -> float:
+    c = classes.get(name)
+    return c.slo if c is not None else 1.0
 
 
 def _services(nodes: Sequence[Node]) -> dict[str, Resources]:
     return {p.key: p.requests for n in nodes for p in n.pods if p.kind is WorkloadKind.SERVICE}
+
+
+def settings_from_config(cfg: SlackConfig, classes: Mapping[str, ServiceClass], defaults: PodDefaults) -> SlackSettings:
+    """The controller's settings from a validated ``slack`` section (:mod:`extender.controller.slack_config`)."""
+    return SlackSettings(
+        model_path=Path(cfg.model_path),
+        config=cfg.characterise,
+        history_seconds=cfg.history_seconds,
+        classify_seconds=cfg.classify_seconds,
+        step_seconds=cfg.step_seconds,
+        defaults=defaults,
+        node_selector=cfg.node_selector,
+        classes=dict(classes),
+        evict=cfg.evict,
+        miss_tolerance=cfg.miss_tolerance,
+    )
+
+
+async def run_slack_controller(
+    cfg: SlackConfig,
+    api_client: Any,
+    *,
+    classes: Mapping[str, ServiceClass],
+    defaults: PodDefaults,
+    registry: CollectorRegistry | None = None,
+    event_component: str | None = "qos-extender",
+    stop: asyncio.Event | None = None,
+) -> None:
+    """The publisher as a long-running task of ``serve``: load or fit the model (retried every refresh while
+    there is none), then refresh every ``refresh_seconds`` until ``stop`` is set or the task is cancelled."""
+    import aiohttp
+    from kubernetes_asyncio import client as k8s  # the heavy client only where a cluster is used
+
+    stop = stop if stop is not None else asyncio.Event()
+    metrics = SlackMetrics(registry)
+    async with aiohttp.ClientSession() as session:
+        reader = PrometheusUsage(cfg.prometheus_url, session, rate_window=cfg.rate_window)
+        ctl = SlackController(
+            settings_from_config(cfg, classes, defaults),
+            k8s.CoreV1Api(api_client),
+            reader,
+            metrics=metrics,
+            event_component=event_component,
+        )
+        log.info("slack controller starting", extra={"decision": {"prometheus": cfg.prometheus_url}})
+
+        async def refresh() -> None:
+            if ctl.model is None:
+                how = await ctl.start()
+                log.info("workload model", extra={"decision": {"how": how}})
+            await ctl.step()
+
+        await refresh_every(cfg.refresh_seconds, refresh, stop)

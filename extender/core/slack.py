@@ -19,19 +19,27 @@ from dataclasses import dataclass
 
 from extender.core.characterise import RESOURCES, WorkloadModel, idle_resources
 from extender.core.model import InvalidInputError, Node, Resources, WorkloadKind
+from extender.core.qos import time_to_violate
 
 __all__ = [
     "LRP_WEIGHTS",
     "MAX_LRP_SCORE",
     "Amount",
+    "BatchTenant",
     "available",
     "available_for_batch",
     "batch_capacity",
+    "choose_evictions",
+    "eviction_order",
     "fits",
+    "lendable_after_miss",
     "lrp_choose",
     "lrp_score",
+    "measured_idle",
     "node_available",
     "node_available_for_batch",
+    "prediction_misses",
+    "real_slack",
     "reclaimable",
     "service_idle",
 ]
@@ -203,3 +211,120 @@ def batch_capacity(nodes: Sequence[Node], idle_by_pod: Mapping[str, Amount]) -> 
         idle = (idle_by_pod[p.key] for p in node.pods if p.kind is WorkloadKind.SERVICE and p.key in idle_by_pod)
         out[node.name] = reclaimable(idle)
     return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# safety: when a prediction was wrong (issue 16, deliverable 3)
+# --------------------------------------------------------------------------------------------------------
+
+
+def measured_idle(request: Resources, usage_cpu_milli: float, usage_memory_bytes: float) -> Amount:
+    """What a service really leaves idle now: its request minus its measured usage, per resource (signed:
+    a service above its request leaves a negative amount). Rounded down: a fraction of a millicore or byte
+    of idle is not something to lend."""
+    for name, v in (("usage_cpu_milli", usage_cpu_milli), ("usage_memory_bytes", usage_memory_bytes)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise InvalidInputError(f"{name} must be a finite number >= 0, got {v!r}")
+    return Amount(
+        math.floor(request.cpu_milli - usage_cpu_milli), math.floor(request.memory_bytes - usage_memory_bytes)
+    )
+
+
+def real_slack(predicted: Mapping[str, Amount], measured: Mapping[str, Amount]) -> Amount:
+    """A node's slack as it really is now: the measured idle of its services (by pod key), summed.
+
+    ``predicted`` names the services whose slack was lent (those with a class); a lent service without a
+    measurement now (a missed scrape) counts as its prediction: no evidence of a miss is no reason to evict.
+    A service without a prediction lent nothing and is left out, whatever it uses.
+    """
+    return Amount.total(measured.get(key, idle) for key, idle in predicted.items())
+
+
+def prediction_misses(
+    predicted: Mapping[str, Amount],
+    measured: Mapping[str, Amount],
+    requests: Mapping[str, Resources],
+    tolerance: float = 0.05,
+) -> tuple[str, ...]:
+    """The services (sorted pod keys) that leave less idle than predicted by more than ``tolerance`` of their
+    request on some resource: the prediction's errors, counted (metrics) whether or not a batch pod had to
+    go. The tolerance keeps the jitter of a rate over a scrape window from counting as a miss."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
+        raise InvalidInputError(f"tolerance must be a number in [0, 1), got {tolerance!r}")
+    out: list[str] = []
+    for key in sorted(predicted.keys() & measured.keys()):
+        want, got = predicted[key], measured[key]
+        req = requests.get(key, Resources())
+        if (
+            got.cpu_milli < want.cpu_milli - tolerance * req.cpu_milli
+            or got.memory_bytes < want.memory_bytes - tolerance * req.memory_bytes
+        ):
+            out.append(key)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTenant:
+    """A batch pod running on a node's lent slack: what it requested of the batch resources (``demand``),
+    its class (``importance``: 1 = most important; ``slo``) and how long it has run (``running_seconds``)."""
+
+    key: str
+    demand: Amount
+    importance: int
+    slo: float
+    running_seconds: float
+
+    def __post_init__(self) -> None:
+        if self.demand.cpu_milli < 0 or self.demand.memory_bytes < 0:
+            raise InvalidInputError(f"batch pod {self.key}: negative demand {self.demand}")
+        if not math.isfinite(self.running_seconds) or self.running_seconds < 0:
+            raise InvalidInputError(f"batch pod {self.key}: running_seconds must be finite and >= 0")
+
+
+def eviction_order(tenants: Iterable[BatchTenant]) -> list[BatchTenant]:
+    """QoS order of who goes first (paper 002's rules, :mod:`extender.core.qos`): the least important class
+    first; within a class, the one with the most time to violate its SLO (Eq. 3 ``V``, with the run so far as
+    ``e``: the slack controller keeps no pending time, so p = 0), which an eviction harms least; then the key,
+    so the order does not depend on the input's. Duplicate keys are refused (a pod counted twice)."""
+    items = list(tenants)
+    if len({t.key for t in items}) != len(items):
+        raise InvalidInputError("a batch pod appears twice")
+    return sorted(items, key=lambda t: (-t.importance, -time_to_violate(t.running_seconds, 0.0, t.slo), t.key))
+
+
+def choose_evictions(slack: Amount, tenants: Sequence[BatchTenant]) -> tuple[str, ...]:
+    """The batch pods (keys, in eviction order) to evict so that the rest fit in the node's real ``slack``
+    (:func:`real_slack`); () when they all fit.
+
+    As kube-scheduler's preemption does: take pods in :func:`eviction_order` until the rest fit, then reprieve
+    from the most important victim down every one whose return still fits, so a small pod is not evicted for
+    nothing after a large one made room. When even evicting all does not fit (negative slack), all go.
+    """
+
+    def fits_in(total: Amount) -> bool:
+        return total.cpu_milli <= slack.cpu_milli and total.memory_bytes <= slack.memory_bytes
+
+    left = Amount.total(t.demand for t in tenants)
+    if fits_in(left):
+        return ()
+    victims: list[BatchTenant] = []
+    for t in eviction_order(tenants):
+        if fits_in(left):
+            break
+        victims.append(t)
+        left = Amount(left.cpu_milli - t.demand.cpu_milli, left.memory_bytes - t.demand.memory_bytes)
+    for t in reversed(list(victims)):
+        back = left + t.demand
+        if fits_in(back):
+            victims.remove(t)
+            left = back
+    return tuple(t.key for t in victims)
+
+
+def lendable_after_miss(predicted: Amount, real: Amount) -> Amount:
+    """What a node publishes in the interval after its prediction was missed: no more than it really has
+    idle now (floored at 0). Without this the scheduler would place the evicted pod's replacement on the
+    same slack the next moment and it would be evicted again."""
+    return Amount(
+        max(0, min(predicted.cpu_milli, real.cpu_milli)), max(0, min(predicted.memory_bytes, real.memory_bytes))
+    )

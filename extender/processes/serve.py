@@ -1,24 +1,61 @@
-"""`qos-extender serve`: the extender webhook, which starts the QoS controller and the admission webhook."""
+"""`qos-extender serve`: the extender webhook, which starts the QoS controller and the admission webhook, and
+with ``slack.enabled`` the slack publisher (batch on the slack of long-running services, issue 16)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
+import logging
 import sys
+from pathlib import Path
+from typing import Any
 
-from extender.config import ConfigError, load_config
+from extender.config import DEFAULT_CONFIG_PATH, ConfigError, ExtenderConfig, load_config
 
 __all__ = ["run_serve_command"]
 
 
+async def _serve(config: ExtenderConfig, slack: Any) -> None:
+    """webhook.serve.serve, plus the slack controller as one more task of the running extender (stopped with
+    it, on its API client and in its /metrics registry)."""
+    from extender.controller.slack import run_slack_controller
+    from extender.signals import stop_event
+    from extender.webhook.serve import start
+
+    running = await start(config)
+    stop = stop_event()
+    try:
+        if slack.enabled:
+            running.tasks.append(
+                asyncio.create_task(
+                    run_slack_controller(
+                        slack,
+                        running.api_client,
+                        classes=config.policy.classes,
+                        defaults=config.pod_defaults,
+                        registry=running.metrics.registry,
+                        event_component=config.kubernetes.event_component if config.kubernetes.events else None,
+                        stop=stop,
+                    ),
+                    name="slack-controller",
+                )
+            )
+        await stop.wait()
+    finally:
+        logging.getLogger("extender.webhook.serve").info("stopping")
+        await running.stop()
+
+
 def run_serve_command(args: argparse.Namespace) -> int:
     """`qos-extender serve`: the extender webhook (and the QoS controller, admission webhook, /metrics)."""
+    from extender.controller.slack_config import parse_slack_config
     from extender.logs import setup_logging
-    from extender.webhook.serve import serve
 
+    path = Path(args.config) if args.config is not None else DEFAULT_CONFIG_PATH
     try:
-        config = load_config(args.config)
+        config = load_config(path)
+        slack = parse_slack_config(config.slack, config.policy.classes, path.resolve().parent)
     except ConfigError as exc:
         print(f"qos-extender serve: {exc}", file=sys.stderr)
         return 2
@@ -27,7 +64,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, server=dataclasses.replace(config.server, **overrides))
     setup_logging(config.log_level)
     try:
-        asyncio.run(serve(config))
+        asyncio.run(_serve(config, slack))
     except ConfigError as exc:
         print(f"qos-extender serve: {exc}", file=sys.stderr)
         return 2
