@@ -53,8 +53,8 @@ def test_htas_alone_pays_for_its_saving_in_bronze_slo(pattern: str) -> None:
 
 _MISSED = pytest.mark.xfail(
     strict=True,
-    reason="measured 2026-11-22: product saves 23.8 % (stable) and 21.2 % (growing) against k8s, target 25 %: "
-    "the SLO costs $0.024 / $0.038 over HTAS alone (extender/sim/README.md)",
+    reason="measured 2026-11-22: product saves 22.8 % (stable) and 21.2 % (growing) against k8s, target 25 %: "
+    "the SLOs cost $0.032 / $0.037 over HTAS alone (extender/sim/README.md)",
 )
 
 
@@ -68,10 +68,11 @@ def test_product_costs_at_least_25_percent_less_than_k8s(pattern: str) -> None:
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_product_is_cheaper_than_k8s_and_dearer_than_htas(pattern: str) -> None:
-    """The price of the SLOs (product - htas) is positive and below the saving: the bounds the report states."""
+def test_the_price_of_the_slos_is_a_fraction_of_the_saving(pattern: str) -> None:
+    """product - htas (what meeting every SLO costs over HTAS alone) stays below a third of k8s - product."""
     r = runs(pattern)
-    assert r["htas"]["cost_usd"] < r["product"]["cost_usd"] < r["k8s"]["cost_usd"]
+    price = r["product"]["cost_usd"] - r["htas"]["cost_usd"]
+    assert price < (r["k8s"]["cost_usd"] - r["product"]["cost_usd"]) / 3, price
 
 
 def test_product_keeps_paper_002_validation_targets_on_fixed_hosts() -> None:
@@ -145,3 +146,25 @@ def test_scan_plans_the_batch_group_early_only_for_a_pod_that_cannot_wait() -> N
     res = autoscale_scan.scan(state, settings, [], [long], 1000.0, waited={long.key: 0.0}, lag_seconds=60.0)
     assert res.purchases == ()  # 10,000 s of work can wait for the cycle
     assert plans(autoscale_scan.ScanSettings(flavours=flavours), 0.0) == 0
+
+
+def test_no_early_plan_when_a_batch_node_frees_room_before_the_pods_slack_runs_out() -> None:
+    """A full batch node whose pod finishes in 50 s will take the urgent pod (slack 100 s) in time: no node is
+    bought; if its pod runs for another 500 s, the urgent pod gets its own node now."""
+    from extender.core.model import Node, NodeGroup
+
+    flavours = htas("stable").flavours
+    settings = autoscale_scan.ScanSettings(flavours=flavours, slo={"bronze": 0.5})
+    pod = replace(_batch(100.0), class_name="bronze")
+
+    def bought(left: float) -> int:
+        hog = Pod("hog", Resources.request(1000, 2**30), kind=WorkloadKind.BATCH, runtime_seconds=left)
+        hog = replace(hog, started_at=1000.0)
+        node = Node("b1", Resources(1000, 2**30, 110), group=NodeGroup.BATCH, pods=(hog,))
+        state = autoscale_scan.ScanState()
+        state.last_batch_plan = 1000.0
+        res = autoscale_scan.scan(state, settings, [node], [pod], 1000.0, waited={pod.key: 0.0}, lag_seconds=60.0)
+        return len(res.purchases)
+
+    assert bought(50.0) == 0
+    assert bought(500.0) == 1

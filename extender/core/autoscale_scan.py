@@ -163,6 +163,29 @@ def slo_urgent(pod: Pod, waited: float, slo: float, horizon: float, now: float) 
     return waited + horizon > remaining * (1.0 - slo) / slo
 
 
+def slack_seconds(pod: Pod, waited: float, slo: float, now: float) -> float:
+    """How much longer this pending batch pod may wait before its SLO breaks (``slo_urgent``'s bound)."""
+    return pod.remaining_runtime(now) * (1.0 - slo) / slo - waited
+
+
+def frees_in_time(pod: Pod, nodes: Sequence[Node], now: float, within: float) -> bool:
+    """Will one of ``nodes`` have room for ``pod`` within ``within`` seconds, counting the batch pods that finish
+    by then (the 0-bin reasoning of paper 000 Alg. 4 applied to one pod's deadline)? Cordoned nodes do not
+    count: they are being emptied."""
+    if within <= 0:
+        return False
+    req = pod.requests
+    for node in nodes:
+        if node.unschedulable:
+            continue
+        holding = [p for p in node.pods if not autoscale._releases_within(p, now, within)]
+        if len(holding) + 1 > node.allocatable.pods:
+            continue
+        if req.fits_in(node.allocatable - Resources.total(p.requests for p in holding)):
+            return True
+    return False
+
+
 def unschedulable(
     pending: Sequence[Pod], nodes: Sequence[Node], accepts: Callable[[Node, NodeGroup], bool] = in_group
 ) -> list[Pod]:
@@ -228,11 +251,17 @@ def scan(
         burst = not Resources.total(p.requests for p in batch).fits_in(biggest)
         urgent = False
         if not (due or burst) and waited is not None and settings.slo:
+            # a pod that cannot wait for the next cycle plus the lag, and for which no batch node frees room
+            # before its slack runs out, makes the plan due now
             horizon = state.last_batch_plan + settings.batch_cycle_seconds - now + lag_seconds
+            group_nodes = [n for n in nodes if accepts(n, NodeGroup.BATCH)]
             urgent = any(
                 p.class_name in settings.slo
                 and p.key in waited
                 and slo_urgent(p, waited[p.key], settings.slo[p.class_name], horizon, now)
+                and not frees_in_time(
+                    p, group_nodes, now, slack_seconds(p, waited[p.key], settings.slo[p.class_name], now)
+                )
                 for p in batch
             )
         if due or burst or urgent:
