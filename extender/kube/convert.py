@@ -36,6 +36,7 @@ from extender.core.model import (
 
 __all__ = [
     "CLASS_KEY",
+    "COLOCATE_KEY",
     "KIND_KEY",
     "MIGRATABLE_KEY",
     "RUNTIME_KEY",
@@ -55,6 +56,8 @@ CLASS_KEY = ANNOTATION_PREFIX + "class"
 KIND_KEY = ANNOTATION_PREFIX + "kind"
 RUNTIME_KEY = ANNOTATION_PREFIX + "runtime-seconds"
 MIGRATABLE_KEY = ANNOTATION_PREFIX + "migratable"
+# "true": the admission webhook moves the pod's cpu/memory requests onto the slack (extender.webhook.colocate)
+COLOCATE_KEY = ANNOTATION_PREFIX + "colocate"
 
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -323,6 +326,11 @@ def pod_settings(obj: Mapping[str, Any], defaults: PodDefaults, classes: Mapping
                     f"malformed value {raw!r} in {where} (expected true or false); using {str(migratable).lower()}",
                 )
             )
+    raw, where = _lookup(meta, COLOCATE_KEY)
+    if raw is not None and raw.strip().lower() not in ("true", "false"):
+        problems.append(
+            Problem(COLOCATE_KEY, f"malformed value {raw!r} in {where} (expected true or false); not co-located")
+        )
     return PodSettings(class_name, kind, runtime, migratable, tuple(problems))
 
 

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from extender.config import ExtenderConfig
 from extender.controller.patches import admission_patch
+from extender.webhook.colocate import colocate_for
 
 __all__ = ["ADMISSION_PATH", "add_admission_route", "review"]
 
@@ -48,6 +49,12 @@ def review(body: Mapping[str, Any], config: ExtenderConfig) -> dict[str, Any]:
     kind = request.get("kind") or {}
     ctl = config.controller
     marker = _marker(config)
+    # issue 16: an opted-in batch pod's cpu/memory requests move onto the slack first; the ops below see that pod
+    moved = None
+    is_pod = isinstance(kind, Mapping) and kind.get("kind") == "Pod"
+    if request.get("operation") == "CREATE" and not request.get("subResource") and is_pod and isinstance(pod, Mapping):
+        moved = colocate_for(pod, config)
+        pod = moved.pod
     if (
         (ctl.enabled or marker is not None)
         and request.get("operation") == "CREATE"
@@ -65,6 +72,12 @@ def review(body: Mapping[str, Any], config: ExtenderConfig) -> dict[str, Any]:
         if ops:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(orjson.dumps(ops)).decode()
+    if moved is not None and moved.ops:
+        after = orjson.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps([*moved.ops, *after])).decode()
+    if moved is not None and moved.warnings:
+        response["warnings"] = list(moved.warnings)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
