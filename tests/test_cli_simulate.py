@@ -28,6 +28,9 @@ def test_simulate_json_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     report = orjson.loads(out.read_bytes())
     assert report["workload"] == "rodriguez-bursty"
     assert [r["policy"] for r in report["runs"]] == ["htas", "k8s"]
+    saving = report["comparisons"]["vs_k8s"]["htas"]["saving"]
+    assert saving == pytest.approx(1 - report["runs"][0]["cost_usd"] / report["runs"][1]["cost_usd"])
+    assert set(report["comparisons"]["vs_k8s"]["htas"]["slo_fulfillment_at_least_k8s"]) == {"bronze", "silver"}
     for run in report["runs"]:
         assert set(run) >= RUN_KEYS
         assert set(run["mean_utilization"]) == {"cpu", "memory"}

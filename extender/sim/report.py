@@ -87,8 +87,33 @@ def run_json(res: SimResult) -> dict[str, Any]:
     }
 
 
+def comparisons(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Issue 14's figures between runs: each policy against ``k8s`` (saving on the bill, and per class whether it
+    meets the SLO for at least as many requests), and the price of the SLOs, ``product`` minus ``htas``."""
+    by = {r["policy"]: r for r in runs}
+    out: dict[str, Any] = {}
+    k8s = by.get("k8s")
+    if k8s is not None and k8s["cost_usd"] > 0:
+        out["vs_k8s"] = {
+            name: {
+                "saving": 1.0 - r["cost_usd"] / k8s["cost_usd"],
+                "slo_fulfillment_at_least_k8s": {
+                    c: s["slo_fulfillment"] >= k8s["classes"][c]["slo_fulfillment"]
+                    for c, s in r["classes"].items()
+                    if c in k8s["classes"]
+                },
+            }
+            for name, r in by.items()
+            if name != "k8s"
+        }
+    if "product" in by and "htas" in by:
+        out["slo_price_usd"] = by["product"]["cost_usd"] - by["htas"]["cost_usd"]
+    return out
+
+
 def report_json(workload: str, results: Sequence[SimResult]) -> dict[str, Any]:
-    return {"workload": workload, "runs": [run_json(r) for r in results]}
+    runs = [run_json(r) for r in results]
+    return {"workload": workload, "runs": runs, "comparisons": comparisons(runs)}
 
 
 def format_table(report: Mapping[str, Any]) -> str:
@@ -118,6 +143,12 @@ def format_table(report: Mapping[str, Any]) -> str:
             f"{run['mean_utilization']['cpu']:>5.2f}/{run['mean_utilization']['memory']:<5.2f} "
             f"{run['requests_completed']:>6} {run['wall_seconds']:>7.2f}"
         )
+    comp = report.get("comparisons") or {}
+    for name, c in (comp.get("vs_k8s") or {}).items():
+        ok = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in c["slo_fulfillment_at_least_k8s"].items())
+        lines.append(f"{name} vs k8s: cost {-100 * c['saving']:+.1f} %; meets each SLO as often as k8s: {ok}")
+    if "slo_price_usd" in comp:
+        lines.append(f"price of the SLOs (product - htas): ${comp['slo_price_usd']:.4f}")
     return "\n".join(lines)
 
 
