@@ -1,0 +1,243 @@
+"""A wrong prediction evicts the co-located batch pods in QoS order (issue 16, deliverable 3), on the local
+cluster: real kube-apiserver, kube-controller-manager (disruption controller), default-scheduler, kwok and
+Prometheus scraping kwok's emulated usage.
+
+A service pod (2 cpu / 4 GiB requested) uses a quarter of it; with the fixture classes of e2e/test_slack_kwok.py
+its node publishes 1500 m / 3 GiB of batch capacity, and the stock default-scheduler binds two batch pods of
+500 m / 1 GiB each on it: a bronze one and a gold one. The service's memory usage then rises to 2.5 GiB (its kwok
+usage annotation): only 1.5 GiB is really idle for 2 GiB of batch pods. The slack controller measures that
+through Prometheus and evicts the bronze pod through the Eviction API: first refused (429) while a
+PodDisruptionBudget covers it, then, once the budget is gone, evicted with a Warning Event on the pod and on the
+node; the gold pod keeps running, and the node publishes no more than its real slack (1.5 GiB).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from kubernetes_asyncio import client as k8s
+from prometheus_client import CollectorRegistry
+
+from extender.config import KubernetesConfig
+from extender.controller.slack import (
+    BATCH_CPU,
+    BATCH_MEMORY,
+    EVICTION_REASON,
+    SlackController,
+    SlackMetrics,
+    SlackSettings,
+)
+from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
+from extender.core.slack import Amount
+from extender.kube.client import new_api_client
+from extender.kube.sync_client import Kube
+from extender.kube.usage import PrometheusUsage
+from tests.live import require_kubeconfig
+
+pytestmark = [pytest.mark.live]
+
+GI = 2**30
+IMAGE = "registry.invalid/pause:3.9"
+CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
+
+
+@pytest.fixture
+def env() -> Iterator[tuple[Kube, str, str, str]]:
+    kubeconfig = require_kubeconfig()
+    kube = Kube(kubeconfig)
+    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
+    if not prom:
+        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
+    rid = f"coloc-{uuid.uuid4().hex[:6]}"
+    kube.ensure_namespace(rid)
+    node = f"{rid}-node"
+    kube.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
+            },
+            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
+            "status": {
+                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            },
+        }
+    )
+    try:
+        yield kube, prom, rid, kubeconfig
+    finally:
+        kube.delete_namespace(rid)
+        kube.delete_node(node)
+        kube.close()
+
+
+def _batch_pod(name: str, rid: str, cls: str) -> dict[str, Any]:
+    want = {BATCH_CPU: "500", BATCH_MEMORY: str(GI)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"app": name},
+            "annotations": {"qos.kube-qos-extender.io/kind": "batch", "qos.kube-qos-extender.io/class": cls},
+        },
+        "spec": {
+            "nodeSelector": {"e2e-run": rid},
+            "tolerations": [{"key": "e2e-run", "operator": "Equal", "value": rid, "effect": "NoSchedule"}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "c", "image": IMAGE, "resources": {"requests": want, "limits": want}}],
+        },
+    }
+
+
+def _running(kube: Kube, ns: str, name: str) -> bool:
+    try:
+        pod = kube.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+    except Exception:
+        return False
+    return pod.get("status", {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    got = registry.get_sample_value(name, labels)
+    return 0.0 if got is None else got
+
+
+async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_one(
+    env: tuple[Kube, str, str, str], tmp_path: Path
+) -> None:
+    kube, prom, ns, kubeconfig = env
+    node = f"{ns}-node"
+    kube.create_pod(
+        ns,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "svc",
+                "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
+            },
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
+                ],
+            },
+        },
+    )
+    kube.wait(lambda: _running(kube, ns, "svc"), "svc Running")
+    slots = CFG.slots
+    model = fit_model(
+        CFG,
+        {
+            "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
+            "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
+        },
+        now=time.time(),
+    )
+    settings = SlackSettings(
+        model_path=tmp_path / "model.json",
+        config=CFG,
+        history_seconds=600.0,
+        classify_seconds=600.0,
+        step_seconds=5.0,
+        node_selector=f"e2e-run={ns}",
+    )
+    registry = CollectorRegistry()
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    try:
+        async with aiohttp.ClientSession() as session:
+            reader = PrometheusUsage(prom, session, rate_window="30s")
+            ctl = SlackController(settings, k8s.CoreV1Api(api), reader, model=model, metrics=SlackMetrics(registry))
+            assert await ctl.start() == "given"
+            amounts: dict[str, Amount] = {}
+            deadline = time.monotonic() + 150
+            while time.monotonic() < deadline:
+                amounts = await ctl.step()
+                if amounts[node] != Amount(0, 0):
+                    break
+                await asyncio.sleep(3)
+            else:
+                pytest.fail(f"the service was never classified; last published: {amounts}")
+            assert amounts[node] == Amount(1500, 3 * GI)
+            assert _value(registry, "qos_extender_slack_published_batch_memory_bytes", node=node) == 3 * GI
+
+            for name, cls in (("bronze", "bronze"), ("gold", "gold")):
+                kube.create_pod(ns, _batch_pod(name, ns, cls))
+            kube.wait(
+                lambda: _running(kube, ns, "bronze") and _running(kube, ns, "gold"),
+                "both bound and Running",
+                timeout=90,
+            )
+            await ctl.step()  # both fit: 1000 m / 2 GiB of 1500 m / 3 GiB
+            assert ctl.evicted == [] and _value(registry, "qos_extender_slack_prediction_misses_total") == 0
+
+            kube.create(
+                f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": "keep-bronze"},
+                    "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "bronze"}}},
+                },
+            )
+            kube.request(
+                "PATCH",
+                f"/api/v1/namespaces/{ns}/pods/svc",
+                {"metadata": {"annotations": {"kwok.x-k8s.io/usage-memory": "2560Mi"}}},
+                content_type="application/merge-patch+json",
+            )
+            # Prometheus sees the new working set after its next scrape of kwok; the PDB refuses the eviction
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                await ctl.step()
+                if _value(registry, "qos_extender_slack_evictions_total", result="pdb") > 0:
+                    break
+                await asyncio.sleep(2)
+            else:
+                pytest.fail("the eviction of bronze was never attempted (or not refused by its budget)")
+            assert ctl.evicted == [] and _running(kube, ns, "bronze") and _running(kube, ns, "gold")
+            assert _value(registry, "qos_extender_slack_prediction_misses_total") >= 1
+
+            kube.request("DELETE", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/keep-bronze")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not ctl.evicted:
+                amounts = await ctl.step()
+                await asyncio.sleep(1)
+    finally:
+        await api.close()
+    assert ctl.evicted == [f"{ns}/bronze"], "bronze (lowest class) alone goes: 1 GiB of gold fits in 1.5 GiB"
+    kube.wait(lambda: not _running(kube, ns, "bronze"), "bronze gone", timeout=60)
+    assert _running(kube, ns, "gold")
+    assert _value(registry, "qos_extender_slack_evictions_total", result="evicted") == 1
+    # the missed node lends only what is really idle: 4 GiB - 2.5 GiB
+    assert amounts[node].memory_bytes == 4 * GI - 2560 * 2**20
+    assert kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"][BATCH_MEMORY] == str(4 * GI - 2560 * 2**20)
+
+    def reason(items: list[dict[str, Any]], kind: str, name: str) -> list[str]:
+        return [
+            e.get("message", "")
+            for e in items
+            if e.get("reason") == EVICTION_REASON
+            and e.get("involvedObject", {}).get("kind") == kind
+            and e.get("involvedObject", {}).get("name") == name
+        ]
+
+    (pod_event,) = reason(kube.events(ns), "Pod", "bronze")
+    assert f"{ns}/svc" in pod_event and f"{ns}/bronze evicted" in pod_event
+    assert reason(kube.events("default"), "Node", node)
+    assert not reason(kube.events(ns), "Pod", "gold")
