@@ -269,6 +269,8 @@ class Bench:
             src_cid = src["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
             kube.wait(lambda: len(self.c.logs(ns, "counter")) >= 5 or None, "5 ticks", timeout=60, interval=0.5)
             result["agents_back_seconds"] = round(self.wait_agents(), 2)
+            for node in (source, dest):  # nothing left armed by an earlier run (a fault set for every attempt)
+                self.arm(node, {})
             if fault == "dest-killed-mid-transfer":
                 self.arm(dest, {"destination.kill.during-transfer": 1})
             elif fault == "source-killed-after-checkpoint":

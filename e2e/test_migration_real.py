@@ -353,3 +353,54 @@ def test_faults_on_real_pods_end_with_one_copy_and_no_lost_progress(product: Pro
     assert deleted["node_deleted"] and deleted["outcome"] == "rolled_back" and deleted["survivor"] == "source"
     assert "is gone" in deleted["reason"] or "binding" in deleted["reason"], deleted["reason"]
     assert _ready(product.kube.get(f"/api/v1/nodes/{batch}")), "the deleted node registered again"
+
+
+def test_a_runtime_without_restore_refuses_cleanly_and_nothing_is_evicted(
+    product: Product,  # noqa: F811
+    namespace: str,  # noqa: F811
+    flow: ConsolidationFlow,
+) -> None:
+    """The destination's containerd restarted with ``enable_experimental_restore_via_create = false`` (what 2.2.7+
+    and 2.3.4+ default to, and what 2.4 no longer has): the pod made from the checkpoint image cannot be restored
+    there. The move must end as a clean refusal (agent README, "Runtime support"): the destination pod deleted,
+    the checkpoint image discarded, the source never stopped and still counting, one copy."""
+    kube = product.kube
+    batch, service = _group_nodes(product)
+    script = str(Path(__file__).resolve().parents[1] / "hack/real-nodes.sh")
+
+    def restart_containerd(restore: str) -> None:
+        env = dict(product.env, QOS_NODE_RESTORE_VIA_CREATE=restore)
+        out = subprocess.run([script, "restart-containerd", service], env=env, capture_output=True, text=True,
+                             timeout=300, check=False)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        toml = (NODES_ROOT / service / "containerd.toml").read_text()
+        assert f"enable_experimental_restore_via_create = {restore}" in toml
+        kube.wait(lambda: _ready(kube.get(f"/api/v1/nodes/{service}")) or None, "node Ready", timeout=120)
+
+    restart_containerd("false")
+    try:
+        kube.create_pod(namespace, _counter("counter", batch))
+        path = f"/api/v1/namespaces/{namespace}/pods/counter"
+        src = kube.wait(lambda: pod if _ready(pod := kube.get(path)) else None, "the counter Running", timeout=120)
+        src_cid = _cid(src)
+        kube.wait(lambda: len(_logs(product, namespace, "counter")) >= 3 or None, "3 ticks", timeout=60, interval=0.5)
+        loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
+        mid = f"counter-norestore-{uuid.uuid4().hex[:8]}"
+        result = loop.run_until_complete(flow.move_pod(mid, kube.get(path), batch, service))
+        print("\nno-restore runtime:", result["outcome"], result["reason"][:400])
+        assert result["verdict"] is MoveVerdict.ROLL_BACK and result["outcome"] == "rolled_back", result
+        assert "checkpoint image discarded" in result["reason"], result["reason"]
+        # containerd 2.3.7: "CreateContainerError: checkpoint restore via CreateContainer is disabled by configuration"
+        assert "CreateContainerError" in result["reason"], result["reason"]
+        kube.wait(lambda: [p["metadata"]["name"] for p in _pods(product, namespace)] == ["counter"] or None,
+                  "only the source pod left", timeout=60, interval=0.5)  # fmt: skip
+        assert _cid(kube.get(path)) == src_cid and src_cid in _running_tasks(product, batch)
+        before = _logs(product, namespace, "counter")[-1][1]
+        kube.wait(lambda: _logs(product, namespace, "counter")[-1][1] >= before + 2 or None, "the source counting on",
+                  timeout=30, interval=0.5)  # fmt: skip
+        ticks = [n for _, n in _logs(product, namespace, "counter")]
+        assert ticks == list(range(len(ticks))), "the source never restarted"
+        image = ((result.get("record") or {}).get("restored_workload") or {}).get("image")
+        assert image and image not in product.ctr(service, "images", "ls", "-q").split()
+    finally:
+        restart_containerd("true")

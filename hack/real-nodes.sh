@@ -12,6 +12,11 @@
 #                                                             after the autoscaler deleted the instance)
 #        hack/real-nodes.sh restart-kubelet NAME ...         (its kubelet stopped and started again: a Node
 #                                                             object deleted from the API registers again)
+#        hack/real-nodes.sh restart-containerd NAME ...      (its containerd restarted with the config written
+#                                                             anew; running containers stay with their shims)
+#
+# QOS_NODE_RESTORE_VIA_CREATE (default true): containerd's enable_experimental_restore_via_create on the nodes
+# written by up / restart-*: false makes a runtime that cannot restore a checkpoint (e2e: the clean refusal).
 #        hack/real-nodes.sh leftovers                        (exit 1, naming them, if anything of real nodes remains:
 #                                                             namespaces, links, cgroups, mounts, processes, dirs)
 #
@@ -250,7 +255,7 @@ state = "${run}/containerd"
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
   # kubelet checkpoint archives as images: restore through CreateContainer (issue 13)
-  enable_experimental_restore_via_create = true
+  enable_experimental_restore_via_create = ${QOS_NODE_RESTORE_VIA_CREATE:-true}
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
@@ -596,12 +601,13 @@ remove() {
   done
 }
 
-restart_kubelet() {
-  local name idx group flavour t
+restart() { # <kubelet|containerd> NAME...
+  local what="$1" name idx group flavour t
+  shift
   for name in "$@"; do
     read -r _ idx group flavour <<< "$(registered "${name}")"
-    stop_pid "${RUN_ROOT}/${name}/kubelet.pid"
-    start_node "${name}" "${idx}" "${group}" "${flavour}"  # starts only what is not running: the kubelet
+    stop_pid "${RUN_ROOT}/${name}/${what}.pid"
+    start_node "${name}" "${idx}" "${group}" "${flavour}"  # starts only what is not running: the one stopped
     t=$((SECONDS + 120))
     until "${KUBECTL[@]}" get "node/${name}" >/dev/null 2>&1; do
       ((SECONDS < t)) || die "${name} did not register again; see ${LOGS}/${name}-kubelet.log"
@@ -609,14 +615,15 @@ restart_kubelet() {
     done
     "${KUBECTL[@]}" annotate --overwrite node "${name}" \
       "qos.kube-qos-extender.io/price-per-hour=$(cat "${NODES_ROOT}/${name}/price")" >/dev/null
-    log "${name}: kubelet restarted, node registered"
+    log "${name}: ${what} restarted, node registered"
   done
 }
 
 case "${cmd}" in
   up) up "$@" ;;
   remove) remove "$@" ;;
-  restart-kubelet) restart_kubelet "$@" ;;
+  restart-kubelet) restart kubelet "$@" ;;
+  restart-containerd) restart containerd "$@" ;;
   leftovers) leftovers ;;
   down) down ;;
   import)
