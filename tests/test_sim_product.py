@@ -168,3 +168,46 @@ def test_no_early_plan_when_a_batch_node_frees_room_before_the_pods_slack_runs_o
 
     assert bought(50.0) == 0
     assert bought(500.0) == 1
+
+
+def test_the_sidecar_runs_the_same_slo_trigger_on_a_gated_pod() -> None:
+    """AutoscalerLoop.step passes the scan how long each gated pod has waited and its lag estimate: with the
+    classes' SLOs (as `qos-extender autoscaler` builds it) a short batch pod held by the QoS gate gets a node
+    between batch cycles; without them it waits for the cycle."""
+    from extender.autoscaler.config import AutoscalerSettings
+    from extender.autoscaler.loop import AutoscalerLoop
+    from extender.autoscaler.view import GATED_DEMAND_SECONDS, AutoscalerSnapshot
+    from extender.config import ExtenderConfig
+
+    config = ExtenderConfig()
+    pod = {
+        "metadata": {
+            "name": "short",
+            "namespace": "default",
+            "uid": "u1",
+            "annotations": {
+                "qos.kube-qos-extender.io/kind": "batch",
+                "qos.kube-qos-extender.io/runtime-seconds": "100",
+                "qos.kube-qos-extender.io/class": "bronze",
+            },
+        },
+        "spec": {
+            "schedulerName": "qos-scheduler",
+            "schedulingGates": [{"name": config.controller.gate_name}],
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+    settings = AutoscalerSettings(flavours=htas("stable").flavours)
+    slo = {n: c.slo for n, c in config.policy.classes.items()}
+
+    def bought(with_slo: bool) -> int:
+        snap = AutoscalerSnapshot(config)
+        snap.replace_nodes([], "1", now=0.0)
+        snap.replace_pods([pod], "1", now=0.0)
+        loop = AutoscalerLoop(settings, config.node_groups, slo=slo if with_slo else None)
+        loop.state.last_batch_plan = 0.0  # a batch cycle just ran: the next is 300 s away
+        return len(loop.step(snap, GATED_DEMAND_SECONDS + 1.0).provision)
+
+    assert bought(with_slo=True) == 1
+    assert bought(with_slo=False) == 0

@@ -129,6 +129,7 @@ class AutoscalerLoop:
         node_groups: NodeGroupsConfig,
         *,
         name_suffix: Callable[[], str] | None = None,
+        slo: Mapping[str, float] | None = None,
     ) -> None:
         autoscale.validate_catalogue(settings.flavours)
         self.s = settings
@@ -144,6 +145,7 @@ class AutoscalerLoop:
             underutil_threshold=settings.underutil_threshold,
             underutil_sustain_seconds=settings.underutil_sustain_seconds,
             batch_queue_quiet_seconds=settings.batch_queue_quiet_seconds,
+            slo=dict(slo or {}),  # class -> SLO: the scan's SLO trigger for batch pods held by the QoS gate
         )
         self.state = autoscale_scan.ScanState()  # ledgers by group, batch cycle, idle and under-utilisation clocks
         self._ungrouped: tuple[autoscale.Provisioning, ...] = ()  # adopted entries of no known group
@@ -249,6 +251,8 @@ class AutoscalerLoop:
             accepts=accepts,
             counts=lambda p: not _is_daemon(p),
             leaving=frozenset(self.deleting),
+            waited={k: now - i.gated_since for k, i in snap.pending.items() if i.gated_since is not None},
+            lag_seconds=self.lag_estimate(),
         )
         d.uncovered = dict(result.uncovered)
         d.limited = result.limited

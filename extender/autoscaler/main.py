@@ -210,7 +210,7 @@ async def start_autoscaler(
         from extender.autoscaler.providers.kwok import KwokProvider
 
         provider = KwokProvider(api_client, settings.kwok_lag, config.kubernetes.request_timeout_seconds)
-    loop = AutoscalerLoop(settings, config.node_groups)
+    loop = AutoscalerLoop(settings, config.node_groups, slo={n: c.slo for n, c in config.policy.classes.items()})
     holder: list[RunningAutoscaler] = []
     app = _metrics_app(lambda: holder[0] if holder else None, snapshot, metrics)
     runner = web.AppRunner(app, access_log=None)
