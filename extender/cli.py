@@ -121,7 +121,7 @@ def _simulate(args: argparse.Namespace) -> int:
     config = SimConfig(**overrides)
     if args.product_config:
         config = dataclasses.replace(config, product=load_product_settings(args.product_config))
-    default = ["qos-driven", "priority"] if workload.hosts else ["htas", "k8s"]
+    default = ["qos-driven", "priority"] if workload.hosts else ["product", "htas", "k8s"]
     policies = args.policy or default
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
