@@ -1,0 +1,181 @@
+"""`qos-extender serve` with `slack.enabled` (issue 16): the process started from a config file runs the slack
+controller beside the extender, on the local cluster (real kube-apiserver, kwok, Prometheus scraping kwok's
+emulated usage). The model file given in `slack.model_path` is loaded, the kwok service is classified from its
+measured usage and its node gets the Eq. 3 batch capacity in its status, and the extender's /metrics carries
+the qos_extender_slack_ metrics. The default file's `slack.enabled: false` publishes nothing (checked first)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from extender.config import DEFAULT_CONFIG_PATH
+from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
+from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
+from extender.kube.sync_client import Kube
+from tests.live import require_kubeconfig
+
+pytestmark = [pytest.mark.live]
+
+GI = 2**30
+IMAGE = "registry.invalid/pause:3.9"
+CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def env() -> Iterator[tuple[Kube, str, str, str]]:
+    kubeconfig = require_kubeconfig()
+    kube = Kube(kubeconfig)
+    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
+    if not prom:
+        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
+    rid = f"slsrv-{uuid.uuid4().hex[:6]}"
+    kube.ensure_namespace(rid)
+    node = f"{rid}-node"
+    kube.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
+            },
+            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
+            "status": {
+                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            },
+        }
+    )
+    kube.create_pod(
+        rid,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "svc",
+                "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
+            },
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
+                ],
+            },
+        },
+    )
+    try:
+        yield kube, prom, rid, kubeconfig
+    finally:
+        kube.delete_namespace(rid)
+        kube.delete_node(node)
+        kube.close()
+
+
+def _serve(config: dict[str, Any], path: Path) -> subprocess.Popen[bytes]:
+    path.write_text(yaml.safe_dump(config))
+    with (path.parent / "serve.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "extender.cli", "serve", "--config", str(path)], stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def _metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text: str = resp.read().decode()
+            return text
+    except OSError:
+        return ""
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_runs_the_slack_controller_when_enabled(env: tuple[Kube, str, str, str], tmp_path: Path) -> None:
+    kube, prom, ns, kubeconfig = env
+    node = f"{ns}-node"
+    base = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    base["kubernetes"]["kubeconfig"] = kubeconfig
+    base["controller"]["enabled"] = False
+    base["slack"].update(
+        prometheus_url=prom,
+        rate_window="30s",
+        model_path=str(tmp_path / "model.json"),
+        refresh_seconds=2,
+        history_seconds=600,
+        classify_seconds=600,
+        step_seconds=5,
+        node_selector=f"e2e-run={ns}",
+        characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
+    )
+    slots = CFG.slots
+    save_model(
+        tmp_path / "model.json",
+        fit_model(
+            CFG,
+            {
+                "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
+                "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
+            },
+            now=time.time(),
+        ),
+    )
+
+    # the shipped default: off, nothing published even with a model at hand
+    port = _free_port()
+    proc = _serve(
+        {**base, "server": {"host": "127.0.0.1", "port": port}, "slack": {**base["slack"]}}, tmp_path / "off.yaml"
+    )
+    try:
+        kube.wait(lambda: "qos_extender_requests" in _metrics(port), "extender (slack off) serving", timeout=60)
+        time.sleep(5)  # several refresh intervals, had it been on
+        assert "qos_extender_slack_" not in _metrics(port)
+        assert BATCH_CPU not in kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"]
+    finally:
+        _stop(proc)
+
+    base["slack"]["enabled"] = True
+    port = _free_port()
+    proc = _serve({**base, "server": {"host": "127.0.0.1", "port": port}}, tmp_path / "on.yaml")
+    try:
+
+        def published() -> bool:
+            allocatable: dict[str, str] = kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"]
+            return allocatable.get(BATCH_CPU) == "1500" and allocatable.get(BATCH_MEMORY) == str(3 * GI)
+
+        kube.wait(published, "1500 m / 3 GiB published by serve's slack controller", timeout=150, interval=2)
+        text = _metrics(port)
+        assert f'qos_extender_slack_published_batch_cpu_millicores{{node="{node}"}} 1500.0' in text
+        assert 'qos_extender_slack_model_classes{resource="cpu"} 2.0' in text
+        assert "qos_extender_slack_refresh_duration_seconds_count" in text
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, (tmp_path / "serve.log").read_text()[-2000:]
