@@ -2,12 +2,20 @@
 controller beside the extender, on the local cluster (real kube-apiserver, kwok, Prometheus scraping kwok's
 emulated usage). The model file given in `slack.model_path` is loaded, the kwok service is classified from its
 measured usage and its node gets the Eq. 3 batch capacity in its status, and the extender's /metrics carries
-the qos_extender_slack_ metrics. The default file's `slack.enabled: false` publishes nothing (checked first)."""
+the qos_extender_slack_ metrics. The default file's `slack.enabled: false` publishes nothing (checked first).
+
+With `slack.colocate.enabled` and the API server calling that process' admission webhook (a
+MutatingWebhookConfiguration of the test's own, for its namespace only), a bronze batch pod annotated
+`qos.kube-qos-extender.io/colocate: "true"` is stored with batch-cpu/batch-memory instead of cpu/memory and the
+stock default-scheduler binds it on the published slack; a second one no longer fits; a malformed value leaves
+the pod as it was, with a Warning Event."""
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,6 +32,7 @@ import yaml
 from extender.config import DEFAULT_CONFIG_PATH
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
+from extender.core.model import memory_bytes
 from extender.kube.sync_client import Kube
 from tests.live import require_kubeconfig
 
@@ -101,9 +110,10 @@ def _serve(config: dict[str, Any], path: Path) -> subprocess.Popen[bytes]:
         )
 
 
-def _metrics(port: int) -> str:
+def _metrics(port: int, tls: ssl.SSLContext | None = None) -> str:
+    scheme = "https" if tls is not None else "http"
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(f"{scheme}://127.0.0.1:{port}/metrics", timeout=5, context=tls) as resp:
             text: str = resp.read().decode()
             return text
     except OSError:
@@ -179,3 +189,154 @@ def test_serve_runs_the_slack_controller_when_enabled(env: tuple[Kube, str, str,
     finally:
         _stop(proc)
     assert proc.returncode == 0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+def _needs(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        pytest.fail(f"{name} is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
+    return value
+
+
+def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, str, str], tmp_path: Path) -> None:
+    kube, prom, ns, kubeconfig = env
+    node = f"{ns}-node"
+    ca, cert, key = _needs("EXTENDER_CA"), _needs("EXTENDER_SERVING_CERT"), _needs("EXTENDER_SERVING_KEY")
+    tls = ssl.create_default_context(cafile=ca)
+    tls.load_cert_chain(_needs("EXTENDER_CLIENT_CERT"), _needs("EXTENDER_CLIENT_KEY"))  # the metrics client
+    config = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    config["kubernetes"]["kubeconfig"] = kubeconfig
+    config["controller"]["enabled"] = False
+    port = _free_port()
+    config["server"] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "tls": {"cert_file": cert, "key_file": key, "client_ca_file": ca},
+    }
+    config["slack"].update(
+        enabled=True,
+        prometheus_url=prom,
+        rate_window="30s",
+        model_path=str(tmp_path / "model.json"),
+        refresh_seconds=2,
+        history_seconds=600,
+        classify_seconds=600,
+        step_seconds=5,
+        node_selector=f"e2e-run={ns}",
+        characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
+        colocate={"enabled": True, "classes": ["bronze"]},
+    )
+    slots = CFG.slots
+    save_model(
+        tmp_path / "model.json",
+        fit_model(
+            CFG,
+            {
+                "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
+                "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
+            },
+            now=time.time(),
+        ),
+    )
+    proc = _serve(config, tmp_path / "colocate.yaml")
+    hook = f"{ns}-colocate"
+    try:
+        kube.wait(lambda: "qos_extender_requests" in _metrics(port, tls), "extender serving over TLS", timeout=60)
+        kube.create(
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "MutatingWebhookConfiguration",
+                "metadata": {"name": hook},
+                "webhooks": [
+                    {
+                        "name": "colocate.e2e.qos.kube-qos-extender.io",
+                        "admissionReviewVersions": ["v1"],
+                        "sideEffects": "None",
+                        "failurePolicy": "Fail",
+                        "timeoutSeconds": 10,
+                        "clientConfig": {
+                            "url": f"https://127.0.0.1:{port}/admission/mutate",
+                            "caBundle": base64.b64encode(Path(ca).read_bytes()).decode(),
+                        },
+                        "rules": [
+                            {
+                                "apiGroups": [""],
+                                "apiVersions": ["v1"],
+                                "operations": ["CREATE"],
+                                "resources": ["pods"],
+                                "scope": "Namespaced",
+                            }
+                        ],
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    }
+                ],
+            },
+        )
+
+        def published() -> bool:
+            allocatable: dict[str, str] = kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"]
+            return allocatable.get(BATCH_CPU) == "1500" and allocatable.get(BATCH_MEMORY) == str(3 * GI)
+
+        kube.wait(published, "1500 m / 3 GiB published", timeout=150, interval=2)
+
+        def batch(name: str, value: str) -> dict[str, Any]:
+            return {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "annotations": {
+                        "qos.kube-qos-extender.io/kind": "batch",
+                        "qos.kube-qos-extender.io/class": "bronze",
+                        "qos.kube-qos-extender.io/colocate": value,
+                    },
+                },
+                "spec": {
+                    "nodeSelector": {"e2e-run": ns},
+                    "tolerations": [{"key": "e2e-run", "operator": "Equal", "value": ns, "effect": "NoSchedule"}],
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [
+                        {"name": "c", "image": IMAGE, "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
+                    ],
+                },
+            }
+
+        stored = kube.create_pod(ns, batch("moved-1", "true"))
+        want = {BATCH_CPU: 1000, BATCH_MEMORY: 2 * GI}  # the API server stores 1000 as its canonical "1k"
+        res = stored["spec"]["containers"][0]["resources"]
+        assert set(res) == {"requests", "limits"}
+        for part in ("requests", "limits"):
+            assert {k: memory_bytes(v) for k, v in res[part].items()} == want, res
+        kube.wait(
+            lambda: kube.get(f"/api/v1/namespaces/{ns}/pods/moved-1")["spec"].get("nodeName") == node,
+            "moved-1 bound on the slack",
+        )
+        kube.create_pod(ns, batch("moved-2", "true"))  # 1000 + 1000 m > 1500 m published
+
+        def refused() -> bool:
+            return any(
+                e.get("reason") == "FailedScheduling"
+                and e.get("involvedObject", {}).get("name") == "moved-2"
+                and f"Insufficient {BATCH_CPU}" in e.get("message", "")
+                for e in kube.events(ns)
+            )
+
+        kube.wait(refused, "moved-2 refused for lack of batch-cpu", timeout=60)
+        bad = kube.create_pod(ns, batch("malformed", "yes"))
+        assert bad["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1", "memory": "2Gi"}
+
+        def warned() -> bool:
+            return any(
+                e.get("involvedObject", {}).get("name") == "malformed"
+                and e.get("type") == "Warning"
+                and "qos.kube-qos-extender.io/colocate" in e.get("message", "")
+                for e in kube.events(ns)
+            )
+
+        kube.wait(warned, "a Warning Event on the malformed pod", timeout=60)
+    finally:
+        kube.request(
+            "DELETE", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{hook}", ok=(200, 404)
+        )
+        _stop(proc)
