@@ -18,29 +18,36 @@ __all__ = ["run_serve_command"]
 
 async def _serve(config: ExtenderConfig, slack: Any) -> None:
     """webhook.serve.serve, plus the slack controller as one more task of the running extender (stopped with
-    it, on its API client and in its /metrics registry)."""
+    it, on its API client and in its /metrics registry). With ``controller.leader_election.enabled`` only the
+    holder of the Lease ``<controller lease>-slack`` runs it, so replicas never evict the same pod twice or
+    fight over node status; a replica that loses the Lease stops its refreshes at once."""
+    from extender.controller.leader import Leadership
     from extender.controller.slack import run_slack_controller
     from extender.signals import stop_event
     from extender.webhook.serve import start
 
     running = await start(config)
     stop = stop_event()
+
+    async def publish() -> None:
+        await run_slack_controller(
+            slack,
+            running.api_client,
+            classes=config.policy.classes,
+            defaults=config.pod_defaults,
+            registry=running.metrics.registry,
+            event_component=config.kubernetes.event_component if config.kubernetes.events else None,
+            stop=stop,
+        )
+
     try:
         if slack.enabled:
-            running.tasks.append(
-                asyncio.create_task(
-                    run_slack_controller(
-                        slack,
-                        running.api_client,
-                        classes=config.policy.classes,
-                        defaults=config.pod_defaults,
-                        registry=running.metrics.registry,
-                        event_component=config.kubernetes.event_component if config.kubernetes.events else None,
-                        stop=stop,
-                    ),
-                    name="slack-controller",
-                )
-            )
+            election = config.controller.leader_election
+            if election.enabled:
+                leadership = Leadership(running.api_client, election, f"{config.controller.lease_name}-slack", publish)
+                running.tasks.append(asyncio.create_task(leadership.run(), name="slack-controller-election"))
+            else:
+                running.tasks.append(asyncio.create_task(publish(), name="slack-controller"))
         await stop.wait()
     finally:
         logging.getLogger("extender.webhook.serve").info("stopping")
