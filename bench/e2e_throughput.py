@@ -1,20 +1,29 @@
 """Scheduling throughput through the real kube-scheduler: qos-scheduler (with our extender) vs default-scheduler,
 same cluster, same run. Prints pods/s of each and the ratio (goal >= 0.9). Never pass/fail on time.
 
-    .venv/bin/python bench/e2e_throughput.py [--nodes 500] [--pods 2000] [--keep]
+    .venv/bin/python bench/e2e_throughput.py [--nodes 500] [--pods 2000] [--keep] [--loopback PORT] [--json F]
 
-Brings up its own local control plane (hack/local-up.sh, state /tmp/qos-bench, ports 54xxx) with the extender,
+Brings up its own local control plane (hack/local-up.sh, state /tmp/qos-bench, ports 54xxx; override any of ENV
+below with BENCH_<NAME>, e.g. BENCH_QOS_STATE=/tmp/qos-me BENCH_QOS_APISERVER_PORT=6444 ...) with the extender,
 `--nodes` kwok nodes (m1.xlarge, service group) and the scheduler's client rate limit raised for both profiles
 (one kube-scheduler process serves both: QOS_SCHEDULER_QPS/BURST, default 50/100 -> 2000/4000).
 
 Method: the kube-scheduler process is paused (SIGSTOP) while the pods of one phase are created, then resumed
 (SIGCONT): the time from resume until the last pod is bound measures scheduling alone, not how fast this
 script can POST pods. Each phase starts from an empty namespace (the previous phase's pods deleted and gone).
+
+Per phase it also reports each component's CPU per pod (ms, while binding and over the whole phase including
+the creation, where the admission webhook runs) and the API writes per pod by verb and resource, from the
+API server's apiserver_request_total (everything written between the first create and the last bind: pod
+creation, bindings, status updates by kwok, our gates, pins, annotations and events), so the qos phase's extra
+writes per pod are its difference to the default phase. --loopback PORT has kube-scheduler call the verbs
+over plain HTTP on 127.0.0.1:PORT (server.loopback_verbs_port, the sidecar topology's transport).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -71,11 +80,34 @@ def cpu_seconds(state: Path, name: str) -> float:
 
 
 COMPONENTS = ("kube-scheduler", "qos-extender", "kube-apiserver", "etcd", "kwok")
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 
 
-def phase(kube: Kube, state: Path, ns: str, n: int, qos: bool) -> float:
+def api_writes(kube: Kube) -> dict[str, float]:
+    """Mutating requests the API server has served so far, by "VERB resource[/subresource]"."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = kube.http.request("GET", kube.server + "/metrics", headers={"Accept": "text/plain"})
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(resp.data.decode()):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name != "apiserver_request_total" or sample.labels.get("verb") not in WRITE_VERBS:
+                continue
+            res = sample.labels.get("resource", "")
+            if sample.labels.get("subresource"):
+                res += "/" + sample.labels["subresource"]
+            key = f"{sample.labels['verb']} {res}"
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def phase(kube: Kube, state: Path, ns: str, n: int, qos: bool, timeout: float) -> dict[str, Any]:
     kube.ensure_namespace(ns)
     sched_pid = int((state / "pids" / "kube-scheduler.pid").read_text())
+    writes0 = api_writes(kube)
+    cpu_start = {c: cpu_seconds(state, c) for c in COMPONENTS}
     os.kill(sched_pid, signal.SIGSTOP)
     try:
         t_create = time.monotonic()
@@ -90,13 +122,16 @@ def phase(kube: Kube, state: Path, ns: str, n: int, qos: bool) -> float:
         done = bound_count(kube, ns)
         if done >= n:
             break
-        if time.monotonic() - t0 > 600:
-            print(f"  {ns}: only {done}/{n} bound after 600 s", file=sys.stderr)
+        if time.monotonic() - t0 > timeout:
+            print(f"  {ns}: only {done}/{n} bound after {timeout:.0f} s", file=sys.stderr)
             break
         last = done
         time.sleep(0.2)
     elapsed = time.monotonic() - t0
-    cpu = {c: cpu_seconds(state, c) - cpu0[c] for c in COMPONENTS}
+    cpu_end = {c: cpu_seconds(state, c) for c in COMPONENTS}
+    cpu = {c: cpu_end[c] - cpu0[c] for c in COMPONENTS}
+    writes1 = api_writes(kube)
+    writes = {k: v - writes0.get(k, 0.0) for k, v in writes1.items() if v - writes0.get(k, 0.0) > 0}
     rate = min(done, n) / elapsed
     print(
         f"  {ns:<16} {n} pods created in {create_s:.1f} s (scheduler paused); bound in {elapsed:.2f} s -> "
@@ -104,13 +139,35 @@ def phase(kube: Kube, state: Path, ns: str, n: int, qos: bool) -> float:
         flush=True,
     )
     print("    cpu seconds while binding: " + ", ".join(f"{c} {v:.1f}" for c, v in cpu.items()), flush=True)
+    per_pod = {c: 1000 * v / n for c, v in cpu.items()}
+    whole = {c: 1000 * (cpu_end[c] - cpu_start[c]) / n for c in COMPONENTS}
+    print("    cpu ms/pod while binding: " + ", ".join(f"{c} {v:.2f}" for c, v in per_pod.items()), flush=True)
+    print("    cpu ms/pod whole phase:   " + ", ".join(f"{c} {v:.2f}" for c, v in whole.items()), flush=True)
+    total_writes = sum(writes.values())
+    top = sorted(writes.items(), key=lambda kv: -kv[1])[:8]
+    print(
+        f"    API writes/pod {total_writes / n:.2f}: " + ", ".join(f"{k} {v / n:.2f}" for k, v in top),
+        flush=True,
+    )
     del last
-    return rate
+    return {
+        "namespace": ns,
+        "pods": n,
+        "bound": min(done, n),
+        "create_seconds": create_s,
+        "bind_seconds": elapsed,
+        "pods_per_second": rate,
+        "cpu_seconds_while_binding": cpu,
+        "cpu_ms_per_pod_while_binding": per_pod,
+        "cpu_ms_per_pod_whole_phase": whole,
+        "api_writes_per_pod": total_writes / n,
+        "api_writes_per_pod_by_kind": {k: v / n for k, v in sorted(writes.items())},
+    }
 
 
 def cleanup(kube: Kube, ns: str) -> None:
     kube.delete_namespace(ns)
-    kube.wait(lambda: not kube.pods(ns), f"{ns} pods gone", timeout=300, interval=1.0)
+    kube.wait(lambda: not kube.pods(ns), f"{ns} pods gone", timeout=900, interval=2.0)
 
 
 def main() -> int:
@@ -119,8 +176,13 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=1, help="alternate default/qos phases this many times")
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
+    ap.add_argument("--loopback", type=int, help="verbs over plain HTTP on 127.0.0.1:PORT (sidecar transport)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="give up on a phase after this many seconds")
+    ap.add_argument("--json", help="write the phases and the ratio as JSON here")
     args = ap.parse_args()
     env = {**os.environ, **{k: os.environ.get(f"BENCH_{k}", v) for k, v in ENV.items()}}
+    if args.loopback:
+        env["QOS_EXTENDER_LOOPBACK_PORT"] = str(args.loopback)
     env.pop("KUBECONFIG", None)
     state = Path(env["QOS_STATE"])
     t0 = time.monotonic()
@@ -139,11 +201,15 @@ def main() -> int:
     )
     kube = Kube(values["KUBECONFIG"], maxsize=32)
     rates: dict[str, list[float]] = {"default": [], "qos": []}
+    phases: list[dict[str, Any]] = []
+    calls: dict[str, dict[str, float]] = {}
     try:
         for r in range(args.rounds):
             for name, qos in (("default", False), ("qos", True)):
                 ns = f"bench-{name}-{r}"
-                rates[name].append(phase(kube, state, ns, args.pods, qos))
+                result = phase(kube, state, ns, args.pods, qos, args.timeout)
+                phases.append({"profile": name, **result})
+                rates[name].append(result["pods_per_second"])
                 cleanup(kube, ns)
         m = scrape_metrics(
             values["EXTENDER_METRICS_URL"],
@@ -155,6 +221,7 @@ def main() -> int:
             c = m.get(("qos_extender_request_duration_seconds_count", (("verb", verb),)), 0.0)
             s = m.get(("qos_extender_request_duration_seconds_sum", (("verb", verb),)), 0.0)
             print(f"  extender {verb:<10} {int(c):>6} calls, mean {1000 * s / c if c else 0:.2f} ms")
+            calls[verb] = {"calls": c, "mean_ms": 1000 * s / c if c else 0.0}
     finally:
         kube.close()
         if not args.keep:
@@ -165,6 +232,18 @@ def main() -> int:
         f"\n{args.nodes} nodes, {args.pods} pods: default-scheduler {d:.0f} pods/s, qos-scheduler {q:.0f} pods/s, "
         f"ratio {q / d:.2f} (goal >= 0.9)"
     )
+    if args.json:
+        doc = {
+            "nodes": args.nodes,
+            "pods": args.pods,
+            "loopback": args.loopback,
+            "default_pods_per_second": d,
+            "qos_pods_per_second": q,
+            "ratio": q / d,
+            "phases": phases,
+            "extender_calls": calls,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0
 
 

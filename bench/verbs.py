@@ -15,7 +15,12 @@ victim each (DefaultPreemption's minCandidateNodesAbsolute / Percentage); bind i
 Node objects are the golden v1.28 node padded with a kubelet-like status (images, addresses, conditions),
 about 5 KiB each in JSON.
 
-    python bench/verbs.py [--sizes 100,1000,5000] [--repeat N] [--json out.json]
+    python bench/verbs.py [--sizes 100,1000,5000] [--repeat N] [--json out.json] [--transport N]
+
+--transport N: N sequential bind requests (small bodies: the connection dominates) over mTLS and plain HTTP,
+each with a kept-alive connection and with a new connection per request -- what kube-scheduler's extender
+transport does under concurrent binds (Go's MaxIdleConnsPerHost=2, no TLS session cache): the case for
+server.loopback_verbs_port in the sidecar topology. Certificates are made with openssl in a temporary folder.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ def requests_for(
     else:
         args["Nodes"] = {"metadata": {}, "items": nodes}
     candidates = max(100, len(nodes) // 10)
-    victims_full = {
+    victims_full: dict[str, dict[str, Any]] = {
         names[i]: {"Pods": [pods[i * PODS_PER_NODE]], "NumPDBViolations": 0} for i in range(min(candidates, len(names)))
     }
     preempt: dict[str, Any] = {"Pod": pending, "NodeNameToVictims": None, "NodeNameToMetaVictims": None}
@@ -254,23 +259,104 @@ def _fmt(r: dict[str, Any]) -> str:
     )
 
 
+def _openssl(*args: str, cwd: Path) -> None:
+    import subprocess
+
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def bench_transport(n: int, config: ExtenderConfig) -> list[dict[str, Any]]:
+    """requests/s of POST /bind over (mTLS | plain) x (keep-alive | new connection per request)."""
+    import dataclasses
+    import ssl
+    import tempfile
+
+    import aiohttp
+
+    from extender.config import SCHEDULER_CLIENT_CN, ServerConfig, TlsConfig
+    from extender.webhook.app import start_loopback_server, start_server
+
+    rng = random.Random(1)
+    nodes, pods, pending = make_cluster(10, rng)
+    snap = Snapshot(config)
+    snap.replace_nodes(nodes, "1", now=NOW)
+    snap.replace_pods([*pods, pending], "1", now=NOW)
+    body = orjson.dumps(requests_for(nodes, pods, pending, True)["bind"])
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+                 "-days", "1", "-subj", "/CN=bench-ca", cwd=d)  # fmt: skip
+        for name, subj, ext in (("server", "/CN=server", "subjectAltName=IP:127.0.0.1"),
+                                ("client", f"/CN={SCHEDULER_CLIENT_CN}", "extendedKeyUsage=clientAuth")):  # fmt: skip
+            _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                     "-subj", subj, cwd=d)  # fmt: skip
+            (d / f"{name}.ext").write_text(ext + "\n")
+            _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                     "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
+        tls = TlsConfig(str(d / "server.crt"), str(d / "server.key"), str(d / "ca.crt"))
+        cfg = dataclasses.replace(config, server=ServerConfig(port=0, tls=tls))
+        client_ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
+        client_ctx.load_cert_chain(str(d / "client.crt"), str(d / "client.key"))
+
+        async def run() -> None:
+            tls_runner, tls_port = await start_server(make_app(cfg, snap, InstantBinder(), metrics=Metrics()), cfg)
+            plain_app = make_app(cfg, snap, InstantBinder(), metrics=Metrics(), verbs_only=True)
+            plain_runner, plain_port = await start_loopback_server(plain_app, 0)
+            try:
+                for label, url, ctx in (
+                    ("mtls", f"https://127.0.0.1:{tls_port}/bind", client_ctx),
+                    ("plain-loopback", f"http://127.0.0.1:{plain_port}/bind", None),
+                ):
+                    for reuse in (True, False):
+                        connector = aiohttp.TCPConnector(force_close=not reuse, ssl=ctx if ctx else False)
+                        async with aiohttp.ClientSession(connector=connector) as session:
+                            t0 = time.perf_counter()
+                            for _ in range(n):
+                                async with session.post(url, data=body) as resp:
+                                    await resp.read()
+                                    assert resp.status == 200, resp.status
+                                snap.ledger.forget("default/incoming")
+                            dt = time.perf_counter() - t0
+                        row = {"transport": label, "keep_alive": reuse, "requests": n, "rps": n / dt,
+                               "ms_per_request": 1e3 * dt / n}  # fmt: skip
+                        rows.append(row)
+                        print(f"  {label:<15} keep-alive={str(reuse).lower():<5} {row['rps']:8.1f} req/s "
+                              f"{row['ms_per_request']:6.2f} ms/request", file=sys.stderr)  # fmt: skip
+            finally:
+                await tls_runner.cleanup()
+                await plain_runner.cleanup()
+
+        asyncio.run(run())
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="100,1000,5000")
     ap.add_argument("--repeat", type=int, default=40)
     ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--transport", type=int, default=0, help="also time N binds per transport (0: skip)")
     args = ap.parse_args()
     logging.getLogger("extender").setLevel(logging.ERROR)
     config = ExtenderConfig()
     rows: list[dict[str, Any]] = []
     print(HEADER, file=sys.stderr)
-    for n in (int(s) for s in args.sizes.split(",")):
+    for n in (int(s) for s in args.sizes.split(",") if s):
         rows += bench_size(n, args.repeat, config)
+    if args.transport:
+        print("\ntransport: POST /bind, sequential", file=sys.stderr)
+        transport = bench_transport(args.transport, config)
+        for r in transport:
+            print(f"transport {r['transport']:<15} keep-alive {str(r['keep_alive']).lower():<5} "
+                  f"{r['rps']:8.1f} req/s")  # fmt: skip
+        rows += transport
     print("times in ms; dec = decision with warm node-view cache (steady state), cold = every view rebuilt;")
     print("ratio = dec p50 / (orjson parse + dump p50)")
     print(HEADER)
     for r in rows:
-        print(_fmt(r))
+        if "verb" in r:
+            print(_fmt(r))
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
 

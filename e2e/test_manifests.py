@@ -116,7 +116,11 @@ def test_scheduler_config_keeps_the_documented_choices(base: list[dict[str, Any]
     assert cfg["leaderElection"]["leaderElect"] is True
     assert [p["schedulerName"] for p in cfg["profiles"]] == ["qos-scheduler"]
     (ext,) = cfg["extenders"]
-    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True and ext["weight"] == 5
+    assert ext["nodeCacheCapable"] is True and ext["weight"] == 5
+    # the sidecar's verbs-only plain listener on the pod's private loopback (server.loopback_verbs_port)
+    extender_cfg = yaml.safe_load(_configmap(base, "qos-extender-config")["extender.yaml"])
+    assert ext["enableHTTPS"] is False
+    assert ext["urlPrefix"] == f"http://127.0.0.1:{extender_cfg['server']['loopback_verbs_port']}"
     assert {ext[k] for k in ("filterVerb", "prioritizeVerb", "preemptVerb", "bindVerb")} == {
         "filter",
         "prioritize",
