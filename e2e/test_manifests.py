@@ -230,7 +230,11 @@ def test_kind_overlay_renders_without_operator_crds() -> None:
     docs = _render("kind")
     kinds = {d["kind"] for d in docs}
     assert not kinds & CRD_KINDS
-    images = {c["image"] for d in _by_kind(docs, "Deployment") for c in d["spec"]["template"]["spec"]["containers"]}
+    images = {
+        c["image"]
+        for d in _by_kind(docs, "Deployment")
+        for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"].get("initContainers", [])
+    }
     assert "kube-qos-extender:dev" in images
 
 
