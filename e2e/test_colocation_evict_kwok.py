@@ -111,6 +111,16 @@ def _running(kube: Kube, ns: str, name: str) -> bool:
     return pod.get("status", {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
 
 
+def _samples(registry: CollectorRegistry) -> dict[str, float]:
+    """The slack metrics, for failure messages."""
+    return {
+        f"{s.name}{s.labels}": s.value
+        for m in registry.collect()
+        for s in m.samples
+        if "evictions" in s.name or "misses" in s.name or "published" in s.name
+    }
+
+
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     got = registry.get_sample_value(name, labels)
     return 0.0 if got is None else got
@@ -184,7 +194,8 @@ async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_on
                 timeout=90,
             )
             await ctl.step()  # both fit: 1000 m / 2 GiB of 1500 m / 3 GiB
-            assert ctl.evicted == [] and _value(registry, "qos_extender_slack_prediction_misses_total") == 0
+            misses = _value(registry, "qos_extender_slack_prediction_misses_total")
+            assert ctl.evicted == [] and misses == 0, (ctl.evicted, misses)
 
             kube.create(
                 f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
@@ -209,9 +220,8 @@ async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_on
                     break
                 await asyncio.sleep(2)
             else:
-                pytest.fail("the eviction of bronze was never attempted (or not refused by its budget)")
+                pytest.fail(f"the eviction of bronze was never refused by its budget: {_samples(registry)}")
             assert ctl.evicted == [] and _running(kube, ns, "bronze") and _running(kube, ns, "gold")
-            assert _value(registry, "qos_extender_slack_prediction_misses_total") >= 1
 
             kube.request("DELETE", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/keep-bronze")
             deadline = time.monotonic() + 60
@@ -220,13 +230,18 @@ async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_on
                 await asyncio.sleep(1)
     finally:
         await api.close()
-    assert ctl.evicted == [f"{ns}/bronze"], "bronze (lowest class) alone goes: 1 GiB of gold fits in 1.5 GiB"
+    assert ctl.evicted == [f"{ns}/bronze"], (ctl.evicted, _samples(registry))  # 1 GiB of gold fits in 1.5 GiB
     kube.wait(lambda: not _running(kube, ns, "bronze"), "bronze gone", timeout=60)
     assert _running(kube, ns, "gold")
     assert _value(registry, "qos_extender_slack_evictions_total", result="evicted") == 1
-    # the missed node lends only what is really idle: 4 GiB - 2.5 GiB
-    assert amounts[node].memory_bytes == 4 * GI - 2560 * 2**20
-    assert kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"][BATCH_MEMORY] == str(4 * GI - 2560 * 2**20)
+    # The node lends no more than is really idle (4 GiB - 2.5 GiB). Which bound applies depends on the clock:
+    # the service is re-classified every refresh from its profile, whose value for the current 15 min of the
+    # day is the sample closest to its start; once that sample carries the new usage the service is "three
+    # quarters" (predicted 1 GiB idle), before that it is still "a quarter" (3 GiB predicted, missed: the real
+    # 1.5 GiB is published). Either way never the 3 GiB published before.
+    real = 4 * GI - 2560 * 2**20
+    assert amounts[node].memory_bytes in (real, GI), (amounts, _samples(registry))
+    assert kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"][BATCH_MEMORY] == str(amounts[node].memory_bytes)
 
     def reason(items: list[dict[str, Any]], kind: str, name: str) -> list[str]:
         return [

@@ -630,10 +630,12 @@ class SlackController:
             if not self.settings.evict:
                 continue
             for key in victims:
+                demand = Amount.total(t.demand for t in tenants)
                 why = (
-                    f"service usage on {node.name} rose above the prediction ({', '.join(missed) or 'several'}): "
-                    f"real slack {real.cpu_milli}m cpu / {real.memory_bytes} B memory no longer holds its batch "
-                    f"pods; {key} evicted first in QoS order"
+                    f"the services lending on {node.name} ({', '.join(sorted(lent))}) use more than predicted: "
+                    f"{real.cpu_milli}m cpu / {real.memory_bytes} B memory really idle for "
+                    f"{demand.cpu_milli}m / {demand.memory_bytes} B of batch pods; {key} evicted first in QoS order"
+                    + (f" (prediction missed: {', '.join(missed)})" if missed else "")
                 )
                 result = await self._evict(key, cluster.uids.get(key, ""))
                 self.metrics.evictions.labels(result).inc()
