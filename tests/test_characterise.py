@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -344,9 +345,16 @@ def test_recluster_model_grows_the_data_set() -> None:
 
 def test_config_is_checked() -> None:
     assert CharacteriseConfig().slots == 96  # the paper's 96 x 15 min
-    for bad in ({"k": 0}, {"seeds": ()}, {"interval_seconds": 1000}, {"observation_seconds": 0}, {"max_iter": 0}):
+    bads: list[dict[str, Any]] = [
+        {"k": 0},
+        {"seeds": ()},
+        {"interval_seconds": 1000},
+        {"observation_seconds": 0},
+        {"max_iter": 0},
+    ]
+    for bad in bads:
         with pytest.raises(InvalidInputError):
-            CharacteriseConfig(**bad)  # type: ignore[arg-type]
+            CharacteriseConfig(**bad)
 
 
 # ---------------------------------------------------------------------------------------------- persistence
@@ -400,6 +408,7 @@ def test_nan_in_a_document_is_refused() -> None:
     doc = json.loads(json.dumps(model_to_document(fit_model(CFG, SERVICES, now=0.0))).replace("0.75", "NaN", 1))
     with pytest.raises(ModelFormatError, match="finite"):
         model_from_document(doc)
+    not_a_model: object
     for not_a_model in (None, [], "model", 3):
         with pytest.raises(ModelFormatError, match="JSON object"):
             model_from_document(not_a_model)
