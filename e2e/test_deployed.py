@@ -149,7 +149,12 @@ def test_qos_scheduler_runs_as_real_containers_and_wins_its_leases(product: Prod
     for pod in running:
         node = pod["spec"]["nodeName"]
         assert node in product.real_nodes, f"{pod['metadata']['name']} on {node}, not a real node"
-        statuses = {c["name"]: c for c in pod["status"]["containerStatuses"]}
+        # the extender is a native sidecar (an init container with restartPolicy Always): its status is among
+        # the init containers'
+        statuses = {
+            c["name"]: c
+            for c in pod["status"].get("containerStatuses", []) + pod["status"].get("initContainerStatuses", [])
+        }
         assert set(statuses) == {"kube-scheduler", "extender"}, statuses.keys()
         tasks = product.ctr(node, "tasks", "ls")
         for c in statuses.values():

@@ -24,7 +24,11 @@ def targets(doc: dict, port_name: str) -> list[dict]:
         ip = pod.get("status", {}).get("podIP")
         if not ip or pod.get("status", {}).get("phase") != "Running":
             continue
-        for c in pod.get("spec", {}).get("containers", []):
+        # a native sidecar (init container with restartPolicy Always) serves for the pod's whole life, as
+        # Prometheus' kubernetes_sd lists it too
+        spec = pod.get("spec", {})
+        sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+        for c in (spec.get("containers") or []) + sidecars:
             for port in c.get("ports") or []:
                 if port.get("name") == port_name:
                     meta = pod["metadata"]
