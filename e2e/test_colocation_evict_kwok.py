@@ -14,9 +14,7 @@ node; the gold pod keeps running, and the node publishes no more than its real s
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
+from e2e.kwok_usage import kwok_usage_node, until_classified
 from extender.config import KubernetesConfig
 from extender.controller.slack import (
     BATCH_CPU,
@@ -41,7 +40,6 @@ from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
 from extender.kube.usage import PrometheusUsage
-from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
 
@@ -52,36 +50,8 @@ CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 @pytest.fixture
 def env() -> Iterator[tuple[Kube, str, str, str]]:
-    kubeconfig = require_kubeconfig()
-    kube = Kube(kubeconfig)
-    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
-    if not prom:
-        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
-    rid = f"coloc-{uuid.uuid4().hex[:6]}"
-    kube.ensure_namespace(rid)
-    node = f"{rid}-node"
-    kube.create_node(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": node,
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
-            },
-            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
-            "status": {
-                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-            },
-        }
-    )
-    try:
-        yield kube, prom, rid, kubeconfig
-    finally:
-        kube.delete_namespace(rid)
-        kube.delete_node(node)
-        kube.close()
+    with kwok_usage_node("coloc") as run:
+        yield run
 
 
 def _batch_pod(name: str, rid: str, cls: str) -> dict[str, Any]:
@@ -174,15 +144,7 @@ async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_on
             reader = PrometheusUsage(prom, session, rate_window="30s")
             ctl = SlackController(settings, k8s.CoreV1Api(api), reader, model=model, metrics=SlackMetrics(registry))
             assert await ctl.start() == "given"
-            amounts: dict[str, Amount] = {}
-            deadline = time.monotonic() + 150
-            while time.monotonic() < deadline:
-                amounts = await ctl.step()
-                if amounts[node] != Amount(0, 0):
-                    break
-                await asyncio.sleep(3)
-            else:
-                pytest.fail(f"the service was never classified; last published: {amounts}")
+            amounts = await until_classified(ctl, node)
             assert amounts[node] == Amount(1500, 3 * GI)
             assert _value(registry, "qos_extender_slack_published_batch_memory_bytes", node=node) == 3 * GI
 

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,12 +28,12 @@ import numpy as np
 import pytest
 import yaml
 
+from e2e.kwok_usage import kwok_usage_node
 from extender.config import DEFAULT_CONFIG_PATH
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
 from extender.core.model import memory_bytes
 from extender.kube.sync_client import Kube
-from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
 
@@ -52,54 +51,43 @@ def _free_port() -> int:
 
 @pytest.fixture
 def env() -> Iterator[tuple[Kube, str, str, str]]:
-    kubeconfig = require_kubeconfig()
-    kube = Kube(kubeconfig)
-    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
-    if not prom:
-        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
-    rid = f"slsrv-{uuid.uuid4().hex[:6]}"
-    kube.ensure_namespace(rid)
-    node = f"{rid}-node"
-    kube.create_node(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": node,
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
+    with kwok_usage_node("slsrv") as (kube, prom, rid, kubeconfig):
+        node = f"{rid}-node"
+        kube.create_pod(
+            rid,
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": "svc",
+                    "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
+                },
+                "spec": {
+                    "nodeName": node,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
+                    ],
+                },
             },
-            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
-            "status": {
-                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-            },
-        }
-    )
-    kube.create_pod(
-        rid,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "svc",
-                "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
-            },
-            "spec": {
-                "nodeName": node,
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [
-                    {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
-                ],
-            },
-        },
-    )
-    try:
+        )
         yield kube, prom, rid, kubeconfig
-    finally:
-        kube.delete_namespace(rid)
-        kube.delete_node(node)
-        kube.close()
+
+
+def _save_fixture_model(path: Path) -> None:
+    """A model of two fixture services, a quarter and three quarters of a CPU all day, saved at ``path``."""
+    slots = CFG.slots
+    save_model(
+        path,
+        fit_model(
+            CFG,
+            {
+                "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
+                "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
+            },
+            now=time.time(),
+        ),
+    )
 
 
 def _serve(config: dict[str, Any], path: Path) -> subprocess.Popen[bytes]:
@@ -146,18 +134,7 @@ def test_serve_runs_the_slack_controller_when_enabled(env: tuple[Kube, str, str,
         node_selector=f"e2e-run={ns}",
         characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
     )
-    slots = CFG.slots
-    save_model(
-        tmp_path / "model.json",
-        fit_model(
-            CFG,
-            {
-                "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
-                "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
-            },
-            now=time.time(),
-        ),
-    )
+    _save_fixture_model(tmp_path / "model.json")
 
     # the shipped default: off, nothing published even with a model at hand
     port = _free_port()
@@ -226,18 +203,7 @@ def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, st
         characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
         colocate={"enabled": True, "classes": ["bronze"]},
     )
-    slots = CFG.slots
-    save_model(
-        tmp_path / "model.json",
-        fit_model(
-            CFG,
-            {
-                "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
-                "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
-            },
-            now=time.time(),
-        ),
-    )
+    _save_fixture_model(tmp_path / "model.json")
     proc = _serve(config, tmp_path / "colocate.yaml")
     hook = f"{ns}-colocate"
     try:

@@ -161,6 +161,21 @@ def _cid(pod: dict[str, Any]) -> str:
     return str(pod["status"]["containerStatuses"][0]["containerID"]).removeprefix("containerd://")
 
 
+def _assert_source_kept(prod: Product, ns: str, src_cid: str, batch: str) -> None:
+    """After a refused move: exactly one copy, the source pod, still the same container, still counting (it
+    never restarted); the destination pod is gone."""
+    kube = prod.kube
+    path = f"/api/v1/namespaces/{ns}/pods/counter"
+    kube.wait(lambda: [p["metadata"]["name"] for p in _pods(prod, ns)] == ["counter"] or None,
+              "only the source pod left", timeout=60, interval=0.5)  # fmt: skip
+    assert _cid(kube.get(path)) == src_cid and src_cid in _running_tasks(prod, batch)
+    before = _logs(prod, ns, "counter")[-1][1]
+    kube.wait(lambda: _logs(prod, ns, "counter")[-1][1] >= before + 2 or None, "the source counting on",
+              timeout=30, interval=0.5)  # fmt: skip
+    ticks = [n for _, n in _logs(prod, ns, "counter")]
+    assert ticks == list(range(len(ticks))), "the source never restarted"
+
+
 def test_counter_pod_migrates_between_real_nodes_with_its_count(
     product: Product,  # noqa: F811
     namespace: str,  # noqa: F811
@@ -300,14 +315,7 @@ def test_destination_runtime_refuses_the_restore_and_the_source_keeps_running(
     assert result["verdict"] is MoveVerdict.ROLL_BACK and result["outcome"] == "rolled_back", result
     assert "CreateContainerError" in result["reason"] or "restor" in result["reason"], result["reason"]
     # exactly one copy: the source pod, still the same container, still counting; the destination pod is gone
-    kube.wait(lambda: [p["metadata"]["name"] for p in _pods(product, namespace)] == ["counter"] or None,
-              "only the source pod left", timeout=60, interval=0.5)  # fmt: skip
-    assert _cid(kube.get(path)) == src_cid and src_cid in _running_tasks(product, batch)
-    before = _logs(product, namespace, "counter")[-1][1]
-    kube.wait(lambda: _logs(product, namespace, "counter")[-1][1] >= before + 2 or None, "the source counting on",
-              timeout=30, interval=0.5)  # fmt: skip
-    ticks = [n for _, n in _logs(product, namespace, "counter")]
-    assert ticks == list(range(len(ticks))), "the source never restarted"
+    _assert_source_kept(product, namespace, src_cid, batch)
     for node, role in ((batch, "source"), (service, "destination")):
         left = NODES_ROOT / node / "qos-agent" / "archives" / role / mid
         assert not left.exists(), left
@@ -392,14 +400,7 @@ def test_a_runtime_without_restore_refuses_cleanly_and_nothing_is_evicted(
         assert "checkpoint image discarded" in result["reason"], result["reason"]
         # containerd 2.3.7: "CreateContainerError: checkpoint restore via CreateContainer is disabled by configuration"
         assert "CreateContainerError" in result["reason"], result["reason"]
-        kube.wait(lambda: [p["metadata"]["name"] for p in _pods(product, namespace)] == ["counter"] or None,
-                  "only the source pod left", timeout=60, interval=0.5)  # fmt: skip
-        assert _cid(kube.get(path)) == src_cid and src_cid in _running_tasks(product, batch)
-        before = _logs(product, namespace, "counter")[-1][1]
-        kube.wait(lambda: _logs(product, namespace, "counter")[-1][1] >= before + 2 or None, "the source counting on",
-                  timeout=30, interval=0.5)  # fmt: skip
-        ticks = [n for _, n in _logs(product, namespace, "counter")]
-        assert ticks == list(range(len(ticks))), "the source never restarted"
+        _assert_source_kept(product, namespace, src_cid, batch)
         image = ((result.get("record") or {}).get("restored_workload") or {}).get("image")
         assert image and image not in product.ctr(service, "images", "ls", "-q").split()
     finally:

@@ -12,11 +12,8 @@ them. Without a model (no file, no day of history) the same controller publishes
 
 from __future__ import annotations
 
-import asyncio
 import math
-import os
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ import numpy as np
 import pytest
 from kubernetes_asyncio import client as k8s
 
+from e2e.kwok_usage import kwok_usage_node, until_classified
 from extender.config import KubernetesConfig
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController, SlackSettings
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
@@ -33,7 +31,6 @@ from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
 from extender.kube.usage import PrometheusUsage
-from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
 
@@ -44,36 +41,8 @@ CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 @pytest.fixture
 def env() -> Iterator[tuple[Kube, str, str, str]]:
-    kubeconfig = require_kubeconfig()
-    kube = Kube(kubeconfig)
-    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
-    if not prom:
-        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
-    rid = f"slack-{uuid.uuid4().hex[:6]}"
-    kube.ensure_namespace(rid)
-    node = f"{rid}-node"
-    kube.create_node(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": node,
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
-            },
-            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
-            "status": {
-                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-            },
-        }
-    )
-    try:
-        yield kube, prom, rid, kubeconfig
-    finally:
-        kube.delete_namespace(rid)
-        kube.delete_node(node)
-        kube.close()
+    with kwok_usage_node("slack") as run:
+        yield run
 
 
 def _batch_pod(name: str, rid: str, cpu_milli: int, memory: int) -> dict[str, Any]:
@@ -144,15 +113,7 @@ async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, s
 
             ctl = SlackController(settings, core, reader, model=fixture_model)
             assert await ctl.start() == "given"
-            deadline = time.monotonic() + 150
-            amounts: dict[str, Amount] = {}
-            while time.monotonic() < deadline:
-                amounts = await ctl.step()  # 0 until svc has been observed for p (20 s) through Prometheus
-                if amounts[node] != Amount(0, 0):
-                    break
-                await asyncio.sleep(3)
-            else:
-                pytest.fail(f"the service was never classified; last published: {amounts}")
+            amounts = await until_classified(ctl, node)  # svc observed for p (20 s) through Prometheus
             assert await ctl.publisher.publish({node: kube.get(f"/api/v1/nodes/{node}")["status"]}, amounts) == {
                 node: "unchanged"
             }

@@ -10,9 +10,7 @@ not involve the extender, so this test does not either.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,10 +18,10 @@ import aiohttp
 import numpy as np
 import pytest
 
+from e2e.kwok_usage import kwok_usage_node
 from extender.core.model import Resources
 from extender.kube.sync_client import Kube
 from extender.kube.usage import ContainerKey, PrometheusUsage, pod_traces, pod_usage, service_profiles
-from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
 
@@ -33,35 +31,8 @@ IMAGE = "registry.invalid/pause:3.9"
 
 @pytest.fixture
 def env() -> Iterator[tuple[Kube, str, str]]:
-    kube = Kube(require_kubeconfig())
-    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
-    if not prom:
-        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
-    rid = f"usage-{uuid.uuid4().hex[:6]}"
-    kube.ensure_namespace(rid)
-    node = f"{rid}-node"
-    kube.create_node(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": node,
-                "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
-            },
-            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
-            "status": {
-                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
-            },
-        }
-    )
-    try:
+    with kwok_usage_node("usage") as (kube, prom, rid, _):
         yield kube, prom, rid
-    finally:
-        kube.delete_namespace(rid)
-        kube.delete_node(node)
-        kube.close()
 
 
 def _pod(name: str, node: str, containers: list[str], usage: tuple[str, str] | None) -> dict[str, Any]:

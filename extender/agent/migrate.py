@@ -236,15 +236,7 @@ class Coordinator:
             phase = Phase.TRANSFERRED
             self._save(rec, phase)
 
-            prepared = await self._retrying(
-                rec,
-                "prepare",
-                lambda: self._post(
-                    rec, "prepare", {"meta": rec["meta"], "source_node": self.node, "source_boot_id": self.boot_id}
-                ),
-            )
-            rec["destination_node"] = prepared.get("node")
-            rec["same_kernel"] = prepared.get("boot_id") == self.boot_id
+            await self._prepare(rec)
             phase = Phase.PREPARED
             self._save(rec, phase)
 
@@ -262,17 +254,7 @@ class Coordinator:
 
             phase = Phase.RESTORE_SENT
             self._save(rec, phase)
-            t0 = time.monotonic()
-            restored = await self._retrying(
-                rec,
-                "restore",
-                lambda: self._post(rec, "restore", {"meta": rec["meta"], "target": rec["destination_workload"]}),
-            )
-            rec["timings"]["restore"] = round(time.monotonic() - t0, 4)
-            rec["timings"]["restore_at_destination"] = restored.get("seconds")
-            rec["restored_workload"] = restored.get("workload")
-            self.faults.maybe_kill(FaultPoint.SOURCE_KILL_BEFORE_COMMIT)
-            return await self._commit(rec, t_start)
+            return await self._restore_and_commit(rec, t_start)
         except StepFailed as exc:
             rec["failed_step"] = exc.step
             rec["reason"] = f"{exc.step} failed: {exc.reason}"
@@ -297,34 +279,42 @@ class Coordinator:
             await self._transfer(rec, Stage.FINAL, final)
             phase = Phase.FINAL_TRANSFERRED
             self._save(rec, phase)
-            prepared = await self._retrying(
-                rec,
-                "prepare",
-                lambda: self._post(
-                    rec, "prepare", {"meta": rec["meta"], "source_node": self.node, "source_boot_id": self.boot_id}
-                ),
-            )
-            rec["destination_node"] = prepared.get("node")
-            rec["same_kernel"] = prepared.get("boot_id") == self.boot_id
+            await self._prepare(rec)
 
             phase = Phase.RESTORE_SENT
             self._save(rec, phase)
-            t0 = time.monotonic()
-            restored = await self._retrying(
-                rec,
-                "restore",
-                lambda: self._post(rec, "restore", {"meta": rec["meta"], "target": rec["destination_workload"]}),
-            )
-            rec["timings"]["restore"] = round(time.monotonic() - t0, 4)
-            rec["timings"]["restore_at_destination"] = restored.get("seconds")
-            rec["restored_workload"] = restored.get("workload")
-            self.faults.maybe_kill(FaultPoint.SOURCE_KILL_BEFORE_COMMIT)
-            return await self._commit(rec, t_start)
+            return await self._restore_and_commit(rec, t_start)
         except StepFailed as exc:
             rec["failed_step"] = exc.step
             rec["reason"] = f"{exc.step} failed: {exc.reason}"
             log.warning("migration step failed", extra={"migration": req.id, "step": exc.step, "error": exc.reason})
             return await self._rollback(rec, phase, exc.kind, t_start)
+
+    async def _prepare(self, rec: dict[str, Any]) -> None:
+        """Asks the destination to get ready for this migration (it checks it can restore the image)."""
+        prepared = await self._retrying(
+            rec,
+            "prepare",
+            lambda: self._post(
+                rec, "prepare", {"meta": rec["meta"], "source_node": self.node, "source_boot_id": self.boot_id}
+            ),
+        )
+        rec["destination_node"] = prepared.get("node")
+        rec["same_kernel"] = prepared.get("boot_id") == self.boot_id
+
+    async def _restore_and_commit(self, rec: dict[str, Any], t_start: float) -> dict[str, Any]:
+        """The restore request (the caller has journaled RESTORE_SENT), then the commit."""
+        t0 = time.monotonic()
+        restored = await self._retrying(
+            rec,
+            "restore",
+            lambda: self._post(rec, "restore", {"meta": rec["meta"], "target": rec["destination_workload"]}),
+        )
+        rec["timings"]["restore"] = round(time.monotonic() - t0, 4)
+        rec["timings"]["restore_at_destination"] = restored.get("seconds")
+        rec["restored_workload"] = restored.get("workload")
+        self.faults.maybe_kill(FaultPoint.SOURCE_KILL_BEFORE_COMMIT)
+        return await self._commit(rec, t_start)
 
     async def _commit(self, rec: dict[str, Any], t_start: float) -> dict[str, Any]:
         """The destination confirmed: stop the source for good, delete archives on both sides."""

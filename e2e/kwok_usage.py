@@ -1,0 +1,68 @@
+"""Shared by the kwok usage e2e tests (usage reader, slack controller, colocation eviction, ``serve`` with
+colocation): a namespace and a tainted kwok node of the run's own, the local Prometheus that scrapes kwok's
+emulated usage, and the wait for the slack controller to have classified the node's service through it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from extender.controller.slack import SlackController
+from extender.core.slack import Amount
+from extender.kube.sync_client import Kube
+from tests.live import require_kubeconfig
+
+
+@contextlib.contextmanager
+def kwok_usage_node(prefix: str) -> Iterator[tuple[Kube, str, str, str]]:
+    """(kube, Prometheus URL, run id, kubeconfig): namespace ``<rid>`` and node ``<rid>-node`` (4 CPU, 8Gi,
+    tainted ``e2e-run=<rid>:NoSchedule``), both removed afterwards, whatever the test did."""
+    kubeconfig = require_kubeconfig()
+    kube = Kube(kubeconfig)
+    prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
+    if not prom:
+        pytest.fail("PROMETHEUS_URL is not set: export the KEY=VALUE lines hack/local-up.sh prints", pytrace=False)
+    rid = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kube.ensure_namespace(rid)
+    node = f"{rid}-node"
+    kube.create_node(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node,
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
+            },
+            "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
+            "status": {
+                "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            },
+        }
+    )
+    try:
+        yield kube, prom, rid, kubeconfig
+    finally:
+        kube.delete_namespace(rid)
+        kube.delete_node(node)
+        kube.close()
+
+
+async def until_classified(ctl: SlackController, node: str, seconds: float = 150) -> dict[str, Amount]:
+    """Steps ``ctl`` until it lends ``node`` something (0 until the service has been observed for p through
+    Prometheus) and returns those amounts; fails the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    amounts: dict[str, Amount] = {}
+    while time.monotonic() < deadline:
+        amounts = await ctl.step()
+        if amounts[node] != Amount(0, 0):
+            return amounts
+        await asyncio.sleep(3)
+    pytest.fail(f"the service was never classified; last published: {amounts}")
