@@ -234,7 +234,7 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
         assert len(outcome.moves) == 1, outcome
         move = outcome.moves[0]
         assert move["outcome"] == "succeeded" and move["node"] == dest, move
-        assert move.get("checkpoint_image") == "checkpoint image discarded", move
+        assert move.get("checkpoint_image") == "kept for the destination pod's container restarts", move
         record = move["record"]
         dest_ns, dest_name = move["destination_pod"].split("/")
     finally:
@@ -272,10 +272,22 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
     names = sorted(x["metadata"]["name"] for x in kube.pods(namespace))
     assert names == sorted(["filler", dest_name]), names
     assert _cid(moved) in _running_tasks(product, dest)
-    # the checkpoint image is gone from the destination's containerd (the container keeps running without it)
+    # the checkpoint image stays in the destination's containerd while the pod exists (a restart restores it)
     image = record["restored_workload"]["image"]
-    assert image not in product.ctr(dest, "images", "ls", "-q").split()
+    assert image in product.ctr(dest, "images", "ls", "-q").split()
     assert record["archives"].keys() == {"final"}, "one checkpoint per move"
+
+    # a restart of the moved container (its process killed) restores the checkpoint again from that image: the
+    # pod runs again (with the image deleted it would be stuck in ErrImageNeverPull, no runnable copy left)
+    product.ctr(dest, "tasks", "kill", "--signal", "SIGKILL", _cid(moved))
+
+    def restarted() -> dict[str, Any] | None:
+        pod = kube.get(f"/api/v1/namespaces/{dest_ns}/pods/{dest_name}")
+        status = (pod["status"].get("containerStatuses") or [{}])[0]
+        return pod if status.get("restartCount", 0) >= 1 and _ready(pod) else None
+
+    again = kube.wait(restarted, "the moved container restarted from its checkpoint image", timeout=90, interval=1.0)
+    assert _cid(again) != _cid(moved) and _cid(again) in _running_tasks(product, dest)
 
     reasons = {e["reason"] for e in _events(product, "default", source)}
     assert {"ConsolidationSkipped", "ConsolidationStarted", "ConsolidatedNodeRemoved"} <= reasons, reasons

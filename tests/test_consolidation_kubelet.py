@@ -112,3 +112,10 @@ def test_destination_node_gone_keeps_the_source() -> None:
     assert decide.destination_node_gone(None, "b") == "the destination node b is gone"
     deleting = {"metadata": {"name": "b", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert decide.destination_node_gone(deleting, "b") == "the destination node b is being deleted"
+
+
+def test_an_unconfirmed_kubelet_move_rolls_back_a_criu_move_keeps_both() -> None:
+    # kubelet checkpoint: the source never stopped, so it is the copy to keep (both would run the work twice)
+    assert decide.after_unconfirmed(source_still_runs=True) is decide.MoveVerdict.ROLL_BACK
+    # CRIU: the source was stopped at the final dump; the destination may hold the only copy
+    assert decide.after_unconfirmed(source_still_runs=False) is decide.MoveVerdict.KEEP_BOTH

@@ -389,6 +389,14 @@ def after_outcome(outcome: str | None) -> MoveVerdict:
     return MoveVerdict.KEEP_BOTH  # in_doubt, failed, unknown: never delete a possible only copy
 
 
+def after_unconfirmed(source_still_runs: bool) -> MoveVerdict:
+    """The agents said ``succeeded`` but ``confirm_destination`` did not confirm the destination. A kubelet
+    checkpoint never stops the source, so the source is the one copy known to run: roll back (keeping both
+    would run the workload twice). A CRIU move stopped the source: the destination may hold the only copy, so
+    both are kept for an operator."""
+    return MoveVerdict.ROLL_BACK if source_still_runs else MoveVerdict.KEEP_BOTH
+
+
 def confirm_destination(pod: Mapping[str, Any] | None, node: str, record: Mapping[str, Any]) -> str | None:
     """After a ``succeeded`` record: is the workload really at the destination? None if so, else why not.
     The pod must exist, be bound to the planned node and not be deleted; for the simulated backend it must

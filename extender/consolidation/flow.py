@@ -364,14 +364,25 @@ class ConsolidationFlow:
             assert record is not None
             why = decide.confirm_destination(await self._pod(ns, dname), dest, record)
             if why is not None:
-                verdict, outcome, reason = MoveVerdict.KEEP_BOTH, "unconfirmed", why
+                verdict = decide.after_unconfirmed(source_still_runs=checkpoint_image)
+                if verdict is MoveVerdict.ROLL_BACK:
+                    outcome = "rolled_back"
+                    reason = f"destination not confirmed: {why}" + await self._discard(urls[dest], mid)
+                else:
+                    outcome, reason = "unconfirmed", why
         if verdict is MoveVerdict.COMMIT:
-            await self._delete_pod(ns, name)
+            try:
+                await self._delete_pod(ns, name)
+            except Exception as exc:  # both copies run now: say so, never raise (the caller ends the plan)
+                verdict, outcome = MoveVerdict.KEEP_BOTH, "unconfirmed"
+                reason = f"the destination runs but deleting the source pod failed: {type(exc).__name__}: {exc}"
+        if verdict is MoveVerdict.COMMIT:
             if checkpoint_image:
-                # The restored container runs; its checkpoint image (the container's memory and whatever secrets
-                # it held) has no further use on the node, and a restart of the container must not restore that
-                # old state again: the destination agent deletes it from the runtime.
-                result["checkpoint_image"] = (await self._discard(urls[dest], mid)).removeprefix("; ")
+                # The checkpoint image stays on the destination node while the pod exists: the pod names it with
+                # imagePullPolicy Never, so a restart of the container (a crash, a liveness failure) restores
+                # the checkpoint again instead of failing with ErrImageNeverPull and leaving the moved workload
+                # with no runnable copy. Once no container uses it the kubelet's image GC may remove it.
+                result["checkpoint_image"] = "kept for the destination pod's container restarts"
         elif verdict is MoveVerdict.ROLL_BACK:
             if created:
                 await self._delete_pod(ns, dname)
