@@ -25,7 +25,7 @@ GI = 2**30
 ON = ColocateConfig(enabled=True, classes=("bronze",))
 CFG = ExtenderConfig(
     controller=ControllerConfig(enabled=True),
-    slack={"colocate": {"enabled": True, "classes": ["bronze"]}},
+    slack={"enabled": True, "colocate": {"enabled": True, "classes": ["bronze"]}},
 )
 
 

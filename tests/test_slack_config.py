@@ -79,3 +79,13 @@ def test_serve_refuses_a_bad_section_at_start(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "slack.characterise.k: must be between 1" in proc.stderr, proc.stderr
+
+
+def test_colocation_without_the_publisher_is_refused_naming_both_options() -> None:
+    """Co-located pods request batch resources only the publisher sets on nodes: without it they stay Pending."""
+    with pytest.raises(ConfigError, match=r"slack\.colocate\.enabled.*slack\.enabled"):
+        parse_slack_config({"colocate": {"enabled": True}}, DEFAULT_CLASSES)
+    with pytest.raises(ConfigError, match=r"slack\.colocate\.enabled.*slack\.enabled"):
+        parse_slack_config({"enabled": False, "colocate": {"enabled": True}}, DEFAULT_CLASSES)
+    got = parse_slack_config({"enabled": True, "colocate": {"enabled": True}}, DEFAULT_CLASSES)
+    assert got.enabled and got.colocate.enabled

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from extender.config import ExtenderConfig
 from extender.kube.snapshot import RequestPods, Snapshot
-from extender.webhook.app import make_app
+from extender.webhook.app import INTERNAL_ERROR_PREFIX, make_app
 from extender.webhook.metrics import Metrics
 from tests.golden.replay import FULL_LOG, NODECACHE_LOG, load_log, node_objects
 from tests.test_webhook_app import NOW, ScriptedBinder, synced_snapshot
@@ -165,6 +165,8 @@ def check(verb: str, body: Any, status: int, answer: Any) -> None:
         return
     if verb in ("filter", "bind") and answer["Error"]:
         assert isinstance(answer["Error"], str)
+        # a crash is answered in-band too (200, Error set): the app's catch-all text must never appear
+        assert not answer["Error"].startswith(INTERNAL_ERROR_PREFIX), (verb, answer)
         if verb == "filter":
             assert answer["Nodes"] is None and answer["NodeNames"] is None
         return
@@ -243,6 +245,18 @@ def test_fuzz_raw_bytes(harness: Harness, raw: bytes) -> None:
         status, answer = harness.post(verb, raw)
         assert status in (200, 400)
         assert isinstance(answer, (dict, list))
+
+
+@pytest.mark.parametrize("verb", ["filter", "bind"])
+def test_check_catches_a_crash_answered_in_band(verb: str) -> None:
+    """filter and bind answer a crash 200 with Error set, like any refusal: check() must still see it."""
+    message = f"{INTERNAL_ERROR_PREFIX}{verb}; see the extender's log"
+    filter_body = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
+    answer = {**(filter_body if verb == "filter" else {}), "Error": message}
+    body = GOLDEN[verb][0]
+    with pytest.raises(AssertionError):
+        check(verb, body, 200, answer)
+    check(verb, body, 200, {**answer, "Error": "bad request: something"})  # a refusal still passes
 
 
 def test_fuzz_made_no_internal_errors(harness: Harness) -> None:

@@ -79,7 +79,15 @@ from extender.core.slack import (
 )
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import node_from_k8s, pod_from_k8s
-from extender.kube.usage import PrometheusUsage, UsageSourceError, pod_traces, pod_usage, service_profiles
+from extender.kube.usage import (
+    ContainerKey,
+    PrometheusUsage,
+    UsageSourceError,
+    UsageTrace,
+    pod_traces,
+    pod_usage,
+    service_profiles,
+)
 
 __all__ = [
     "BATCH_CPU",
@@ -254,7 +262,8 @@ async def fit_from_prometheus(
     interval of the day; the paper's history is 8 days. Refuses (InvalidInputError) when no service does yet:
     no model then, so nothing is lent."""
     cpu, mem = await reader.history(start, end, step)
-    profiles, skipped = service_profiles(pod_traces(cpu), pod_traces(mem), requests, config.interval_seconds)
+    # parsing and clustering are CPU-bound: off the event loop that also answers /filter and /bind
+    profiles, skipped = await asyncio.to_thread(_profiles_of, cpu, mem, requests, config.interval_seconds)
     complete = {k: p for k, p in profiles.items() if is_complete(p.cpu) and is_complete(p.memory)}
     for pod, why in skipped.items():
         log.info("service not characterised", extra={"pod": pod, "error": why})
@@ -262,7 +271,17 @@ async def fit_from_prometheus(
         raise InvalidInputError(
             f"no service has usage for every interval of the day between {start:.0f} and {end:.0f}: nothing to fit"
         )
-    return fit_model(config, complete, end)
+    return await asyncio.to_thread(fit_model, config, complete, end)
+
+
+def _profiles_of(
+    cpu: Mapping[ContainerKey, UsageTrace],
+    mem: Mapping[ContainerKey, UsageTrace],
+    requests: Mapping[str, Resources],
+    interval_seconds: int,
+) -> tuple[dict[str, ServiceProfile], dict[str, str]]:
+    """Per-pod traces and daily profiles from a history (pure, CPU-bound: run in a worker thread)."""
+    return service_profiles(pod_traces(cpu), pod_traces(mem), requests, interval_seconds)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -412,6 +431,18 @@ class SlackMetrics:
         self.classified_services = Gauge(
             "qos_extender_slack_classified_services", "Service pods with a class (their slack is lent).", registry=r
         )
+        self._nodes: set[str] = set()  # the nodes whose published gauges have a series
+
+    def published(self, amounts: Mapping[str, Amount]) -> None:
+        """Set each listed node's gauges and drop the series of nodes no longer listed (deleted, or out of
+        the node selector), so /metrics never shows capacity for a node that is gone."""
+        for name in self._nodes - amounts.keys():
+            self.published_cpu.remove(name)
+            self.published_memory.remove(name)
+        for name, amount in amounts.items():
+            self.published_cpu.labels(name).set(amount.cpu_milli)
+            self.published_memory.labels(name).set(amount.memory_bytes)
+        self._nodes = set(amounts)
 
     def model(self, model: WorkloadModel | None) -> None:
         for r in ("cpu", "memory"):
@@ -499,9 +530,7 @@ class SlackController:
     async def _profiles(self, services: Mapping[str, Resources], seconds: float) -> dict[str, ServiceProfile]:
         now = self._clock()
         cpu, mem = await self._reader.history(now - seconds, now, self.settings.step_seconds)
-        profiles, _ = service_profiles(
-            pod_traces(cpu), pod_traces(mem), services, self.settings.config.interval_seconds
-        )
+        profiles, _ = await asyncio.to_thread(_profiles_of, cpu, mem, services, self.settings.config.interval_seconds)
         return profiles
 
     async def start(self) -> str:
@@ -566,11 +595,11 @@ class SlackController:
             cfg = self.settings.config
             if due_for_recluster(self.model, now, cfg.recluster_seconds):
                 complete = {k: p for k, p in profiles.items() if is_complete(p.cpu) and is_complete(p.memory)}
-                self.model = recluster_model(cfg, self.model, complete, now)
+                self.model = await asyncio.to_thread(recluster_model, cfg, self.model, complete, now)
                 save_model(self.settings.model_path, self.model)
                 self.metrics.refits.labels("reclustered").inc()
                 self.metrics.model(self.model)
-            classes = classify_services(self.model, profiles, cfg.observation_seconds)
+            classes = await asyncio.to_thread(classify_services, self.model, profiles, cfg.observation_seconds)
         self.metrics.classified_services.set(len(classes))
         if self.model is None:
             amounts = {n.name: Amount(0, 0) for n in nodes}
@@ -580,9 +609,7 @@ class SlackController:
             if idle:
                 await self._safety(cluster, services, idle, amounts, now)
         await self.publisher.publish(cluster.statuses, amounts)
-        for name, amount in amounts.items():
-            self.metrics.published_cpu.labels(name).set(amount.cpu_milli)
-            self.metrics.published_memory.labels(name).set(amount.memory_bytes)
+        self.metrics.published(amounts)
         return amounts
 
     async def _safety(
@@ -742,17 +769,20 @@ async def run_slack_controller(
     *,
     classes: Mapping[str, ServiceClass],
     defaults: PodDefaults,
-    registry: CollectorRegistry | None = None,
+    metrics: SlackMetrics | None = None,
     event_component: str | None = "qos-extender",
     stop: asyncio.Event | None = None,
 ) -> None:
     """The publisher as a long-running task of ``serve``: load or fit the model (retried every refresh while
-    there is none), then refresh every ``refresh_seconds`` until ``stop`` is set or the task is cancelled."""
+    there is none), then refresh every ``refresh_seconds`` until ``stop`` is set or the task is cancelled.
+
+    ``metrics``: created once by the caller and given to every call (each leader term is one call): a
+    registry refuses the same metric names twice, so a second term building its own would fail at once."""
     import aiohttp
     from kubernetes_asyncio import client as k8s  # the heavy client only where a cluster is used
 
     stop = stop if stop is not None else asyncio.Event()
-    metrics = SlackMetrics(registry)
+    metrics = metrics if metrics is not None else SlackMetrics()
     async with aiohttp.ClientSession() as session:
         reader = PrometheusUsage(cfg.prometheus_url, session, rate_window=cfg.rate_window)
         ctl = SlackController(

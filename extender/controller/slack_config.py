@@ -135,8 +135,15 @@ def parse_slack_config(
         raise ConfigError(f"{path}.prometheus_url: must be an http:// or https:// URL, got {url!r}")
     window = read_str(s, "rate_window", path, "1m")
     assert window is not None
+    enabled = read_bool(s, "enabled", path, False)
+    colocate = read_bool(co, "enabled", f"{path}.colocate", False)
+    if colocate and not enabled:
+        raise ConfigError(
+            f"{path}.colocate.enabled: true needs {path}.enabled: true (co-located pods request the batch"
+            " resources only the slack publisher sets on nodes; without it they would stay Pending)"
+        )
     return SlackConfig(
-        enabled=read_bool(s, "enabled", path, False),
+        enabled=enabled,
         prometheus_url=url,
         rate_window=_rate_window(window, f"{path}.rate_window"),
         model_path=model_path,
@@ -148,7 +155,7 @@ def parse_slack_config(
         evict=read_bool(s, "evict", path, True),
         miss_tolerance=read_number(s, "miss_tolerance", path, 0.05, minimum=0.0, maximum=0.99),
         characterise=characterise,
-        colocate=ColocateConfig(enabled=read_bool(co, "enabled", f"{path}.colocate", False), classes=tuple(names)),
+        colocate=ColocateConfig(enabled=colocate, classes=tuple(names)),
     )
 
 

@@ -8,12 +8,37 @@ import asyncio
 import dataclasses
 import logging
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from extender.config import DEFAULT_CONFIG_PATH, ConfigError, ExtenderConfig, load_config
 
-__all__ = ["run_serve_command"]
+__all__ = ["run_serve_command", "slack_term"]
+
+
+def slack_term(
+    config: ExtenderConfig, slack: Any, api_client: Any, registry: Any, stop: asyncio.Event
+) -> Callable[[], Coroutine[Any, Any, None]]:
+    """One leader term of the slack controller as a callable run once per term. Its metrics are created here,
+    once, in ``registry``: every term reuses them (a registry refuses the same names twice, so a term that
+    made its own would fail at once and the replica would hold the Lease without ever publishing)."""
+    from extender.controller.slack import SlackMetrics, run_slack_controller
+
+    metrics = SlackMetrics(registry)
+
+    async def publish() -> None:
+        await run_slack_controller(
+            slack,
+            api_client,
+            classes=config.policy.classes,
+            defaults=config.pod_defaults,
+            metrics=metrics,
+            event_component=config.kubernetes.event_component if config.kubernetes.events else None,
+            stop=stop,
+        )
+
+    return publish
 
 
 async def _serve(config: ExtenderConfig, slack: Any) -> None:
@@ -22,26 +47,15 @@ async def _serve(config: ExtenderConfig, slack: Any) -> None:
     holder of the Lease ``<controller lease>-slack`` runs it, so replicas never evict the same pod twice or
     fight over node status; a replica that loses the Lease stops its refreshes at once."""
     from extender.controller.leader import Leadership
-    from extender.controller.slack import run_slack_controller
     from extender.signals import stop_event
     from extender.webhook.serve import start
 
     running = await start(config)
     stop = stop_event()
 
-    async def publish() -> None:
-        await run_slack_controller(
-            slack,
-            running.api_client,
-            classes=config.policy.classes,
-            defaults=config.pod_defaults,
-            registry=running.metrics.registry,
-            event_component=config.kubernetes.event_component if config.kubernetes.events else None,
-            stop=stop,
-        )
-
     try:
         if slack.enabled:
+            publish = slack_term(config, slack, running.api_client, running.metrics.registry, stop)
             election = config.controller.leader_election
             if election.enabled:
                 leadership = Leadership(running.api_client, election, f"{config.controller.lease_name}-slack", publish)

@@ -30,7 +30,15 @@ from extender.webhook import access, verbs
 from extender.webhook.admission import add_admission_route
 from extender.webhook.metrics import Metrics
 
-__all__ = ["CONFIG_KEY", "EventSink", "make_app", "make_ssl_context", "start_loopback_server", "start_server"]
+__all__ = [
+    "CONFIG_KEY",
+    "INTERNAL_ERROR_PREFIX",
+    "EventSink",
+    "make_app",
+    "make_ssl_context",
+    "start_loopback_server",
+    "start_server",
+]
 
 log = logging.getLogger("extender.webhook.app")
 
@@ -70,6 +78,8 @@ def _in_band_error(verb: str, message: str) -> web.Response:
 
 
 IN_BAND_ERRORS = frozenset({"filter", "bind"})
+# The start of the answer to an unexpected exception (the verb follows); tests assert it never appears.
+INTERNAL_ERROR_PREFIX = "internal error in "
 
 
 class _Outcome(Exception):
@@ -193,7 +203,7 @@ def make_app(
                 return fail(503, f"{verb} did not finish within {timeout} s")
             except Exception:
                 log.exception("unexpected error", extra={"verb": verb})
-                return fail(500, f"internal error in {verb}; see the extender's log")
+                return fail(500, f"{INTERNAL_ERROR_PREFIX}{verb}; see the extender's log")
             finally:
                 metrics.request_duration.labels(verb).observe(time.perf_counter() - start)
                 metrics.requests.labels(verb, outcome).inc()
