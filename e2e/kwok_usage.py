@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,8 @@ from extender.controller.slack import SlackController
 from extender.core.slack import Amount
 from extender.kube.sync_client import Kube
 from tests.live import require_kubeconfig
+
+IMAGE = "registry.invalid/pause:3.9"  # never pulled: kwok runs no containers
 
 
 @contextlib.contextmanager
@@ -53,6 +56,29 @@ def kwok_usage_node(prefix: str) -> Iterator[tuple[Kube, str, str, str]]:
         kube.delete_namespace(rid)
         kube.delete_node(node)
         kube.close()
+
+
+def service_pod(node: str) -> dict[str, Any]:
+    """The service ``svc`` bound to ``node``: requests 2 CPU and 4Gi, kwok emulates a usage of 500m and 1Gi."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "svc",
+            "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
+        },
+        "spec": {
+            "nodeName": node,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": IMAGE,
+                    "resources": {"requests": {"cpu": "2", "memory": "4Gi"}},
+                }
+            ],
+        },
+    }
 
 
 async def until_classified(ctl: SlackController, node: str, seconds: float = 150) -> dict[str, Amount]:

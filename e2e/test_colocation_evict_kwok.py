@@ -25,7 +25,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from e2e.kwok_usage import kwok_usage_node, until_classified
+from e2e.kwok_usage import IMAGE, kwok_usage_node, service_pod, until_classified
 from extender.config import KubernetesConfig
 from extender.controller.slack import (
     BATCH_CPU,
@@ -44,7 +44,6 @@ from extender.kube.usage import PrometheusUsage
 pytestmark = [pytest.mark.live]
 
 GI = 2**30
-IMAGE = "registry.invalid/pause:3.9"
 CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 
@@ -101,24 +100,7 @@ async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_on
 ) -> None:
     kube, prom, ns, kubeconfig = env
     node = f"{ns}-node"
-    kube.create_pod(
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "svc",
-                "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
-            },
-            "spec": {
-                "nodeName": node,
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [
-                    {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
-                ],
-            },
-        },
-    )
+    kube.create_pod(ns, service_pod(node))
     kube.wait(lambda: _running(kube, ns, "svc"), "svc Running")
     slots = CFG.slots
     model = fit_model(

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import yaml
 
-from e2e.kwok_usage import kwok_usage_node
+from e2e.kwok_usage import IMAGE, kwok_usage_node, service_pod
 from extender.config import DEFAULT_CONFIG_PATH
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
@@ -38,7 +38,6 @@ from extender.kube.sync_client import Kube
 pytestmark = [pytest.mark.live]
 
 GI = 2**30
-IMAGE = "registry.invalid/pause:3.9"
 CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 
@@ -53,24 +52,7 @@ def _free_port() -> int:
 def env() -> Iterator[tuple[Kube, str, str, str]]:
     with kwok_usage_node("slsrv") as (kube, prom, rid, kubeconfig):
         node = f"{rid}-node"
-        kube.create_pod(
-            rid,
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": "svc",
-                    "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
-                },
-                "spec": {
-                    "nodeName": node,
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [
-                        {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
-                    ],
-                },
-            },
-        )
+        kube.create_pod(rid, service_pod(node))
         yield kube, prom, rid, kubeconfig
 
 

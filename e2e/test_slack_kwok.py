@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from e2e.kwok_usage import kwok_usage_node, until_classified
+from e2e.kwok_usage import IMAGE, kwok_usage_node, service_pod, until_classified
 from extender.config import KubernetesConfig
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController, SlackSettings
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
@@ -35,7 +35,6 @@ from extender.kube.usage import PrometheusUsage
 pytestmark = [pytest.mark.live]
 
 GI = 2**30
-IMAGE = "registry.invalid/pause:3.9"
 CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 
@@ -63,24 +62,7 @@ def _batch_pod(name: str, rid: str, cpu_milli: int, memory: int) -> dict[str, An
 async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, str, str, str], tmp_path: Path) -> None:
     kube, prom, ns, kubeconfig = env
     node = f"{ns}-node"
-    kube.create_pod(
-        ns,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "svc",
-                "annotations": {"kwok.x-k8s.io/usage-cpu": "500m", "kwok.x-k8s.io/usage-memory": "1Gi"},
-            },
-            "spec": {
-                "nodeName": node,
-                "tolerations": [{"operator": "Exists"}],
-                "containers": [
-                    {"name": "app", "image": IMAGE, "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}
-                ],
-            },
-        },
-    )
+    kube.create_pod(ns, service_pod(node))
     kube.wait(lambda: kube.pods(ns) and kube.pods(ns)[0].get("status", {}).get("phase") == "Running", "svc Running")
 
     slots = CFG.slots

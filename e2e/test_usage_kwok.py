@@ -18,7 +18,7 @@ import aiohttp
 import numpy as np
 import pytest
 
-from e2e.kwok_usage import kwok_usage_node
+from e2e.kwok_usage import IMAGE, kwok_usage_node
 from extender.core.model import Resources
 from extender.kube.sync_client import Kube
 from extender.kube.usage import ContainerKey, PrometheusUsage, pod_traces, pod_usage, service_profiles
@@ -26,7 +26,6 @@ from extender.kube.usage import ContainerKey, PrometheusUsage, pod_traces, pod_u
 pytestmark = [pytest.mark.live]
 
 MI = 2**20
-IMAGE = "registry.invalid/pause:3.9"
 
 
 @pytest.fixture
