@@ -12,14 +12,17 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from extender.controller.slack import SlackController
+from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, WorkloadModel, fit_model
 from extender.core.slack import Amount
 from extender.kube.sync_client import Kube
 from tests.live import require_kubeconfig
 
 IMAGE = "registry.invalid/pause:3.9"  # never pulled: kwok runs no containers
+CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 
 @contextlib.contextmanager
@@ -79,6 +82,19 @@ def service_pod(node: str) -> dict[str, Any]:
             ],
         },
     }
+
+
+def fixture_model() -> WorkloadModel:
+    """A model fitted on two fixture services, a quarter and three quarters of a CPU all day (:data:`CFG`)."""
+    slots = CFG.slots
+    return fit_model(
+        CFG,
+        {
+            "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
+            "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
+        },
+        now=time.time(),
+    )
 
 
 async def until_classified(ctl: SlackController, node: str, seconds: float = 150) -> dict[str, Amount]:

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from e2e.kwok_usage import IMAGE, kwok_usage_node, service_pod, until_classified
+from e2e.kwok_usage import CFG, IMAGE, fixture_model, kwok_usage_node, service_pod, until_classified
 from extender.config import KubernetesConfig
 from extender.controller.slack import (
     BATCH_CPU,
@@ -35,7 +34,6 @@ from extender.controller.slack import (
     SlackMetrics,
     SlackSettings,
 )
-from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
@@ -44,7 +42,6 @@ from extender.kube.usage import PrometheusUsage
 pytestmark = [pytest.mark.live]
 
 GI = 2**30
-CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 
 @pytest.fixture
@@ -102,15 +99,7 @@ async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_on
     node = f"{ns}-node"
     kube.create_pod(ns, service_pod(node))
     kube.wait(lambda: _running(kube, ns, "svc"), "svc Running")
-    slots = CFG.slots
-    model = fit_model(
-        CFG,
-        {
-            "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
-            "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
-        },
-        now=time.time(),
-    )
+    model = fixture_model()
     settings = SlackSettings(
         model_path=tmp_path / "model.json",
         config=CFG,

@@ -24,21 +24,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import yaml
 
-from e2e.kwok_usage import IMAGE, kwok_usage_node, service_pod
+from e2e.kwok_usage import IMAGE, fixture_model, kwok_usage_node, service_pod
 from extender.config import DEFAULT_CONFIG_PATH
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
-from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
 from extender.core.model import memory_bytes
 from extender.kube.sync_client import Kube
 
 pytestmark = [pytest.mark.live]
 
 GI = 2**30
-CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 
 def _free_port() -> int:
@@ -54,22 +51,6 @@ def env() -> Iterator[tuple[Kube, str, str, str]]:
         node = f"{rid}-node"
         kube.create_pod(rid, service_pod(node))
         yield kube, prom, rid, kubeconfig
-
-
-def _save_fixture_model(path: Path) -> None:
-    """A model of two fixture services, a quarter and three quarters of a CPU all day, saved at ``path``."""
-    slots = CFG.slots
-    save_model(
-        path,
-        fit_model(
-            CFG,
-            {
-                "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
-                "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
-            },
-            now=time.time(),
-        ),
-    )
 
 
 def _serve(config: dict[str, Any], path: Path) -> subprocess.Popen[bytes]:
@@ -116,7 +97,7 @@ def test_serve_runs_the_slack_controller_when_enabled(env: tuple[Kube, str, str,
         node_selector=f"e2e-run={ns}",
         characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
     )
-    _save_fixture_model(tmp_path / "model.json")
+    save_model(tmp_path / "model.json", fixture_model())
 
     # the shipped default: off, nothing published even with a model at hand
     port = _free_port()
@@ -185,7 +166,7 @@ def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, st
         characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
         colocate={"enabled": True, "classes": ["bronze"]},
     )
-    _save_fixture_model(tmp_path / "model.json")
+    save_model(tmp_path / "model.json", fixture_model())
     proc = _serve(config, tmp_path / "colocate.yaml")
     hook = f"{ns}-colocate"
     try:

@@ -13,20 +13,17 @@ them. Without a model (no file, no day of history) the same controller publishes
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from e2e.kwok_usage import IMAGE, kwok_usage_node, service_pod, until_classified
+from e2e.kwok_usage import CFG, IMAGE, fixture_model, kwok_usage_node, service_pod, until_classified
 from extender.config import KubernetesConfig
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController, SlackSettings
-from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
@@ -35,7 +32,6 @@ from extender.kube.usage import PrometheusUsage
 pytestmark = [pytest.mark.live]
 
 GI = 2**30
-CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 
 
 @pytest.fixture
@@ -65,15 +61,7 @@ async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, s
     kube.create_pod(ns, service_pod(node))
     kube.wait(lambda: kube.pods(ns) and kube.pods(ns)[0].get("status", {}).get("phase") == "Running", "svc Running")
 
-    slots = CFG.slots
-    fixture_model = fit_model(
-        CFG,
-        {
-            "fixture/quarter": ServiceProfile(np.full(slots, 0.25), np.full(slots, 0.25), DAY_SECONDS),
-            "fixture/three-quarters": ServiceProfile(np.full(slots, 0.75), np.full(slots, 0.75), DAY_SECONDS),
-        },
-        now=time.time(),
-    )
+    given = fixture_model()
     settings = SlackSettings(
         model_path=tmp_path / "model.json",
         config=CFG,
@@ -93,7 +81,7 @@ async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, s
             assert await bare.step() == {node: Amount(0, 0)}
             assert kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"][BATCH_CPU] == "0"
 
-            ctl = SlackController(settings, core, reader, model=fixture_model)
+            ctl = SlackController(settings, core, reader, model=given)
             assert await ctl.start() == "given"
             amounts = await until_classified(ctl, node)  # svc observed for p (20 s) through Prometheus
             assert await ctl.publisher.publish({node: kube.get(f"/api/v1/nodes/{node}")["status"]}, amounts) == {
