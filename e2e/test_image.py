@@ -206,7 +206,13 @@ def test_image_serve_syncs_with_the_cluster(image: str, mounted: Mounted, contai
     m = mounted
     flat_kubeconfig(require_kubeconfig(), m.dir / "kubeconfig")
     port = free_port("127.0.0.1")
-    tls = {"cert_file": "server.crt", "key_file": "server.key", "client_ca_file": "ca.crt"}  # relative: /etc/qos
+    # relative: /etc/qos; the test's client certificate (CN "client") is the scraper allowed on /metrics
+    tls = {
+        "cert_file": "server.crt",
+        "key_file": "server.key",
+        "client_ca_file": "ca.crt",
+        "metrics_clients": ["client"],
+    }
     _publish(m, extender_config(m.dir / "extender.yaml", port, m.inside("kubeconfig"), tls))
     c = start(image, containers, m, "serve", "--config", m.inside("extender.yaml"))
     ca = str(m.dir / "ca.crt")

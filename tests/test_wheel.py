@@ -87,7 +87,7 @@ def closed_port_kubeconfig(path: Path) -> Path:
     return path
 
 
-def extender_config(path: Path, port: int, kubeconfig: str, tls: dict[str, str] | None = None) -> Path:
+def extender_config(path: Path, port: int, kubeconfig: str, tls: dict[str, Any] | None = None) -> Path:
     """A minimal valid extender config: server on 127.0.0.1:port, the given kubeconfig, two flavours."""
     server: dict[str, Any] = {"host": "127.0.0.1", "port": port}
     if tls:
