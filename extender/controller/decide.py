@@ -21,6 +21,9 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+import numpy.typing as npt
+
 from extender.controller.accounting import Account
 from extender.core import packing, qos
 from extender.core.model import Node, Pod
@@ -141,6 +144,192 @@ def _selects(node: Node, selector: Mapping[str, str]) -> bool:
     return all(node.labels.get(k) == v for k, v in selector.items())
 
 
+# The pass tests hosts with the numpy table below; False makes it call qos.feasibility on every selected node
+# (the reference the table must agree with: tests/test_decide_vectorised.py compares the two).
+_VECTORISED = True
+
+
+def _skip_draws(rng: random.Random, n: int) -> None:
+    """Advance ``rng`` exactly as ``n`` calls of ``rng.random()`` would: each draw consumes two 32-bit words
+    of the Mersenne Twister, and ``getrandbits(64 n)`` consumes 2n words (for a plain ``random.Random``; any
+    other generator draws one by one)."""
+    if n <= 0:
+        return
+    if type(rng) is random.Random:
+        rng.getrandbits(64 * n)
+    else:
+        for _ in range(n):
+            rng.random()
+
+
+class _Hosts:
+    """The nodes of one pass as numpy arrays, so testing a pending pod against every node is a few array
+    operations instead of one ``qos.feasibility`` call per node.
+
+    Per node: free cpu, memory and pod slots and schedulability. Per preemption candidate (a pod on a node with
+    an entry in ``running``, one per key and node as ``qos.feasibility`` counts them): its node, priority,
+    requests and what ``qos._may_preempt`` reads (Q, class, current run, overhead cap). A placement updates the
+    free space of its node and retires its victims; placed pods are never candidates.
+
+    For one pending pod, ``qos._may_preempt`` is evaluated for every candidate at once, and per node:
+      * the pod fits the free space: feasible, no victims, no draw;
+      * unschedulable: infeasible, no draw;
+      * it does not fit even after freeing every eligible candidate: infeasible, and ``qos.feasibility`` would
+        have drawn one random number per candidate (eligible or not), so the rng is advanced by that many;
+      * otherwise the greedy victim walk succeeds: ``qos.feasibility`` itself is called for the victims, in
+        node order, so the random tie-break sequence is the one the per-node loop consumed. When ``lazy`` and
+        some node fits without preemption, the victims are never used (rank_hosts prefers free hosts), so only
+        the draws are made.
+    """
+
+    def __init__(
+        self,
+        nodes: Mapping[str, Node],
+        running: Mapping[str, qos.Instance],
+        q_of: Mapping[str, float],
+        policy: qos.QosPolicy,
+    ) -> None:
+        self.names = list(nodes)
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.policy = policy
+        n = len(self.names)
+        self.free = np.zeros((3, n), dtype=np.int64)
+        self.unschedulable = np.array([nodes[name].unschedulable for name in self.names], dtype=bool)
+        class_names = list(policy.classes)
+        self.class_id = {name: i for i, name in enumerate(class_names)}
+        self.cls_importance = np.array([policy.classes[c].importance for c in class_names], dtype=np.int64)
+        self.cls_margin = np.array([policy.classes[c].safety_margin_seconds for c in class_names], dtype=np.float64)
+        node_of: list[int] = []
+        keys: list[str] = []
+        cols: list[tuple[int, int, int, int, float, int, float, bool]] = []
+        for i, name in enumerate(self.names):
+            node = nodes[name]
+            self._set_free(i, node)
+            on_node = {p.key: p for p in node.pods if p.key in running}
+            for key, pod in on_node.items():
+                inst = running[key]
+                r = pod.requests
+                v_cls = policy.cls(inst.pod.class_name)
+                node_of.append(i)
+                keys.append(key)
+                cols.append(
+                    (
+                        inst.pod.priority,
+                        r.cpu_milli,
+                        r.memory_bytes,
+                        r.pods,
+                        q_of[key],
+                        self.class_id[v_cls.name],
+                        inst.current_run_seconds,
+                        qos._over_cap(inst, v_cls),
+                    )
+                )
+        self.node_of = np.array(node_of, dtype=np.intp)
+        self.keys = keys
+        self.rows_of_key: dict[str, list[int]] = {}
+        for j, key in enumerate(keys):
+            self.rows_of_key.setdefault(key, []).append(j)
+        self.priority = np.array([c[0] for c in cols], dtype=np.int64)
+        self.space = np.array([[c[1] for c in cols], [c[2] for c in cols], [c[3] for c in cols]], dtype=np.int64)
+        self.space = self.space.reshape(3, len(cols))
+        self.q = np.array([c[4] for c in cols], dtype=np.float64)
+        self.cls = np.array([c[5] for c in cols], dtype=np.intp)
+        self.current_run = np.array([c[6] for c in cols], dtype=np.float64)
+        self.over_cap = np.array([c[7] for c in cols], dtype=bool)
+        self.alive = np.ones(len(cols), dtype=bool)
+        # candidate rows are grouped by node, in node order: per-node sums are differences of cumulative sums
+        self.bounds = np.searchsorted(self.node_of, np.arange(n + 1), side="left")
+
+    def _set_free(self, i: int, node: Node) -> None:
+        free = node.free
+        self.free[:, i] = (free.cpu_milli, free.memory_bytes, free.pods)
+
+    def placed(self, name: str, node: Node, victims: Sequence[str]) -> None:
+        """``node`` (called ``name``) now holds the placed pod and no longer ``victims``."""
+        self._set_free(self.index[name], node)
+        for key in victims:
+            for j in self.rows_of_key.get(key, ()):
+                self.alive[j] = False
+
+    def _per_node(self, mask: npt.NDArray[np.bool_], values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Sum of ``values`` (k x rows) over the rows in ``mask``, per node: k x n."""
+        cs = np.zeros((values.shape[0], values.shape[1] + 1), dtype=np.int64)
+        np.cumsum(np.where(mask, values, 0), axis=1, out=cs[:, 1:])
+        return cs[:, self.bounds[1:]] - cs[:, self.bounds[:-1]]
+
+    def eligible(self, pending: qos.Instance, q_p: float, threshold: int | None) -> npt.NDArray[np.bool_]:
+        """``qos._may_preempt(candidate, ..., pending, q_p, policy)`` for every candidate row."""
+        policy = self.policy
+        p_cls = policy.cls(pending.pod.class_name)
+        p_id = self.class_id[p_cls.name]
+        v_imp = self.cls_importance[self.cls]
+        v_margin = self.cls_margin[self.cls]
+        same = self.cls == p_id
+        ok = self.alive.copy()
+        if threshold is not None:
+            ok &= self.priority <= threshold
+        if policy.min_run_quantum_seconds > 0:
+            waived = (p_cls.importance < v_imp) & (p_cls.slo >= 1.0 or q_p + policy.alpha_seconds < 0)
+            ok &= ~((self.current_run < policy.min_run_quantum_seconds) & ~waived)
+        if policy.overhead_cap:
+            ok &= ~(same & self.over_cap)
+        q_beats = self.q > q_p + np.where(same, policy.q_hysteresis_seconds, 0.0)
+        base = self.q >= v_margin
+        if not policy.relax_by_importance or q_p >= p_cls.safety_margin_seconds:
+            relaxed = np.zeros_like(base)
+        else:
+            relaxed = (p_cls.importance < v_imp) | ((p_cls.importance == v_imp) & q_beats)
+        result: npt.NDArray[np.bool_] = ok & np.where(base, q_beats, relaxed)
+        return result
+
+    def options(
+        self,
+        inst: qos.Instance,
+        q_p: float,
+        selected: npt.NDArray[np.intp],
+        threshold: int | None,
+        nodes: Mapping[str, Node],
+        eligible: Mapping[str, qos.Instance],
+        rng: random.Random,
+        q_of: Mapping[str, float],
+        lazy: bool,
+    ) -> list[qos.Feasibility]:
+        """The feasible options among ``selected`` (node indices, in node order), as the per-node loop of
+        ``qos.feasibility`` finds them, consuming the same random draws (with ``lazy``, the preemption options
+        are left out when a node fits without preemption)."""
+        req = inst.pod.requests
+        need = np.array([[req.cpu_milli], [req.memory_bytes], [req.pods]], dtype=np.int64)
+        free = self.free[:, selected]
+        fits: npt.NDArray[np.bool_] = np.asarray((need <= free).all(axis=0))
+        schedulable = ~self.unschedulable[selected]
+        candidate = self.alive if threshold is None else self.alive & (self.priority <= threshold)
+        count = self._per_node(candidate[np.newaxis, :], np.ones((1, len(self.keys)), dtype=np.int64))[0]
+        draws = np.where(schedulable & ~fits, count[selected], 0)
+        out: list[qos.Feasibility] = []
+        if lazy and bool((schedulable & fits).any()):
+            _skip_draws(rng, int(draws.sum()))
+            return [qos.Feasibility(self.names[i], True, (), (), "") for i in selected[schedulable & fits].tolist()]
+        room = self._per_node(self.eligible(inst, q_p, threshold)[np.newaxis, :], self.space)
+        maybe = schedulable & ~fits & np.asarray((need <= free + room[:, selected]).all(axis=0))
+        todo = np.flatnonzero((schedulable & fits) | maybe)
+        pending_draws = 0
+        done = 0
+        for j in todo.tolist():
+            pending_draws += int(draws[done:j].sum())
+            done = j + 1
+            name = self.names[int(selected[j])]
+            if fits[j]:
+                out.append(qos.Feasibility(name, True, (), (), ""))
+                continue
+            _skip_draws(rng, pending_draws)
+            pending_draws = 0
+            opt = qos.feasibility(inst, nodes[name], eligible, self.policy, rng, q_of)
+            if opt.feasible:
+                out.append(opt)
+        _skip_draws(rng, pending_draws + int(draws[done:].sum()))
+        return out
+
+
 def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.Random) -> Decision:
     """Paper 002 Algorithm 1, one pass. Time stands still within it; each placement updates the node model so
     later pods in the queue see the space taken and the victims gone."""
@@ -181,6 +370,8 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
     # kube-scheduler's preemption only evicts strictly lower priorities: below this nobody can be handed over
     # (a cheap exact guard; the priority check per node is the pass's dearest step on large clusters)
     lowest_priority = min((p.priority for n in world.nodes for p in n.pods), default=None)
+    hosts = _Hosts(nodes, running, q_of, policy)
+    selected_of: dict[tuple[tuple[tuple[str, str], ...], frozenset[str] | None], npt.NDArray[np.intp]] = {}
     for inst in order:
         g = gated_by_key[inst.pod.key]
         # QoS preemption is among equals and below: a pod of higher priority is never a QoS victim.
@@ -188,20 +379,35 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             eligible = {k: r for k, r in running.items() if r.pod.priority <= inst.pod.priority}
         else:
             eligible = running
-        selected = [
-            n
-            for n in nodes.values()
-            if _selects(n, g.node_selector) and (g.eligible_nodes is None or n.name in g.eligible_nodes)
-        ]
-        options = [qos.feasibility(inst, n, eligible, policy, rng, q_of) for n in selected]
-        feasible = [o for o in options if o.feasible]
+        selector = (tuple(sorted(g.node_selector.items())), g.eligible_nodes)
+        picked = selected_of.get(selector)
+        if picked is None:
+            picked = selected_of[selector] = np.array(
+                [
+                    i
+                    for i, n in enumerate(nodes.values())
+                    if _selects(n, g.node_selector) and (g.eligible_nodes is None or n.name in g.eligible_nodes)
+                ],
+                dtype=np.intp,
+            )
+        feasible: list[qos.Feasibility]
+        if not _VECTORISED or inst.pod.requests.extended or inst.pod.key in running:
+            # the table tracks cpu, memory and pod slots only, and assumes the pending pod is no candidate
+            options = [qos.feasibility(inst, nodes[hosts.names[i]], eligible, policy, rng, q_of) for i in picked]
+            feasible = [o for o in options if o.feasible]
+        else:
+            threshold = inst.pod.priority if inst.pod.priority < top_priority else None
+            lazy = settings.host_score != "profile"  # profile scores may depend on the set of nodes scored
+            feasible = hosts.options(inst, q_of[inst.pod.key], picked, threshold, nodes, eligible, rng, q_of, lazy)
         if not feasible:
             # Priority beats Q: where kube-scheduler could make room by preempting strictly lower-priority pods
             # (which it does, with the preempt verb narrowing its victims), hand the pod over unpinned.
             if (
                 lowest_priority is not None
                 and lowest_priority < inst.pod.priority
-                and any(qos.priority_feasibility(inst.pod, n, policy).feasible for n in selected)
+                and any(
+                    qos.priority_feasibility(inst.pod, nodes[hosts.names[i]], policy).feasible for i in picked.tolist()
+                )
             ):
                 releases.append(
                     Release(
@@ -244,6 +450,7 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             )
         placed = replace(inst.pod, started_at=None, node_name=best.node)
         nodes[best.node] = nodes[best.node].without_pods(best.victims).with_pod(placed)
+        hosts.placed(best.node, nodes[best.node], best.victims)
         if lowest_priority is None or placed.priority < lowest_priority:
             lowest_priority = placed.priority
         releases.append(

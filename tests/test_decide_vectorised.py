@@ -1,0 +1,106 @@
+"""The decide pass's numpy host table against the per-node qos.feasibility loop it replaces: the same
+decisions and the same random stream (the rng state after the pass), on random crowded clusters."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extender.controller import decide as decide_mod
+from extender.controller.accounting import Account, RequestState
+from extender.controller.decide import Decision, GatedPod, Settings, World, decide
+from extender.core import qos
+from extender.core.model import DEFAULT_CLASSES, Node, Pod, Resources
+
+CLASSES = ("gold", "silver", "bronze")
+PRIORITY = {"gold": 1000, "silver": 500, "bronze": 100}
+
+
+def _world(seed: int, priorities: bool) -> World:
+    r = random.Random(seed)
+    now = 10_000.0
+    nodes: list[Node] = []
+    running: dict[str, str] = {}
+    accounts: dict[str, Account] = {}
+    for n in range(r.randint(1, 12)):
+        pods = []
+        for k in range(r.randint(0, 9)):
+            cls = r.choice(CLASSES)
+            key = f"n{n}p{k}"
+            req = Resources.request(r.choice((250, 375, 500, 1000)), r.choice((256, 384, 1024)) * 2**20, 1)
+            pods.append(
+                Pod(
+                    key,
+                    req,
+                    request_id=key,
+                    class_name=cls,
+                    node_name=f"node{n}",
+                    priority=PRIORITY[cls] if priorities else 0,
+                )
+            )
+            if r.random() < 0.85:  # the rest are not QoS-managed: never victims
+                running[f"default/{key}"] = key
+                e = r.uniform(0, 3000)
+                accounts[key] = Account(
+                    e,
+                    r.uniform(0, 1500),
+                    RequestState.RUNNING,
+                    now,
+                    0.0,
+                    cls,
+                    preemptions=r.choice((0, 0, 1, 3)),
+                    overhead=r.choice((0.0, 5.0, 400.0)),
+                    run_started=now - r.choice((10.0, 60.0, 1000.0)),
+                )
+        nodes.append(
+            Node(
+                f"node{n}",
+                Resources(r.choice((2000, 3750, 8000)), r.choice((2048, 3840)) * 2**20, r.choice((4, 110))),
+                labels={"zone": r.choice("ab")},
+                pods=tuple(pods),
+                unschedulable=r.random() < 0.1,
+            )
+        )
+    gated = []
+    for k in range(r.randint(0, 25)):
+        cls = r.choice(CLASSES)
+        key = f"g{k}"
+        req = Resources.request(r.choice((250, 375, 1000, 3000)), r.choice((256, 384, 2048)) * 2**20, 1)
+        pod = Pod(key, req, request_id=key, class_name=cls, priority=PRIORITY[cls] if priorities else 0)
+        accounts[key] = Account(r.uniform(0, 2000), r.uniform(0, 2000), RequestState.PENDING, now, 0.0, cls)
+        selector = {"zone": r.choice("ab")} if r.random() < 0.2 else {}
+        gated.append(GatedPod(pod, key, now - r.uniform(0, 100), selector))
+    return World(tuple(nodes), running, tuple(gated), accounts, now)
+
+
+def _run(
+    world: World, policy: qos.QosPolicy, settings: Settings, seed: int, vectorised: bool
+) -> tuple[Decision, object]:
+    old = decide_mod._VECTORISED
+    decide_mod._VECTORISED = vectorised
+    try:
+        rng = random.Random(seed)
+        return decide(world, policy, settings, rng), rng.getstate()
+    finally:
+        decide_mod._VECTORISED = old
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_host_table_takes_the_per_node_loops_decisions_and_draws(seed: int) -> None:
+    world = _world(seed, priorities=seed % 2 == 0)
+    policies = [
+        qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0),
+        qos.QosPolicy(
+            classes=DEFAULT_CLASSES,
+            alpha_seconds=2.0,
+            min_run_quantum_seconds=qos.RECOMMENDED_QUANTUM_SECONDS,
+            q_hysteresis_seconds=qos.RECOMMENDED_HYSTERESIS_SECONDS,
+        ),
+        qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0, overhead_cap=False, relax_by_importance=False),
+    ]
+    for policy in policies:
+        for settings in (Settings(), Settings(host_score="profile")):
+            fast = _run(world, policy, settings, seed, vectorised=True)
+            slow = _run(world, policy, settings, seed, vectorised=False)
+            assert fast == slow
