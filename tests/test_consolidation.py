@@ -363,3 +363,36 @@ def test_decide_is_pure() -> None:
     banned = {"asyncio", "aiohttp", "kubernetes_asyncio", "time", "socket", "subprocess", "prometheus_client"}
     assert not imported & banned, imported & banned
     assert not [m for m in imported if m.startswith(("extender.kube", "extender.agent"))]
+
+
+async def test_an_api_error_before_the_cordon_backs_off_from_the_node_with_an_event() -> None:
+    """A failing API read (the node, its pods) must leave the node alone for ``left_alone_seconds`` like an
+    aborted plan: without it every scan would pick the same node and hammer the failing API again."""
+    import socket
+
+    from kubernetes_asyncio import client as k8s_client
+
+    from extender.consolidation.flow import ConsolidationFlow
+
+    with socket.socket() as s:  # a port nobody listens on: a real connection refused, not a double
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = k8s_client.Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    notices: list[Any] = []
+
+    class _Events:
+        def emit(self, notice: Any) -> None:
+            notices.append(notice)
+
+    flow = ConsolidationFlow(ConsolidationSettings(left_alone_seconds=60.0), clock=lambda: 1000.0)
+    async with k8s_client.ApiClient(cfg) as api:
+        flow.attach(api, ExtenderConfig().bind, events=_Events())
+        try:
+            outcome = await flow.consolidate(MigrationPlan("n1", (("default/p", "n2"),)))
+        finally:
+            await flow.stop()
+    assert not outcome.removed and "Connect" in outcome.reason, outcome.reason
+    assert flow.left_alone == {"n1": 1060.0}
+    assert [n.reason for n in notices] == ["ConsolidationAborted"] and notices[0].warning
+    assert flow.busy == set()

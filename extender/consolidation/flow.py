@@ -233,13 +233,24 @@ class ConsolidationFlow:
         """Empty ``plan.source`` through the agents and delete it, or leave it uncordoned with an Event."""
         source = plan.source
         plan_id = decide.plan_id(source, self._token())
-        node = await self._node(source)
-        if node is None:
-            self.metrics.plans.labels("skipped").inc()
-            return NodeOutcome(source, plan_id, False, "the node is gone")
-        why = decide.may_cordon(node)
-        if why is None:  # a pod annotated do-not-disrupt (or not migratable) keeps the node: not even a cordon
-            why = decide.node_blocker(await self._pods_on(source))
+        try:
+            node = await self._node(source)
+            if node is None:
+                self.metrics.plans.labels("skipped").inc()
+                return NodeOutcome(source, plan_id, False, "the node is gone")
+            why = decide.may_cordon(node)
+            if why is None:  # a pod annotated do-not-disrupt (or not migratable) keeps the node: not even a cordon
+                why = decide.node_blocker(await self._pods_on(source))
+        except Exception as exc:  # the API is failing: back off from this node as an aborted plan would
+            self.left_alone[source] = self._clock() + self.s.left_alone_seconds
+            self.metrics.plans.labels("aborted").inc()
+            reason = f"{type(exc).__name__}: {exc}"
+            message = (
+                f"not cordoned: reading the node and its pods failed ({reason}); "
+                f"left alone for {self.s.left_alone_seconds:.0f}s"
+            )
+            self._say("Node", "", source, "", "ConsolidationAborted", message, True)
+            return NodeOutcome(source, plan_id, False, reason)
         if why is not None:
             self.metrics.plans.labels("skipped").inc()
             self.left_alone[source] = self._clock() + self.s.left_alone_seconds
