@@ -347,7 +347,6 @@ async def test_quiesce_waits_for_a_criu_left_running_on_the_state_dir(tmp_path: 
     """A criu child survives its agent's SIGKILL; the restarted agent waits for it before reconciling."""
     import os
     import subprocess
-    import time
 
     from extender.agent.backends.criu import CriuBackend
     from extender.agent.config import CriuConfig
@@ -357,18 +356,21 @@ async def test_quiesce_waits_for_a_criu_left_running_on_the_state_dir(tmp_path: 
     impostor = tmp_path / "criu"  # TEST DOUBLE: a process whose argv[0] is "criu", working on our state dir
     os.symlink("/usr/bin/python3", impostor)
     proc = subprocess.Popen([str(impostor), "-S", "-c", "import time; time.sleep(0.4)", str(state / "archives")])
+    # a criu working elsewhere (another agent's state dir) must not be waited for: it outlives both calls
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    other = subprocess.Popen([str(impostor), "-S", "-c", "import time; time.sleep(60)", str(elsewhere)])
     try:
         await asyncio.sleep(0.05)
-        t0 = time.monotonic()
-        await CriuBackend("criu", CriuConfig()).quiesce(state, timeout=5)
-        assert time.monotonic() - t0 >= 0.2
-        assert proc.poll() is not None or proc.wait(1) == 0
-        t0 = time.monotonic()
-        await CriuBackend("criu", CriuConfig()).quiesce(state, timeout=5)
-        assert time.monotonic() - t0 < 0.2, "nothing to wait for"
+        assert proc.poll() is None
+        await CriuBackend("criu", CriuConfig()).quiesce(state, timeout=30)
+        assert proc.poll() == 0, "quiesce returned while the criu on our state dir was still running"
+        await CriuBackend("criu", CriuConfig()).quiesce(state, timeout=30)
+        assert other.poll() is None, "quiesce waited for a criu that is not on our state dir"
     finally:
-        proc.kill()
-        proc.wait()
+        for p in (proc, other):
+            p.kill()
+            p.wait()
 
 
 def test_agent_command_refuses_to_start_without_mtls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
