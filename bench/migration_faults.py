@@ -41,10 +41,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -53,13 +51,13 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from e2e.ticks import LogFollower, logged_ticks  # noqa: E402
 from extender.agent.client import AgentClient, PeerError  # noqa: E402
 from extender.agent.config import TlsConfig  # noqa: E402
 from extender.config import ExtenderConfig, KubernetesConfig  # noqa: E402
@@ -80,19 +78,11 @@ GROUP = "qos.kube-qos-extender.io/node-group"
 BUSYBOX = "qos-local/busybox:1.35.0"
 ONLY_ON_SOURCE = "localhost:1/qos-local/only-on-batch:1"  # a registry that refuses connections: never pulled
 AGENT_NS = "kube-qos-agent"
-TICK = re.compile(r"^(\S+) tick (\d+)$")
 FAULT_FLAG = "--enable-test-fault-injection"
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _rfc3339(stamp: str) -> float:
-    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z", stamp)
-    if not m:
-        raise ValueError(f"not an RFC 3339 time: {stamp!r}")
-    return datetime.fromisoformat(m.group(1) + "+00:00").timestamp() + float(m.group(2) or 0)
 
 
 @dataclass
@@ -118,10 +108,10 @@ class Cluster:
         return self.run(str(self.bin_dir / "kubectl"), *args, timeout=timeout)
 
     def logs(self, ns: str, pod: str) -> list[tuple[float, int]]:
-        out = subprocess.run([str(self.bin_dir / "kubectl"), "logs", "--timestamps", "-n", ns, pod], env=self.env,
-                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-        return [(_rfc3339(m.group(1)), int(m.group(2))) for line in out.stdout.splitlines()
-                if (m := TICK.match(line.strip()))]  # fmt: skip
+        try:
+            return logged_ticks(self.bin_dir, self.env, ns, pod)
+        except RuntimeError:
+            return []  # the pod is gone or not started yet: no ticks
 
     def counter_tasks(self, node: str, ns: str) -> list[str]:
         """Running containerd tasks of this namespace's counter containers on ``node``."""
@@ -135,33 +125,6 @@ class Cluster:
             if labels.get("io.kubernetes.pod.namespace") == ns and labels.get("io.kubernetes.container.name") == "c":
                 out.append(cid)
         return out
-
-
-class Follower:
-    """``kubectl logs -f --timestamps`` of the source pod in a thread: its ticks up to the moment it is deleted
-    (the ticks printed around the checkpoint are what "no lost progress" is measured against)."""
-
-    def __init__(self, c: Cluster, ns: str, pod: str) -> None:
-        self.ticks: list[tuple[float, int]] = []
-        self.proc = subprocess.Popen(
-            [str(c.bin_dir / "kubectl"), "logs", "-f", "--timestamps", "-n", ns, pod],
-            env=c.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if m := TICK.match(line.strip()):
-                self.ticks.append((_rfc3339(m.group(1)), int(m.group(2))))
-
-    def stop(self) -> list[tuple[float, int]]:
-        self.proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        self.thread.join(10)
-        return list(self.ticks)
 
 
 def counter_pod(name: str, node: str, image: str) -> dict[str, Any]:
@@ -284,7 +247,7 @@ class Bench:
                 threading.Thread(
                     target=self._delete_when_restoring, args=(ns, dest, deleted, stop), daemon=True
                 ).start()
-            follower = Follower(self.c, ns, "counter")
+            follower = LogFollower(self.c.bin_dir, self.c.env, ns, "counter")
             kube.wait(lambda: follower.ticks or None, "the source's log followed", timeout=30, interval=0.2)
             mid = f"bench-{(fault or 'none')[:12]}-{uuid.uuid4().hex[:6]}"
             t0 = time.monotonic()

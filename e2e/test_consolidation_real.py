@@ -42,7 +42,8 @@ from typing import Any
 import pytest
 
 from e2e.test_deployed import ROOT, Product, _ready, namespace, product  # noqa: F401  (fixtures)
-from e2e.test_migration_real import GROUP, LogFollower, _cid, _counter, _history, _logs, _running_tasks
+from e2e.test_migration_real import GROUP, _cid, _counter, _history, _logs, _running_tasks
+from e2e.ticks import LogFollower
 from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.loop import ProvisionRequest
 from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
@@ -171,7 +172,7 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
     src = kube.wait(lambda: x if _ready(x := kube.get(path)) else None, "the counter Running", timeout=120)
     kube.wait(lambda: _ready(kube.get(f"/api/v1/namespaces/{namespace}/pods/filler")) or None, "filler", timeout=120)
     src_cid = _cid(src)
-    follower = LogFollower(product, namespace, "counter")
+    follower = LogFollower(product.bin_dir, product.env, namespace, "counter")
 
     # ---- the autoscaler (kwok provider: buys nothing here) with the flow as its hand-off, in this process
     missing = [k for k in ("AGENT_CA", "AGENT_CLIENT_CERT", "AGENT_CLIENT_KEY") if not env.get(k)]

@@ -22,19 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
+from e2e.ticks import LogFollower, logged_ticks
 from extender.config import ExtenderConfig, KubernetesConfig
 from extender.consolidation.config import ConsolidationSettings
 from extender.consolidation.decide import MoveVerdict
@@ -44,7 +42,6 @@ from extender.kube.client import new_api_client
 pytestmark = [pytest.mark.live, pytest.mark.deployed]
 
 GROUP = "qos.kube-qos-extender.io/node-group"
-TICK = re.compile(r"^(\S+) tick (\d+)$")
 NODES_ROOT = Path("/var/lib/qos-local-nodes")
 
 
@@ -80,45 +77,8 @@ def _counter(name: str, node: str) -> dict[str, Any]:
     }
 
 
-class LogFollower:
-    """``kubectl logs -f --timestamps`` of a pod in a thread: every tick with its kubelet timestamp, until the pod
-    (and so the stream) goes away."""
-
-    def __init__(self, p: Product, ns: str, pod: str) -> None:
-        self.ticks: list[tuple[float, int]] = []
-        self.proc = subprocess.Popen(
-            [str(p.bin_dir / "kubectl"), "logs", "-f", "--timestamps", "-n", ns, pod],
-            env=p.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )  # fmt: skip
-        self.thread = threading.Thread(target=self._read, daemon=True)
-        self.thread.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            m = TICK.match(line.strip())
-            if m:
-                self.ticks.append((_rfc3339(m.group(1)), int(m.group(2))))
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self.thread.join(10)
-
-
-def _rfc3339(stamp: str) -> float:
-    # 2026-11-22T20:01:02.123456789Z: Python parses at most microseconds
-    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z", stamp)
-    assert m, stamp
-    return datetime.fromisoformat(m.group(1) + "+00:00").timestamp() + float(m.group(2) or 0)
-
-
 def _logs(p: Product, ns: str, pod: str) -> list[tuple[float, int]]:
-    out = subprocess.run([str(p.bin_dir / "kubectl"), "logs", "--timestamps", "-n", ns, pod], env=p.env,
-                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return [(_rfc3339(m.group(1)), int(m.group(2))) for line in out.stdout.splitlines()
-            if (m := TICK.match(line.strip()))]  # fmt: skip
+    return logged_ticks(p.bin_dir, p.env, ns, pod)
 
 
 def _history(record: dict[str, Any], phase: str) -> float:
@@ -188,7 +148,7 @@ def test_counter_pod_migrates_between_real_nodes_with_its_count(
     src = kube.wait(lambda: pod if _ready(pod := kube.get(path)) else None, "the counter Running", timeout=120)
     assert src["spec"]["nodeName"] == batch
     src_cid = _cid(src)
-    follower = LogFollower(product, namespace, "counter")
+    follower = LogFollower(product.bin_dir, product.env, namespace, "counter")
     kube.wait(lambda: len(follower.ticks) >= 8 or None, "8 ticks from the source", timeout=60, interval=0.5)
 
     t0 = time.monotonic()
