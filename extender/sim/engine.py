@@ -18,7 +18,7 @@ import time as wallclock
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import cast
+from typing import Protocol, cast
 
 from extender.controller import decide
 from extender.controller.accounting import Account, RequestState
@@ -155,6 +155,17 @@ class Counters:
     nodes_removed: int = 0
 
 
+class SimHook(Protocol):
+    """A layer riding on a run (extender/sim/colocation.py): called before each scheduling pass, whenever an
+    instance leaves its node, and on its own ``hook`` events (``Simulator.push(t, "hook", payload)``)."""
+
+    def before_schedule(self, sim: Simulator) -> None: ...
+
+    def on_unplace(self, sim: Simulator, r: Req) -> None: ...
+
+    def on_event(self, sim: Simulator, payload: object) -> None: ...
+
+
 class Simulator:
     """One run of one policy over one workload."""
 
@@ -246,6 +257,7 @@ class Simulator:
         self._pending_ids: dict[str, None] = {}  # insertion-ordered set: the pending queue without a scan
         self._done = 0
         self._requests = {r.request_id: r.requests for r in workload.requests}
+        self.hook: SimHook | None = None  # e.g. co-location on the slack (sim/colocation.py)
 
     # ---- event plumbing ------------------------------------------------------------------------------
 
@@ -432,7 +444,13 @@ class Simulator:
         r.state = State.PENDING
         self._pending_ids[r.spec.request_id] = None
         r.version += 1
+        if self.hook is not None:
+            self.hook.on_unplace(self, r)
         return node
+
+    def _on_hook(self, payload: object) -> None:
+        if self.hook is not None:
+            self.hook.on_event(self, payload)
 
     def _on_arrive(self, rid: object) -> None:
         r = self.reqs[str(rid)]
@@ -493,6 +511,9 @@ class Simulator:
     def _on_schedule(self, _: object) -> None:
         self.sched_pending = False
         pending = self._pending()
+        if pending and self.hook is not None:
+            self.hook.before_schedule(self)
+            pending = self._pending()
         if not pending:
             return
         if self.policy == "priority":
