@@ -85,6 +85,47 @@ def test_unschedulable_toleration_matches_upstream_tolerates_taint(toleration: d
         assert ("n1" in res["NodeNames"]) is tolerated, (names[:2], res["FailedAndUnresolvableNodes"].get("n1"))
 
 
+def _tolerating_pod() -> dict[str, Any]:
+    p = pod("p", cpu="1")
+    p["spec"]["tolerations"] = [{"key": CORDON, "operator": "Exists", "effect": "NoSchedule"}]
+    return p
+
+
+def test_prioritize_scores_a_cordoned_node_the_pod_tolerates_like_the_filter() -> None:
+    """The filter passes a cordoned node to a pod tolerating the unschedulable taint: prioritize must not
+    then score it 0 (its best fit), on the per-node path (1 node) nor on the vectorised one (41 nodes)."""
+    cordoned = node("n1", cpu="2")  # the tightest fit: bfd's best
+    cordoned["spec"]["unschedulable"] = True
+    snap = synced(cordoned, *[node(f"m{i}", cpu="8") for i in range(40)])
+    for names in (["n1"], ["n1", *[f"m{i}" for i in range(40)]]):
+        for p, scored in ((_tolerating_pod(), True), (pod("q", cpu="1"), False)):
+            res = verbs.prioritize(args(p, names), snap, CONFIG, NOW).body
+            hosts = {h["Host"]: h["Score"] for h in res}
+            assert ("n1" in hosts) is scored, (len(names), p["metadata"]["name"], hosts)
+            if scored:
+                assert hosts["n1"] == max(hosts.values())
+
+
+def test_preempt_keeps_a_cordoned_node_the_pod_tolerates() -> None:
+    cordoned = node("n1", cpu="4")
+    cordoned["spec"]["unschedulable"] = True
+    snap = synced(cordoned)
+    running = [pod(f"v{i}", cpu="1", node_name="n1") for i in range(3)]
+    for r in running:
+        r["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
+        r["status"]["startTime"] = "2027-01-15T08:00:05Z"
+    snap.replace_pods(running, "2", now=NOW)
+    pending = pod("hi", cpu="2")
+    pending["spec"]["priority"] = 1000
+    pending["metadata"]["creationTimestamp"] = "2027-01-15T08:30:00Z"
+    res = verbs.preempt(_preempt_args(pending, {"n1": ["v0", "v1"]}), snap, CONFIG, NOW)
+    assert res.body["NodeNameToMetaVictims"] == {}  # not tolerated: the cordon drops the node
+    pending["spec"]["tolerations"] = [{"key": CORDON, "operator": "Exists"}]
+    pending["metadata"]["uid"] = "uid-hi-tolerating"
+    res = verbs.preempt(_preempt_args(pending, {"n1": ["v0", "v1"]}), snap, CONFIG, NOW)
+    assert set(res.body["NodeNameToMetaVictims"]) == {"n1"}
+
+
 # --------------------------------------------------------------------------- 2. preempt: whole set or none
 
 

@@ -418,6 +418,7 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
     snapshot.ledger.expire(now)
     group = _group_needed(pod)
     enforce = config.node_groups.enforce
+    tolerates = tolerates_unschedulable(args["Pod"])  # the filter's rule: a cordoned node it passed can score
     vector = (
         config.scheduling.profile == "cost"
         and pod.kind is not WorkloadKind.BATCH
@@ -431,7 +432,9 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
         req = pod.requests
         mem_left = table.alloc_mem[r] - table.used_mem[r] - req.memory_bytes
         cpu_left = table.alloc_cpu[r] - table.used_cpu[r] - req.cpu_milli
-        feasible = (rows >= 0) & (mem_left >= 0) & (cpu_left >= 0) & ~table.unschedulable[r]
+        feasible = (rows >= 0) & (mem_left >= 0) & (cpu_left >= 0)
+        if not tolerates:
+            feasible &= ~table.unschedulable[r]
         feasible &= table.alloc_pods[r] >= table.used_pods[r] + 1
         if enforce:
             feasible &= (table.groups[r] & GROUP_BITS[group]) != 0
@@ -449,6 +452,8 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
             if entry is None or (enforce and group not in entry.accepts):
                 continue
             view = snapshot.node_view(name, exclude=pod.key)
+            if view is not None and tolerates and view.unschedulable:
+                view = dataclasses.replace(view, unschedulable=False)
             if view is not None:
                 views.append(view)
         scores = packing.score_nodes(
@@ -542,7 +547,7 @@ def whole_set_verdict(
     return None
 
 
-def _fits_without_victims(names: list[str], snapshot: Snapshot, pod: Pod) -> set[str]:
+def _fits_without_victims(names: list[str], snapshot: Snapshot, pod: Pod, tolerates: bool) -> set[str]:
     """The candidate nodes where our snapshot says the pod fits as they are (whole_set_verdict drops them),
     from the node table in one pass; empty when the pod needs the per-node path (extended resources, or it
     already occupies a node and must be excluded from it)."""
@@ -552,7 +557,9 @@ def _fits_without_victims(names: list[str], snapshot: Snapshot, pod: Pod) -> set
     table = snapshot.fresh_table()
     rows = np.fromiter(map(table.row.get, names, repeat(-1)), dtype=np.int64, count=len(names))
     r = np.where(rows >= 0, rows, 0)
-    fits = (rows >= 0) & ~table.unschedulable[r]
+    fits = rows >= 0
+    if not tolerates:
+        fits &= ~table.unschedulable[r]
     fits &= table.alloc_cpu[r] - table.used_cpu[r] >= req.cpu_milli
     fits &= table.alloc_mem[r] - table.used_mem[r] >= req.memory_bytes
     fits &= table.alloc_pods[r] - table.used_pods[r] >= req.pods
@@ -584,7 +591,8 @@ def preempt(body: object, snapshot: Snapshot, config: ExtenderConfig, now: float
     policy.cls(pod.class_name)  # an unknown class cannot happen (conversion defaults it): fail loudly if so
     result = VerbResult(body=None, problems=problems)
     out: dict[str, Any] = {}
-    roomy = _fits_without_victims(list(parsed), snapshot, pod)
+    tolerates = tolerates_unschedulable(args["Pod"])  # as the filter: a cordoned node is no reason to drop
+    roomy = _fits_without_victims(list(parsed), snapshot, pod, tolerates)
     for node, (uids, pdb) in parsed.items():
         verdict: str | None
         if node in roomy:
@@ -592,6 +600,8 @@ def preempt(body: object, snapshot: Snapshot, config: ExtenderConfig, now: float
             result.victims_dropped += len(uids)
             continue
         view = snapshot.node_view(node, exclude=pod.key)
+        if view is not None and tolerates and view.unschedulable:
+            view = dataclasses.replace(view, unschedulable=False)
         if view is None:
             verdict = "unknown-node"
         elif not uids:
