@@ -195,10 +195,17 @@ class WatchingBinder:
     """A Binder that checks what a concurrent filter would see during the POST and can play a watch event
     (the pod deleted) before answering."""
 
-    def __init__(self, snap: Snapshot, delete: dict[str, Any] | None = None, fail: bool = False) -> None:
+    def __init__(
+        self,
+        snap: Snapshot,
+        delete: dict[str, Any] | None = None,
+        fail: bool = False,
+        raises: BaseException | None = None,
+    ) -> None:
         self.snap = snap
         self.delete = delete
         self.fail = fail
+        self.raises = raises
         self.seen_during_call: list[tuple[int, int]] = []
 
     async def bind(self, a: BindArgs) -> int:
@@ -209,6 +216,8 @@ class WatchingBinder:
             self.snap.apply_pod("DELETED", self.delete, now=NOW)
         if self.fail:
             raise BindError("refused")
+        if self.raises is not None:
+            raise self.raises
         return 0
 
 
@@ -236,6 +245,38 @@ async def test_bind_failure_drops_the_assumption() -> None:
         await verbs.bind(_bind_args(p, "n1"), snap, WatchingBinder(snap, fail=True), NOW)
     assert "default/p" not in snap.ledger and snap.requested_on("n1") == (snap.requested_on("n1")[0], 0)
     assert "default/p" not in snap.bound_at
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [asyncio.CancelledError(), BindError("timed out", in_doubt=True), TimeoutError(), RuntimeError("bug")],
+    ids=["cancelled", "in-doubt", "timeout", "other"],
+)
+async def test_bind_that_may_have_been_applied_stays_assumed_until_the_ttl(raised: BaseException) -> None:
+    """Cancelled (kube-scheduler's httpTimeout), timed out, or broken after the POST may have been sent: the
+    Binding may exist, so the space stays taken until the watch shows the pod or the ledger's TTL ends."""
+    snap = synced(node("n1", cpu="4"))
+    p = pod("p", cpu="1500m")
+    snap.apply_pod("ADDED", p, now=NOW)
+    with pytest.raises(type(raised)):
+        await verbs.bind(_bind_args(p, "n1"), snap, WatchingBinder(snap, raises=raised), NOW)
+    assert "default/p" in snap.ledger
+    assert snap.requested_on("n1")[0].cpu_milli == 1500
+    snap.ledger.expire(NOW + snap.ledger.ttl_seconds)
+    assert "default/p" not in snap.ledger and snap.requested_on("n1")[1] == 0
+
+
+async def test_in_doubt_bind_is_confirmed_by_the_watch() -> None:
+    snap = synced(node("n1", cpu="4"))
+    p = pod("p", cpu="1500m")
+    snap.apply_pod("ADDED", p, now=NOW)
+    with pytest.raises(BindError):
+        await verbs.bind(_bind_args(p, "n1"), snap, WatchingBinder(snap, raises=BindError("t", in_doubt=True)), NOW)
+    bound = copy.deepcopy(p)
+    bound["spec"]["nodeName"] = "n1"
+    snap.apply_pod("MODIFIED", bound, now=NOW)
+    assert "default/p" not in snap.ledger  # the watch accounts for it now, once
+    assert snap.requested_on("n1")[0].cpu_milli == 1500 and snap.requested_on("n1")[1] == 1
 
 
 async def test_pod_deleted_during_the_bind_is_not_assumed_afterwards() -> None:
@@ -324,7 +365,7 @@ def test_vectorised_filter_and_prioritize_equal_the_per_node_reference(seed: int
     views = [
         v
         for n in names
-        if (e := snap.nodes.get(n)) is not None and packing_group(p) in e.accepts
+        if (e := snap.nodes.get(n)) is not None and packing_group(p) & e.accepts
         if (v := snap.node_view(n, exclude=core.key)) is not None
     ]
     want = packing.score_nodes("cost", views, core, NOW, CONFIG.scheduling.scaling_cycle_seconds)

@@ -68,3 +68,31 @@ async def test_binder_gives_up_within_its_budget(dead_api: Any) -> None:
     assert elapsed < 1.5, elapsed  # total budget 0.6 s + one attempt: well under the scheduler's 5 s
     assert info.value.retries >= 2
     assert "could not bind default/p to node-1 within 0.6 s" in str(info.value)
+    assert not info.value.in_doubt  # connection refused: no POST ever left, the space may be offered again
+
+
+async def test_binder_reports_a_timed_out_post_in_doubt() -> None:
+    """An API server that takes the request and never answers: the Binding may exist, so the failure is
+    in doubt (verbs.bind keeps the pod assumed)."""
+    received = asyncio.Event()
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)
+        received.set()
+        await asyncio.sleep(30)
+        writer.close()
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    api = k8s.ApiClient(configuration=k8s.Configuration(host=f"http://127.0.0.1:{port}"))
+    try:
+        binder = KubeBinder(
+            api, BindConfig(timeout_seconds=0.4, attempt_timeout_seconds=0.15, backoff_initial_seconds=0.02)
+        )
+        with pytest.raises(BindError) as info:
+            await binder.bind(BindArgs("default", "p", "uid-1", "node-1"))
+        assert received.is_set()
+        assert info.value.in_doubt
+    finally:
+        await api.close()
+        server.close()

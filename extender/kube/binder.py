@@ -28,7 +28,12 @@ __all__ = ["KubeBinder"]
 
 
 class _Retry(Exception):
-    """A transient failure worth another attempt."""
+    """A transient failure worth another attempt. ``in_doubt``: the POST may have been applied (a timeout, a
+    broken connection or a 5xx after sending it), unlike a 429 or a conflict read back as not bound."""
+
+    def __init__(self, message: str, in_doubt: bool = False) -> None:
+        super().__init__(message)
+        self.in_doubt = in_doubt
 
 
 class KubeBinder:
@@ -41,6 +46,7 @@ class KubeBinder:
         total = self._config.timeout_seconds
         start = time.monotonic()
         last: BaseException | None = None
+        in_doubt = False
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_delay(total),
@@ -59,11 +65,13 @@ class KubeBinder:
                         await self._attempt(args, max(0.05, min(self._config.attempt_timeout_seconds, remaining)))
                     except _Retry as exc:
                         last = exc
+                        in_doubt |= exc.in_doubt
                         raise
         except RetryError as exc:
             raise BindError(
                 f"could not bind {args.key} to {args.node} within {total:g} s ({attempts} attempts): {last}",
                 retries=max(0, attempts - 1),
+                in_doubt=in_doubt,
             ) from exc
         except BindError as exc:
             exc.retries = max(0, attempts - 1)
@@ -91,12 +99,14 @@ class KubeBinder:
                 await self._resolve_conflict(args, exc, timeout)
                 return
             if exc.status == 429 or exc.status >= 500:
-                raise _Retry(str(exc)) from exc
+                raise _Retry(str(exc), in_doubt=exc.status != 429) from exc
             if exc.status == 404:
                 raise BindError(f"cannot bind {args.key}: pod not found (deleted?)") from exc
             raise BindError(f"cannot bind {args.key} to {args.node}: {exc}") from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _Retry(f"{type(exc).__name__}: {exc}", in_doubt=True) from exc
 
     async def _resolve_conflict(self, args: BindArgs, conflict: ApiError, timeout: float) -> None:
         """409: already bound (where?) or a UID mismatch. Success only if bound to the requested node."""
@@ -109,9 +119,9 @@ class KubeBinder:
         except ApiError as exc:
             if exc.status == 404:
                 raise BindError(f"cannot bind {args.key}: pod not found (deleted?)") from exc
-            raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}") from exc
+            raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}", True) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}") from exc
+            raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}", True) from exc
         uid = (pod.get("metadata") or {}).get("uid", "")
         node = (pod.get("spec") or {}).get("nodeName") or ""
         if args.uid and uid != args.uid:

@@ -21,11 +21,17 @@ class BindArgs:
 
 
 class BindError(Exception):
-    """The binding could not be made; the message goes to ExtenderBindingResult.Error."""
+    """The binding could not be made; the message goes to ExtenderBindingResult.Error.
 
-    def __init__(self, message: str, retries: int = 0) -> None:
+    ``in_doubt``: an attempt timed out or broke off after the POST may have reached the API server, so the
+    Binding may exist although we report failure. The caller keeps the pod assumed on the node until the
+    watch says otherwise (or the ledger's TTL ends it) instead of offering its space again.
+    """
+
+    def __init__(self, message: str, retries: int = 0, in_doubt: bool = False) -> None:
         super().__init__(message)
         self.retries = retries
+        self.in_doubt = in_doubt
 
 
 class Binder(Protocol):

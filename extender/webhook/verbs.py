@@ -650,9 +650,11 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
     """ExtenderBindingArgs -> ExtenderBindingResult; returns (body, retries).
 
     The pod is assumed on the node *before* the Binding POST, as kube-scheduler's assume() does: a filter
-    answered while the POST is in flight must already count it. A failed bind drops the assumption; a pod
-    deleted during the call loses it through the watch (Snapshot.apply_pod), and nothing re-adds it after the
-    POST returns. A pod the watch has not delivered yet is assumed from the Pod of its filter request.
+    answered while the POST is in flight must already count it. A refused bind drops the assumption; one
+    cancelled or timed out may have been applied (``BindError.in_doubt``), so it stays assumed until the watch
+    or the ledger's TTL ends it. A pod deleted during the call loses it through the watch (Snapshot.apply_pod),
+    and nothing re-adds it after the POST returns. A pod the watch has not delivered yet is assumed from the
+    Pod of its filter request.
     """
     _ensure_ready(snapshot)
     if args.node not in snapshot.nodes:
@@ -671,10 +673,18 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
     try:
         retries = await binder.bind(args)
     except BaseException as exc:
-        if assumed is not None:
+        # Only a definite refusal frees the space. Cancelled (the scheduler gave up on the call), timed out or
+        # any other break after the POST may have been sent: the Binding may exist, so the pod stays assumed
+        # until the watch shows it bound or gone, or the ledger's TTL drops it (as kube-scheduler's assume
+        # cache expires a bind that never finished).
+        definite = isinstance(exc, BindError) and not exc.in_doubt
+        if assumed is not None and definite:
             snapshot.cancel_bind(assumed)
         if isinstance(exc, BindError):
-            log.warning("bind failed", extra={"pod": args.key, "node": args.node, "decision": str(exc)})
+            log.warning(
+                "bind failed",
+                extra={"pod": args.key, "node": args.node, "decision": {"error": str(exc), "in_doubt": not definite}},
+            )
         raise
     log.info("bind", extra={"pod": args.key, "node": args.node, "decision": {"retries": retries}})
     return {"Error": ""}, retries
