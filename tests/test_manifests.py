@@ -514,3 +514,24 @@ def test_agent_rbac_matches_the_code(agent_ds: dict[str, Any]) -> None:
     assert binding["subjects"] == [
         {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "qos-extender-agent"}
     ]
+
+
+# ------------------------------------------------------------------------------------------- qos-scheduler
+
+
+def test_qos_scheduler_mounts_only_the_secrets_its_config_uses() -> None:
+    """The scheduler calls the sidecar's verbs-only loopback listener over plain HTTP (config/base
+    kube-scheduler.yaml), so it needs no client certificate: a Secret mounted into it anyway is a credential
+    for the extender's TLS port held by a container that never uses it."""
+    dep = _one(CONFIG / "base" / "deployment.yaml", "Deployment", "qos-scheduler")
+    sched = _load(CONFIG / "base" / "kube-scheduler.yaml")
+    files = [
+        path
+        for ext in sched.get("extenders") or []
+        for path in (ext.get("tlsConfig") or {}).values()
+        if isinstance(path, str) and path.startswith("/")
+    ]
+    assert all(e["urlPrefix"].startswith("http://127.0.0.1:") for e in sched["extenders"]) and not files
+    secrets = {n: m for n, m in _mounts(dep, "kube-scheduler").items() if "secret" in m["volume"]}
+    used = {n for n, m in secrets.items() if any(f.startswith(m["mountPath"].rstrip("/") + "/") for f in files)}
+    assert set(secrets) == used, f"kube-scheduler mounts Secrets its config does not use: {sorted(set(secrets) - used)}"
