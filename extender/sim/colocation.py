@@ -52,7 +52,7 @@ from extender.core.characterise import (
     is_complete,
     recluster_model,
 )
-from extender.core.model import InvalidInputError, NodeGroup, Resources, ServiceClass, WorkloadKind
+from extender.core.model import InvalidInputError, Node, NodeGroup, Resources, ServiceClass, WorkloadKind
 from extender.core.slack import (
     Amount,
     BatchTenant,
@@ -88,6 +88,21 @@ def colocation_settings() -> SlackConfig:
     1-day observation and classification window, k = 20, 10 seeds, 24 h re-clustering, 5 % miss tolerance,
     evictions on) with co-location switched on for bronze."""
     return replace(SlackConfig(), enabled=True, colocate=ColocateConfig(enabled=True, classes=("bronze",)))
+
+
+@dataclass(frozen=True)
+class RefreshRecord:
+    """What one refresh saw and decided (kept for the last refresh: tests recompute it with the core)."""
+
+    at: float
+    nodes: tuple[Node, ...]
+    profiles: Mapping[str, ServiceProfile]
+    classes: Mapping[str, Mapping[str, int]]
+    idle: Mapping[str, Amount]
+    planned: Mapping[str, Amount]  # batch_capacity before the safety check
+    measured: Mapping[str, Amount]
+    published: Mapping[str, Amount]
+    evicted: tuple[str, ...]
 
 
 @dataclass
@@ -284,7 +299,8 @@ class Colocation(UsageMeter):
         self.published: dict[str, Amount] = {}
         self.colocated: set[str] = set()  # request ids running (or allocating) on lent slack
         self.previous_usage: dict[str, tuple[float, float]] = {}  # pod key -> usage at the previous refresh
-        self.last_idle: dict[str, Amount] = {}
+        self.last_refresh: RefreshRecord | None = None
+        self._evicted_now: list[str] = []
 
     # ---- the refresh: SlackController._step with the simulator's state -------------------------------
 
@@ -315,6 +331,8 @@ class Colocation(UsageMeter):
         nodes = [sim._core_node(n) for n in sim.nodes.values()]
         services = {p.key: p.requests for n in nodes for p in n.pods if p.kind is WorkloadKind.SERVICE}
         classes: dict[str, dict[str, int]] = {}
+        profiles: dict[str, ServiceProfile] = {}
+        self._evicted_now = []
         if services:
             profiles = self._profiles(services, now)
             complete = {k: p for k, p in profiles.items() if is_complete(p.cpu) and is_complete(p.memory)}
@@ -334,11 +352,15 @@ class Colocation(UsageMeter):
             self.previous_usage = dict(self.last_usage)
             return
         idle = self._predict(nodes, classes, now)
-        self.last_idle = idle
         amounts = batch_capacity(nodes, idle)
+        planned = dict(amounts)
+        measured = {k: measured_idle(services[k], c, m) for k, (c, m) in self.last_usage.items() if k in services}
         if idle:
-            self._safety(sim, services, idle, amounts, now)
+            self._safety(sim, services, idle, measured, amounts, now)
         self.published = amounts
+        self.last_refresh = RefreshRecord(
+            now, tuple(nodes), profiles, classes, idle, planned, measured, dict(amounts), tuple(self._evicted_now)
+        )
         self.previous_usage = dict(self.last_usage)
         st.published_cpu_milli_last = sum(a.cpu_milli for a in amounts.values())
         st.published_memory_bytes_last = sum(a.memory_bytes for a in amounts.values())
@@ -361,12 +383,12 @@ class Colocation(UsageMeter):
         sim: Simulator,
         services: Mapping[str, Resources],
         idle: Mapping[str, Amount],
+        measured: Mapping[str, Amount],
         amounts: dict[str, Amount],
         now: float,
     ) -> None:
         """SlackController._safety on the simulator: count misses, evict what no longer fits, and let a missed
         node lend only its real slack."""
-        measured = {k: measured_idle(services[k], c, m) for k, (c, m) in self.last_usage.items() if k in services}
         misses = set(prediction_misses(idle, measured, services, self.settings.miss_tolerance))
         self.stats.prediction_misses += len(misses)
         for name, node in list(sim.nodes.items()):
@@ -402,6 +424,7 @@ class Colocation(UsageMeter):
                 self.stats.evicted_pods[rid] = self.stats.evicted_pods.get(rid, 0) + 1
                 r.fold(now)
                 self.stats.lost_work_seconds += r.work
+                self._evicted_now.append(key)
                 sim._unplace(r, lose_work=True)
             if victims:
                 sim.request_schedule()
