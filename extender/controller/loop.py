@@ -34,8 +34,9 @@ from extender.controller.metrics import ControllerMetrics, RequestSample
 from extender.controller.observe import observe
 from extender.controller.patches import INSTANCE_ANNOTATION, owner_instance, release_patch
 from extender.controller.state import PodInfo, TrackingSnapshot
-from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, WorkloadKind
+from extender.core.model import InvalidInputError, Node, NodeGroup, Pod
 from extender.core.qos import availability
+from extender.core.slack import node_groups_for
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import PodProblems, parse_timestamp
 from extender.kube.events import KubeEventSink
@@ -288,10 +289,12 @@ class QosController:
                 info.request,
                 now if info.created is None else info.created,
                 info.node_selector,
-                by_group.get(NodeGroup.BATCH if snap.pods[key].pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE),
+                # core.slack.node_groups_for, as the filter verb: a co-located batch pod may use service nodes
+                frozenset().union(*(by_group[g] for g in node_groups_for(p.kind, p.requests))) if by_group else None,
             )
             for key, info in qos.items()
             if info.gated and not info.deleting and key not in self._released and key in snap.pods
+            for p in (snap.pods[key].pod,)
         ]
         return World(nodes, running, gated, self.accounts, now)
 

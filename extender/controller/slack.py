@@ -67,6 +67,8 @@ from extender.core.model import (
     memory_bytes,
 )
 from extender.core.slack import (
+    BATCH_CPU,
+    BATCH_MEMORY,
     Amount,
     BatchTenant,
     batch_capacity,
@@ -112,8 +114,6 @@ __all__ = [
 
 log = logging.getLogger("extender.controller.slack")
 
-BATCH_CPU = "qos.kube-qos-extender.io/batch-cpu"
-BATCH_MEMORY = "qos.kube-qos-extender.io/batch-memory"
 # The reason of the Events on a batch pod evicted (and on its node) because a service's usage grew.
 EVICTION_REASON = "BatchSlackReclaimed"
 

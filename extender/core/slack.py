@@ -18,10 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from extender.core.characterise import RESOURCES, WorkloadModel, idle_resources
-from extender.core.model import InvalidInputError, Node, Resources, WorkloadKind
+from extender.core.model import InvalidInputError, Node, NodeGroup, Resources, WorkloadKind
+from extender.core.packing import to_extender_scores
 from extender.core.qos import time_to_violate
 
 __all__ = [
+    "BATCH_CPU",
+    "BATCH_MEMORY",
+    "BATCH_RESOURCES",
     "LRP_WEIGHTS",
     "MAX_LRP_SCORE",
     "Amount",
@@ -30,23 +34,35 @@ __all__ = [
     "available_for_batch",
     "batch_capacity",
     "choose_evictions",
+    "colocated_scores",
+    "colocation_shortfall",
     "eviction_order",
     "fits",
+    "lendable",
     "lendable_after_miss",
     "lrp_choose",
     "lrp_score",
     "measured_idle",
     "node_available",
     "node_available_for_batch",
+    "node_groups_for",
     "prediction_misses",
     "real_slack",
     "reclaimable",
     "service_idle",
+    "slack_demand",
+    "with_batch_resources",
 ]
 
 # Paper 004 §V: "the weights of CPU and memory are configured as 0.38 and 0.62 respectively during the
 # evaluation process of scheduling and autoscaling" (from the Alibaba trace's average cluster utilisation).
 LRP_WEIGHTS = (0.38, 0.62)
+# The extended resources a node's predicted reclaimable capacity is published as (controller.slack writes them
+# into the node's status, webhook.colocate moves an opted-in batch pod's cpu/memory requests onto them):
+# millicores and bytes, so one unit of batch-cpu is one millicore.
+BATCH_CPU = "qos.kube-qos-extender.io/batch-cpu"
+BATCH_MEMORY = "qos.kube-qos-extender.io/batch-memory"
+BATCH_RESOURCES = (BATCH_CPU, BATCH_MEMORY)
 # kube-scheduler's framework.MaxNodeScore: the score is on the same 0..100 scale as packing.py's scores.
 MAX_LRP_SCORE = 100
 
@@ -328,3 +344,98 @@ def lendable_after_miss(predicted: Amount, real: Amount) -> Amount:
     return Amount(
         max(0, min(predicted.cpu_milli, real.cpu_milli)), max(0, min(predicted.memory_bytes, real.memory_bytes))
     )
+
+
+# --------------------------------------------------------------------------------------------------------
+# the filter and score verbs on the published prediction (deliverable 3's last sentence)
+# --------------------------------------------------------------------------------------------------------
+
+
+def with_batch_resources(managed: Sequence[str]) -> tuple[str, ...]:
+    """``managed`` plus the two batch resources: the extended resources the extender counts on nodes and pods.
+
+    Why always: the batch resources are what the slack controller publishes, so they are the one place the
+    verbs can read the prediction from (the same numbers kube-scheduler and the kubelet admit against). With
+    slack off no node has them and no admitted pod requests them, so counting them changes nothing.
+    """
+    return (*managed, *(r for r in BATCH_RESOURCES if r not in managed))
+
+
+def slack_demand(requests: Resources) -> Resources | None:
+    """A co-located pod's demand on the slack as (cpu millicores, memory bytes): its batch-cpu and batch-memory
+    requests; None for a pod that requests neither (an ordinary pod, filtered and scored by requests)."""
+    cpu, mem = requests.ext(BATCH_CPU), requests.ext(BATCH_MEMORY)
+    if cpu == 0 and mem == 0:
+        return None
+    return Resources(cpu, mem, requests.pods)
+
+
+def node_groups_for(kind: WorkloadKind, requests: Resources) -> frozenset[NodeGroup]:
+    """The node groups a pod may run in under ``node_groups.enforce``.
+
+    Batch pods on batch nodes and services on service nodes, except a co-located batch pod (one requesting
+    the batch resources): it runs on what services leave idle, so on service nodes by design, and on batch
+    nodes if something publishes slack there. The batch resources restrict it to nodes with a prediction
+    already; rejecting service nodes would make co-location impossible through the extender.
+    """
+    if kind is WorkloadKind.BATCH:
+        if slack_demand(requests) is not None:
+            return frozenset((NodeGroup.BATCH, NodeGroup.SERVICE))
+        return frozenset((NodeGroup.BATCH,))
+    return frozenset((NodeGroup.SERVICE,))
+
+
+def lendable(allocatable: Resources, requested: Resources) -> Amount:
+    """What is left of a node's published slack: its batch-cpu/batch-memory allocatable (the prediction
+    ``sum I_i`` the controller wrote) minus what the co-located pods on it request of them."""
+    return Amount(
+        allocatable.ext(BATCH_CPU) - requested.ext(BATCH_CPU),
+        allocatable.ext(BATCH_MEMORY) - requested.ext(BATCH_MEMORY),
+    )
+
+
+def colocation_shortfall(allocatable: Resources, requested: Resources, demand: Resources) -> str | None:
+    """The filter verb for a co-located pod: None when ``demand`` fits in the slack left on the node
+    (:func:`lendable`), else why not (human, names the resource and the numbers). Same rule as kube-scheduler's
+    NodeResourcesFit on the extended resources, phrased in the prediction's terms."""
+    left = lendable(allocatable, requested)
+    short: list[str] = []
+    if demand.cpu_milli > left.cpu_milli:
+        short.append(
+            f"predicted slack cpu {max(0, left.cpu_milli)}m left of {allocatable.ext(BATCH_CPU)}m, "
+            f"pod needs {demand.cpu_milli}m"
+        )
+    if demand.memory_bytes > left.memory_bytes:
+        short.append(
+            f"predicted slack memory {max(0, left.memory_bytes)} B left of {allocatable.ext(BATCH_MEMORY)} B, "
+            f"pod needs {demand.memory_bytes} B"
+        )
+    return "; ".join(short) if short else None
+
+
+def colocated_scores(
+    candidates: Iterable[tuple[str, Resources, Resources]],
+    demand: Resources,
+    weights: tuple[float, float] = LRP_WEIGHTS,
+) -> dict[str, int]:
+    """The score verb for a co-located pod: extender scores 0..10 by LRP (Alg. 1) over the predicted
+    availability, for ``(node name, allocatable, requested)`` candidates.
+
+    The availability is Eq. 4 with the published prediction: ``A'_v = A_v + lendable`` (free by requests
+    plus the slack left), against the node's cpu/memory allocatable ``C_v``, so the node with the lowest
+    *predicted* utilisation after placement scores highest. Only nodes the pod fits on (:func:`lendable`
+    covers its demand) score; the rest get 0. LRP values become ranks (``packing.to_extender_scores``): the
+    node :func:`lrp_choose` picks always gets 10, whatever the spread of the others.
+    """
+    raw: dict[str, float] = {}
+    names: list[str] = []
+    for name, alloc, requested in candidates:
+        names.append(name)
+        if colocation_shortfall(alloc, requested, demand) is not None:
+            continue
+        capacity = Resources(alloc.cpu_milli, alloc.memory_bytes, alloc.pods)
+        free = Amount(alloc.cpu_milli - requested.cpu_milli, alloc.memory_bytes - requested.memory_bytes)
+        raw[name] = float(lrp_score(capacity, free + lendable(alloc, requested), demand, weights))
+    scores = dict.fromkeys(names, 0)
+    scores.update(to_extender_scores(raw))
+    return scores

@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from extender.config import ExtenderConfig
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources
+from extender.core.slack import with_batch_resources
 from extender.kube.convert import (
     Problem,
     is_terminal,
@@ -238,7 +239,9 @@ class Snapshot:
 
     def __init__(self, config: ExtenderConfig) -> None:
         self.config = config
-        self._managed = config.scheduling.managed_resources
+        # The batch resources always: they carry the slack controller's published prediction, which the
+        # filter and score verbs of co-located pods read (core.slack.with_batch_resources).
+        self._managed = with_batch_resources(config.scheduling.managed_resources)
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[str, PodEntry] = {}
         self._by_node: dict[str, _NodePods] = {}

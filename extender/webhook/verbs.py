@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from extender.config import ExtenderConfig
-from extender.core import packing, qos
+from extender.core import packing, qos, slack
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.kube.binding import BindArgs, Binder, BindError
 from extender.kube.convert import PodProblems, parse_timestamp, pod_from_k8s
@@ -96,7 +96,8 @@ def _pod(body: Mapping[str, Any], config: ExtenderConfig, snapshot: Snapshot | N
         hit: ParsedPod | None = snapshot.request_pods.get(uid, rv)
         if hit is not None:
             return hit
-    pod, problems = pod_from_k8s(raw, config.pod_defaults, config.policy.classes, config.scheduling.managed_resources)
+    managed = slack.with_batch_resources(config.scheduling.managed_resources)  # as the snapshot counts them
+    pod, problems = pod_from_k8s(raw, config.pod_defaults, config.policy.classes, managed)
     created = parse_timestamp((meta or {}).get("creationTimestamp"))
     reported = PodProblems(pod.namespace, pod.name, pod.uid, problems) if problems else None
     parsed: ParsedPod = (pod, created, reported)
@@ -215,8 +216,13 @@ def tolerates_unschedulable(pod_obj: Mapping[str, Any]) -> bool:
     return False
 
 
-def _group_needed(pod: Pod) -> NodeGroup:
-    return NodeGroup.BATCH if pod.kind is WorkloadKind.BATCH else NodeGroup.SERVICE
+def _group_needed(pod: Pod) -> frozenset[NodeGroup]:
+    """The node groups the pod may use under node_groups.enforce (a co-located batch pod: service nodes too)."""
+    return slack.node_groups_for(pod.kind, pod.requests)
+
+
+def _group_bits(groups: frozenset[NodeGroup]) -> int:
+    return sum(GROUP_BITS[g] for g in groups)
 
 
 def _shortfall(req: Resources, requested: Resources, count: int, alloc: Resources) -> tuple[str, str] | None:
@@ -268,7 +274,7 @@ def _too_large(req: Resources, alloc: Resources) -> str | None:
 @dataclass(frozen=True, slots=True)
 class _FilterInput:
     req: Resources
-    group: NodeGroup
+    groups: frozenset[NodeGroup]
     enforce: bool
     tolerates: bool
     key: str
@@ -286,7 +292,7 @@ def _judge(name: str, snapshot: Snapshot, f: _FilterInput) -> tuple[bool, str, s
     if entry is None:
         return False, "unknown_node", "node is not in the extender's snapshot yet (watch lagging); retry later"
     node = entry.node
-    if f.enforce and f.group not in entry.accepts:
+    if f.enforce and not (f.groups & entry.accepts):
         groups = "/".join(sorted(g.value for g in entry.accepts)) or "no"
         return False, "node_group", f"node group mismatch: {f.kind.value} pod, node accepts {groups} pods"
     if node.unschedulable and not f.tolerates:
@@ -296,6 +302,12 @@ def _judge(name: str, snapshot: Snapshot, f: _FilterInput) -> tuple[bool, str, s
     if too_large is not None:
         return False, "too_large", too_large
     requested, count = snapshot.requested_on(name, exclude=f.key)
+    demand = slack.slack_demand(f.req)
+    if demand is not None:
+        # a co-located pod: judged on the node's published prediction minus what other tenants hold of it
+        why = slack.colocation_shortfall(alloc, requested, demand)
+        if why is not None:
+            return True, "insufficient_slack", why
     short = _shortfall(f.req, requested, count, alloc)
     if short is not None:
         return True, short[0], short[1]
@@ -318,7 +330,7 @@ def _passing_mask(names: list[str], snapshot: Snapshot, f: _FilterInput) -> tupl
     ok &= acpu - table.used_cpu[r] >= f.req.cpu_milli
     ok &= amem - table.used_mem[r] >= f.req.memory_bytes
     if f.enforce:
-        ok &= (table.groups[r] & GROUP_BITS[f.group]) != 0
+        ok &= (table.groups[r] & _group_bits(f.groups)) != 0
     if not f.tolerates:
         ok &= ~table.unschedulable[r]
     observed, assumed = snapshot.pods.get(f.key), snapshot.ledger.get(f.key)
@@ -397,7 +409,7 @@ def _held(snapshot: Snapshot, key: str) -> bool:
 
 def _policy_label(pod: Pod, profile: str) -> str:
     if pod.kind is WorkloadKind.BATCH:
-        return "time-bin-bfd"
+        return "lrp-slack" if slack.slack_demand(pod.requests) is not None else "time-bin-bfd"
     return "least-allocated" if profile == "spread" else "bfd"
 
 
@@ -416,7 +428,7 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
     names, node_objs = _candidates(args, unique=False)
     _ensure_ready(snapshot)
     snapshot.ledger.expire(now)
-    group = _group_needed(pod)
+    groups = _group_needed(pod)
     enforce = config.node_groups.enforce
     tolerates = tolerates_unschedulable(args["Pod"])  # the filter's rule: a cordoned node it passed can score
     vector = (
@@ -437,19 +449,32 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
             feasible &= ~table.unschedulable[r]
         feasible &= table.alloc_pods[r] >= table.used_pods[r] + 1
         if enforce:
-            feasible &= (table.groups[r] & GROUP_BITS[group]) != 0
+            feasible &= (table.groups[r] & _group_bits(groups)) != 0
         ranked = packing.bfd_rank_scores(mem_left, cpu_left, feasible)
         top = np.flatnonzero(ranked).tolist()
         values = ranked[top].tolist()
         scores = {names[i]: v for i, v in zip(top, values, strict=True)}
         result = VerbResult(body=[{"Host": names[i], "Score": v} for i, v in zip(top, values, strict=True)])
+    elif (demand := slack.slack_demand(pod.requests)) is not None:
+        # A co-located pod: LRP over the predicted availability, read from the prediction the slack controller
+        # published on the nodes (the same numbers the filter verb and the kubelet admit against).
+        if node_objs is None:
+            _unique(names, "NodeNames")
+        candidates = []
+        for name in names:
+            entry = snapshot.nodes.get(name)
+            if entry is None or (enforce and not (groups & entry.accepts)):
+                continue
+            candidates.append((name, entry.node.allocatable, snapshot.requested_on(name, exclude=pod.key)[0]))
+        scores = slack.colocated_scores(candidates, demand)
+        result = VerbResult(body=[{"Host": n, "Score": scores[n]} for n in names if scores.get(n, 0) > 0])
     else:
         if node_objs is None:
             _unique(names, "NodeNames")
         views = []
         for name in names:
             entry = snapshot.nodes.get(name)
-            if entry is None or (enforce and group not in entry.accepts):
+            if entry is None or (enforce and not (groups & entry.accepts)):
                 continue
             view = snapshot.node_view(name, exclude=pod.key)
             if view is not None and tolerates and view.unschedulable:
