@@ -118,12 +118,12 @@ def _simulate_colocation(args: argparse.Namespace) -> int:
     params = ServiceUsageParams(
         **{k: v for k, v in knobs.items() if v is not None}, **({"seed": args.seed} if args.seed is not None else {})
     )
-    workload, usage = services_batch(params)
     policies = args.policy or ["product-colocate", "product-colocate-last", "product", "k8s"]
     known = (*COLOCATE_POLICIES, *POLICIES)
     unknown = [p for p in policies if p not in known]
     if unknown:
         raise InvalidInputError(f"unknown policy {unknown[0]!r} (known: {', '.join(known)})")
+    workload, usage = services_batch(params)
     config = SimConfig(**({"seed": args.seed} if args.seed is not None else {}))
     runs = []
     for p in policies:
