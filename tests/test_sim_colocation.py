@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from extender.cli import main
+from extender.controller import slack as live
 from extender.controller.slack import plan
 from extender.core import characterise, slack
 from extender.core.model import InvalidInputError, WorkloadKind
+from extender.sim import colocation
 from extender.sim.colocation import Colocation, colocation_settings, simulate_colocation
 from extender.sim.engine import Simulator, State
 from extender.sim.report import colocation_report
@@ -93,11 +95,13 @@ def test_the_layer_publishes_what_the_core_computes() -> None:
     assert layer.stats.placed_on_slack > 0
 
 
+def test_colocated_pods_request_the_resources_the_controller_publishes() -> None:
+    assert (colocation.BATCH_CPU, colocation.BATCH_MEMORY) == (live.BATCH_CPU, live.BATCH_MEMORY)
+
+
 def test_nothing_is_lent_during_the_observation_day() -> None:
     w, usage = services_batch(SMALL)
-    batch = [
-        RequestSpec(f"b-{j}", j * 720.0, 250, 128 * MIB, 1800.0, "bronze", WorkloadKind.BATCH) for j in range(100)
-    ]
+    batch = [RequestSpec(f"b-{j}", j * 720.0, 250, 128 * MIB, 1800.0, "bronze", WorkloadKind.BATCH) for j in range(100)]
     w = dataclasses.replace(w, requests=tuple(sorted((*w.requests, *batch), key=lambda r: r.arrival)))
     run = simulate_colocation(w, usage, "product-colocate")
     done = [r for r in run.result.reqs if r.spec.kind is WorkloadKind.BATCH]

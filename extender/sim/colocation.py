@@ -8,11 +8,12 @@ layer, and the difference between the two runs is the co-location alone.
 The layer decides nothing itself. Every refresh (``slack.refresh_seconds``, 15 min) it does what
 ``extender.controller.slack.SlackController._step`` does, with the same pure functions:
 
-* profiles of the services over the last ``classify_seconds`` (``kube.usage.service_profiles``: the daily
-  profile of ``core.characterise``), a model fitted once a service has a whole day
-  (``core.characterise.fit_model``), re-clustered every cycle (``due_for_recluster`` / ``recluster_model``),
-  the services classified (``classify_services``, after the observation time ``p``);
-* the prediction (``controller.slack.predicted_idle``: Eq. 3 via ``core.slack.service_idle``) and the
+* profiles of the services over the last ``classify_seconds`` (``core.characterise.daily_profile`` of
+  usage / request, what ``kube.usage.service_profiles`` does with Prometheus' samples), a model fitted once
+  a service has a whole day (``core.characterise.fit_model``), re-clustered every cycle
+  (``due_for_recluster`` / ``recluster_model``), the services classified (``classify_services``, after the observation time ``p``);
+* the prediction (``core.slack.service_idle``, Eq. 3, for every classified service pod: the controller's
+  ``predicted_idle``; the simulator may not import ``controller.slack``, which talks to a cluster) and the
   capacity per node (``core.slack.batch_capacity``);
 * the safety check: misses (``core.slack.prediction_misses``), the node's real slack (``real_slack``), the
   batch pods that no longer fit (``choose_evictions``, QoS order) evicted (their progress lost, as an
@@ -37,16 +38,19 @@ co-located or not, so utilisation is usage / capacity of the nodes alive, the sa
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, predicted_idle
+import numpy as np
+
 from extender.controller.slack_config import ColocateConfig, SlackConfig
 from extender.core.characterise import (
     ServiceProfile,
     WorkloadModel,
     classify_services,
+    daily_profile,
     due_for_recluster,
     fit_model,
     is_complete,
@@ -63,8 +67,8 @@ from extender.core.slack import (
     measured_idle,
     prediction_misses,
     real_slack,
+    service_idle,
 )
-from extender.kube.usage import UsageTrace, service_profiles
 from extender.sim.engine import Req, SimConfig, SimResult, Simulator, State
 from extender.sim.usage_trace import ServiceUsage
 from extender.sim.workloads import Workload
@@ -77,6 +81,11 @@ __all__ = [
     "colocation_settings",
     "simulate_colocation",
 ]
+
+# The extended resources the slack controller publishes (extender/controller/slack.py BATCH_CPU / BATCH_MEMORY;
+# the simulator may not import that module, it talks to a cluster: tests check the names are the same).
+BATCH_CPU = "qos.kube-qos-extender.io/batch-cpu"
+BATCH_MEMORY = "qos.kube-qos-extender.io/batch-memory"
 
 # policy name -> predictor; both run `product` underneath
 COLOCATE_POLICIES: Mapping[str, str] = {"product-colocate": "class", "product-colocate-last": "last-usage"}
@@ -310,18 +319,25 @@ class Colocation(UsageMeter):
             self.refresh(sim)
 
     def _profiles(self, services: Mapping[str, Resources], now: float) -> dict[str, ServiceProfile]:
+        """Each service's daily profiles over the last ``classify_seconds`` (``core.characterise.daily_profile``
+        of usage / request, the controller's ``kube.usage.service_profiles`` on the simulator's samples)."""
         since = now - self.settings.classify_seconds
-        cpu: dict[str, UsageTrace] = {}
-        mem: dict[str, UsageTrace] = {}
-        for key in services:
+        interval = self.settings.characterise.interval_seconds
+        out: dict[str, ServiceProfile] = {}
+        for key, req in services.items():
             hc, hm = self.history_cpu.get(key), self.history_mem.get(key)
-            if hc is None or hm is None:
+            if hc is None or hm is None or req.cpu_milli <= 0 or req.memory_bytes <= 0:
                 continue
-            lo = next((i for i, t in enumerate(hc[0]) if t >= since), len(hc[0]))
-            cpu[key] = UsageTrace(tuple(hc[0][lo:]), tuple(hc[1][lo:]))
-            mem[key] = UsageTrace(tuple(hm[0][lo:]), tuple(hm[1][lo:]))
-        profiles, _skipped = service_profiles(cpu, mem, services, self.settings.characterise.interval_seconds)
-        return profiles
+            lo = bisect.bisect_left(hc[0], since)
+            times = hc[0][lo:]
+            if not times:
+                continue
+            cpu = np.asarray(hc[1][lo:]) / req.cpu_milli
+            mem = np.asarray(hm[1][lo:]) / req.memory_bytes
+            out[key] = ServiceProfile(
+                daily_profile(times, cpu, interval), daily_profile(times, mem, interval), times[-1] - times[0]
+            )
+        return out
 
     def refresh(self, sim: Simulator) -> None:
         st = self.stats
@@ -368,7 +384,14 @@ class Colocation(UsageMeter):
     def _predict(self, nodes: Sequence[Any], classes: Mapping[str, Mapping[str, int]], now: float) -> dict[str, Amount]:
         assert self.model is not None
         if self.predictor == "class":
-            return predicted_idle(self.model, nodes, classes, now, self.settings.characterise.prediction_seconds)
+            # the live controller's predicted_idle: Eq. 3 for every service pod that has classes
+            horizon = self.settings.characterise.prediction_seconds
+            return {
+                pod.key: service_idle(self.model, classes[pod.key], pod.requests, now, horizon)
+                for node in nodes
+                for pod in node.pods
+                if pod.key in classes
+            }
         # naive: the idle of the previous refresh's measurement, for the same (classified) services
         out: dict[str, Amount] = {}
         for node in nodes:
