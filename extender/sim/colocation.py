@@ -11,7 +11,8 @@ The layer decides nothing itself. Every refresh (``slack.refresh_seconds``, 15 m
 * profiles of the services over the last ``classify_seconds`` (``core.characterise.daily_profile`` of
   usage / request, what ``kube.usage.service_profiles`` does with Prometheus' samples), a model fitted once
   a service has a whole day (``core.characterise.fit_model``), re-clustered every cycle
-  (``due_for_recluster`` / ``recluster_model``), the services classified (``classify_services``, after the observation time ``p``);
+  (``due_for_recluster`` / ``recluster_model``), the services classified (``classify_services``, after
+  the observation time ``p``);
 * the prediction (``core.slack.service_idle``, Eq. 3, for every classified service pod: the controller's
   ``predicted_idle``; the simulator may not import ``controller.slack``, which talks to a cluster) and the
   capacity per node (``core.slack.batch_capacity``);
