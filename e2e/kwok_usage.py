@@ -28,7 +28,8 @@ CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)
 @contextlib.contextmanager
 def kwok_usage_node(prefix: str) -> Iterator[tuple[Kube, str, str, str]]:
     """(kube, Prometheus URL, run id, kubeconfig): namespace ``<rid>`` and node ``<rid>-node`` (4 CPU, 8Gi,
-    tainted ``e2e-run=<rid>:NoSchedule``), both removed afterwards, whatever the test did."""
+    tainted ``e2e-run=<rid>:NoSchedule``, in the service node group), both removed afterwards, whatever the
+    test did."""
     kubeconfig = require_kubeconfig()
     kube = Kube(kubeconfig)
     prom = os.environ.get("PROMETHEUS_URL", "").rstrip("/")
@@ -44,7 +45,13 @@ def kwok_usage_node(prefix: str) -> Iterator[tuple[Kube, str, str, str]]:
             "metadata": {
                 "name": node,
                 "annotations": {"kwok.x-k8s.io/node": "fake"},
-                "labels": {"type": "kwok", "e2e-run": rid, "kubernetes.io/hostname": node},
+                # a service node: co-located batch pods pass the extender's enforced node-group rule there
+                "labels": {
+                    "type": "kwok",
+                    "e2e-run": rid,
+                    "kubernetes.io/hostname": node,
+                    "qos.kube-qos-extender.io/node-group": "service",
+                },
             },
             "spec": {"taints": [{"key": "e2e-run", "value": rid, "effect": "NoSchedule"}]},
             "status": {

@@ -1,14 +1,14 @@
 """A wrong prediction evicts the co-located batch pods in QoS order (issue 16, deliverable 3), on the local
-cluster: real kube-apiserver, kube-controller-manager (disruption controller), default-scheduler, kwok and
-Prometheus scraping kwok's emulated usage.
+cluster: real kube-apiserver, kube-controller-manager (disruption controller), qos-scheduler with the extender
+(host process, QoS controller on), kwok and Prometheus scraping kwok's emulated usage.
 
 A service pod (2 cpu / 4 GiB requested) uses a quarter of it; with the fixture classes of e2e/test_slack_kwok.py
-its node publishes 1500 m / 3 GiB of batch capacity, and the stock default-scheduler binds two batch pods of
-500 m / 1 GiB each on it: a bronze one and a gold one. The service's memory usage then rises to 2.5 GiB (its kwok
-usage annotation): only 1.5 GiB is really idle for 2 GiB of batch pods. The slack controller measures that
-through Prometheus and evicts the bronze pod through the Eviction API: first refused (429) while a
-PodDisruptionBudget covers it, then, once the budget is gone, evicted with a Warning Event on the pod and on the
-node; the gold pod keeps running, and the node publishes no more than its real slack (1.5 GiB).
+its (service-group) node publishes 1500 m / 3 GiB of batch capacity, and qos-scheduler through the extender
+binds two batch pods of 500 m / 1 GiB each on it: a bronze one and a gold one. The service's memory usage then
+rises to 2.5 GiB (its kwok usage annotation): only 1.5 GiB is really idle for 2 GiB of batch pods. The slack
+controller measures that through Prometheus and evicts the bronze pod through the Eviction API: first refused
+(429) while a PodDisruptionBudget covers it, then, once the budget is gone, evicted with a Warning Event on the
+pod and on the node; the gold pod keeps running, and the node publishes no more than its real slack (1.5 GiB).
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def _batch_pod(name: str, rid: str, cls: str) -> dict[str, Any]:
             "annotations": {"qos.kube-qos-extender.io/kind": "batch", "qos.kube-qos-extender.io/class": cls},
         },
         "spec": {
+            # the product path: the qos webhook gates and marks it, the QoS controller releases it, the extender
+            # filters it onto the service node's published slack (node_groups.enforce) and binds it
+            "schedulerName": "qos-scheduler",
             "nodeSelector": {"e2e-run": rid},
             "tolerations": [{"key": "e2e-run", "operator": "Equal", "value": rid, "effect": "NoSchedule"}],
             "terminationGracePeriodSeconds": 0,

@@ -6,8 +6,9 @@ the qos_extender_slack_ metrics. The default file's `slack.enabled: false` publi
 
 With `slack.colocate.enabled` and the API server calling that process' admission webhook (a
 MutatingWebhookConfiguration of the test's own, for its namespace only), a bronze batch pod annotated
-`qos.kube-qos-extender.io/colocate: "true"` is stored with batch-cpu/batch-memory instead of cpu/memory and the
-stock default-scheduler binds it on the published slack; a second one no longer fits; a malformed value leaves
+`qos.kube-qos-extender.io/colocate: "true"` is stored with batch-cpu/batch-memory instead of cpu/memory and
+qos-scheduler binds it through the cluster's extender on the published slack of a service node; a second one
+no longer fits (default-scheduler's refusal names batch-cpu); a malformed value leaves
 the pod as it was, with a Warning Event."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.conftest import MARKER
 from e2e.kwok_usage import IMAGE, fixture_model, kwok_usage_node, service_pod
 from extender.config import DEFAULT_CONFIG_PATH
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
@@ -209,7 +211,7 @@ def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, st
 
         kube.wait(published, "1500 m / 3 GiB published", timeout=150, interval=2)
 
-        def batch(name: str, value: str) -> dict[str, Any]:
+        def batch(name: str, value: str, scheduler: str = "default-scheduler") -> dict[str, Any]:
             return {
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -222,6 +224,7 @@ def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, st
                     },
                 },
                 "spec": {
+                    "schedulerName": scheduler,
                     "nodeSelector": {"e2e-run": ns},
                     "tolerations": [{"key": "e2e-run", "operator": "Equal", "value": ns, "effect": "NoSchedule"}],
                     "terminationGracePeriodSeconds": 0,
@@ -231,17 +234,22 @@ def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, st
                 },
             }
 
-        stored = kube.create_pod(ns, batch("moved-1", "true"))
+        # the product path: qos-scheduler, the cluster's extender filtering on the published slack (the node is
+        # in the service group, node_groups.enforce is on) and binding
+        stored = kube.create_pod(ns, batch("moved-1", "true", "qos-scheduler"))
         want = {BATCH_CPU: 1000, BATCH_MEMORY: 2 * GI}  # the API server stores 1000 as its canonical "1k"
         res = stored["spec"]["containers"][0]["resources"]
         assert set(res) == {"requests", "limits"}
         for part in ("requests", "limits"):
-            assert {k: memory_bytes(v) for k, v in res[part].items()} == want, res
+            # + the routing marker the qos webhook adds to qos-scheduler pods (kube-scheduler then calls the extender)
+            assert {k: memory_bytes(v) for k, v in res[part].items()} == {**want, MARKER: 1}, res
         kube.wait(
             lambda: kube.get(f"/api/v1/namespaces/{ns}/pods/moved-1")["spec"].get("nodeName") == node,
             "moved-1 bound on the slack",
         )
-        kube.create_pod(ns, batch("moved-2", "true"))  # 1000 + 1000 m > 1500 m published
+        # 1000 + 1000 m > 1500 m published: the stock scheduler's refusal names the batch resource (under the QoS
+        # controller a pod that fits nowhere stays gated instead, with no FailedScheduling to read)
+        kube.create_pod(ns, batch("moved-2", "true"))
 
         def refused() -> bool:
             return any(
