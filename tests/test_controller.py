@@ -14,7 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.controller.accounting import Account, RequestState, decode_account, due_writes, encode_account
+from extender.controller.accounting import (
+    Account,
+    RequestState,
+    decode_account,
+    derivable_from_pod,
+    due_writes,
+    encode_account,
+)
 from extender.controller.decide import GatedPod, Settings, World, decide
 from extender.controller.observe import observe
 from extender.controller.patches import admission_patch, owner_instance, release_patch
@@ -131,6 +138,25 @@ def test_rebuild_dates_missed_transitions_from_pod_timestamps() -> None:
     assert obs.accounts["default/ReplicaSet/a"].ep(60.0) == (130.0, 20.0)
     plain = observe(stored, [info("a", True, 25.0, since=30.0)], {}, 60.0, rebuild=False)
     assert plain.accounts["default/ReplicaSet/a"].ep(60.0) == (100.0, 50.0)
+
+
+def test_a_bare_pods_account_is_derivable_exactly_while_its_timestamps_rebuild_it() -> None:
+    """The accounts the controller does not write (bare pods, no history): a restart's rebuild from the pod's
+    own timestamps gives the same e and p, and any history (preemption, second start) makes it written."""
+    bare = "default/solo"
+    pod_info = info("solo", False, 10.0, request=bare)
+    live = observe({}, [pod_info], {}, 10.0)  # admitted at creation
+    assert derivable_from_pod(live.accounts[bare])
+    running = info("solo", True, 10.0, request=bare, since=14.0)
+    live = observe(live.accounts, [running], {}, 14.0)  # the watch sees it Running at 14
+    acc = live.accounts[bare]
+    assert derivable_from_pod(acc)
+    rebuilt = observe({}, [running], {}, 50.0, rebuild=True).accounts[bare]  # a restart at 50, nothing stored
+    assert rebuilt.ep(60.0) == acc.ep(60.0) == (46.0, 4.0)
+    assert not derivable_from_pod(acc.preempted())
+    again = acc.transition(RequestState.PENDING, 20.0)
+    assert not derivable_from_pod(again)  # back to pending: the first run is not on the pods any more
+    assert not derivable_from_pod(again.transition(RequestState.RUNNING, 25.0))
 
 
 def test_vanished_pod_makes_the_request_pending_then_finished() -> None:

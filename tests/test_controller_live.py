@@ -21,7 +21,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from extender.config import ControllerConfig, ExtenderConfig, KubernetesConfig, LeaderElectionConfig, ServerConfig
-from extender.controller.accounting import ACCOUNT_ANNOTATION, decode_account
+from extender.controller.accounting import ACCOUNT_ANNOTATION
 from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.kube.client import ApiError, new_api_client, read_json
 from extender.webhook.serve import Running, start
@@ -140,14 +140,18 @@ async def test_release_pin_timeout_and_rebuild() -> None:
         assert running.controller.metrics.gate_timeouts._value.get() == 1
 
         async def account() -> Any:
-            text = (await get("fits"))["metadata"].get("annotations", {}).get(ACCOUNT_ANNOTATION)
-            return decode_account(text) if text else None
+            assert running is not None and running.controller is not None
+            acc = running.controller.accounts.get(f"{run}/fits")
+            return acc if acc is not None and acc.state.value == "running" else None
 
-        acc = await _eventually(account, "the account annotation on the bare pod")
-        assert acc.state.value == "running" and acc.class_name == "silver"
+        acc = await _eventually(account, "the bare pod's account to be running")
+        assert acc.class_name == "silver"
+        # never preempted, one start: its own timestamps rebuild it (derivable_from_pod), so nothing was written
+        await asyncio.sleep(2.5)  # > persist_min_interval_seconds: a write would have happened by now
+        assert ACCOUNT_ANNOTATION not in ((await get("fits"))["metadata"].get("annotations") or {})
 
         # restart: the same identity takes its Lease back at once; the new process rebuilds the account from the
-        # annotation and e keeps growing from where it was
+        # pod's timestamps (creation, Ready) and e keeps growing from where it was, within their 1 s granularity
         await running.stop()
         await asyncio.sleep(1.0)
         running = await start(_config(kubeconfig, run, "a"))
@@ -155,7 +159,7 @@ async def test_release_pin_timeout_and_rebuild() -> None:
         await _eventually(lambda: _passes(ctl), "the restarted controller's first pass")
         rebuilt = ctl.accounts[f"{run}/fits"]
         e, p = rebuilt.ep(time.time())
-        assert e >= acc.ep(time.time())[0] - 0.5 and p == pytest.approx(acc.p, abs=0.5)
+        assert e >= acc.ep(time.time())[0] - 1.5 and p == pytest.approx(acc.p, abs=1.5)
 
         # a second replica stands by (no controller, leader gauge 0) while "a" renews the Lease ...
         standby = await start(_config(kubeconfig, run, "b"))
