@@ -123,7 +123,7 @@ class KubernetesConfig:
 @dataclass(frozen=True, slots=True)
 class BindConfig:
     timeout_seconds: float = 3.0
-    attempt_timeout_seconds: float = 1.0
+    attempt_timeout_seconds: float = 2.5
     backoff_initial_seconds: float = 0.05
     ledger_ttl_seconds: float = 30.0
 
@@ -409,7 +409,7 @@ def _parse_bind(raw: object, server: ServerConfig) -> BindConfig:
         raw, path, {"timeout_seconds", "attempt_timeout_seconds", "backoff_initial_seconds", "ledger_ttl_seconds"}
     )
     total = read_number(b, "timeout_seconds", path, 3.0, minimum=0, exclusive_min=True)
-    attempt = read_number(b, "attempt_timeout_seconds", path, 1.0, minimum=0, exclusive_min=True)
+    attempt = read_number(b, "attempt_timeout_seconds", path, 2.5, minimum=0, exclusive_min=True)
     if attempt > total:
         raise _fail(f"{path}.attempt_timeout_seconds", f"must be <= bind.timeout_seconds ({total})")
     if total >= server.request_timeout_seconds:
