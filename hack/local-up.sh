@@ -459,6 +459,21 @@ EOF
     key_file: ${CERTS}/extender-metrics-client.key
     server_name: qos-extender.kube-qos-system.svc
 EOF
+    # The real kubelets' resource metrics (container_cpu_usage_seconds_total, container_memory_working_set_bytes
+    # per namespace/pod/container): what extender/kube/usage.py reads for the slack controller (issue 16). The
+    # serving certificates are signed by the local CA for the node address; the admin client certificate passes
+    # the kubelets' webhook authorisation (nodes/metrics). Targets from hack/real-nodes.sh (file_sd, rewritten as
+    # nodes come and go), labelled node=<name>.
+    cat <<EOF
+- job_name: kubelet-resource
+  scheme: https
+  metrics_path: /metrics/resource
+  scrape_interval: 5s
+  file_sd_configs:
+  - files: ['${CONF}/real-kubelet-targets.json']
+    refresh_interval: 5s
+  tls_config: {ca_file: ${CERTS}/ca.crt, cert_file: ${CERTS}/admin.crt, key_file: ${CERTS}/admin.key}
+EOF
   fi
 } > "${CONF}/prometheus.yml"
 

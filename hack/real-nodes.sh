@@ -522,6 +522,7 @@ up() {
   while read -r name idx group flavour; do
     start_node "${name}" "${idx}" "${group}" "${flavour}"
   done < "${REGISTRY}"
+  kubelet_targets
   local names=()
   while read -r name _ _ _; do names+=("node/${name}"); done < "${REGISTRY}"
   if ((${#names[@]} == 0)); then log "real nodes: none wanted"; return 0; fi
@@ -560,6 +561,7 @@ down() {
   rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null || true
   ((failed == 0)) || return 1
   rm -f "${REGISTRY}"
+  kubelet_targets
   if [[ "$(cat "${RUN_ROOT}/owner" 2>/dev/null)" == "${QOS_STATE}" ]]; then rm -f "${RUN_ROOT}/owner"; fi
   rmdir "${RUN_ROOT}" "${NODES_ROOT}" 2>/dev/null || true
 }
@@ -583,6 +585,22 @@ leftovers() {
   log "real nodes: nothing left over"
 }
 
+# Prometheus targets for the kubelets' /metrics/resource (hack/local-up.sh's job kubelet-resource): one per
+# registered node, labelled with its name; rewritten (atomically: Prometheus watches the file) whenever the
+# registry changes, and emptied by `down`.
+kubelet_targets() {
+  local out="${QOS_STATE}/config/real-kubelet-targets.json" name idx sep="" body="["
+  mkdir -p "${QOS_STATE}/config"
+  if [[ -f "${REGISTRY}" ]]; then
+    while read -r name idx _ _; do
+      body+="${sep}{\"targets\": [\"$(node_ip "${idx}"):10250\"], \"labels\": {\"node\": \"${name}\"}}"
+      sep=", "
+    done < "${REGISTRY}"
+  fi
+  printf '%s]\n' "${body}" > "${out}.tmp"
+  mv -f "${out}.tmp" "${out}"
+}
+
 registered() { # <name> -> its registry line "name idx group flavour", or die
   local line
   line="$(awk -v n="$1" '$1 == n' "${REGISTRY}" 2>/dev/null)"
@@ -599,6 +617,7 @@ remove() {
     sed -i "/^${name} /d" "${REGISTRY}"
     log "${name}: removed"
   done
+  kubelet_targets
 }
 
 restart() { # <kubelet|containerd> NAME...

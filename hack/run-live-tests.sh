@@ -6,7 +6,8 @@
 #     except those marked `deployed`;
 #  2. the product as users install it (marker `deployed`): a cluster whose host kube-scheduler serves only
 #     default-scheduler, with real kubelet nodes (hack/real-nodes.sh), into which e2e/test_deployed.py imports
-#     the image built by hack/build-image.sh and applies config/ (hack/deploy-local.sh).
+#     the image built by hack/build-image.sh and applies config/ (hack/deploy-local.sh); Prometheus scrapes the
+#     real kubelets' /metrics/resource there (e2e/test_colocation_real.py: a batch pod on a real node's slack).
 # With KUBECONFIG set, that cluster is used as it is for phase 1 only (it must run the extender: e2e needs
 # EXTENDER_URL, EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too). Each cluster lives under its own
 # $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 2" selects phases.
