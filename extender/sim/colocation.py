@@ -141,6 +141,9 @@ class ColocationStats:
     pods_on_slack: set[str] = field(default_factory=set)
     evictions: int = 0  # batch pods evicted because the slack they ran on was not there (a wrong prediction)
     evicted_pods: dict[str, int] = field(default_factory=dict)
+    # per eviction, which resource the node's real slack was short of for its batch pods (diagnosis: a class
+    # centre below a service's own level fails on memory; a stale last-usage on the CPU of a morning ramp)
+    evictions_short_of: dict[str, int] = field(default_factory=lambda: {"cpu": 0, "memory": 0, "both": 0})
     lost_work_seconds: float = 0.0
     published_cpu_milli_last: int = 0
     published_memory_bytes_last: int = 0
@@ -175,6 +178,7 @@ class ColocationStats:
                 "evictions_wrong_prediction": self.evictions,
                 "pods_evicted_wrong_prediction": len(self.evicted_pods),
                 "pods_evicted_more_than_once": sum(1 for n in self.evicted_pods.values() if n > 1),
+                "evictions_short_of": dict(self.evictions_short_of),
                 "lost_work_seconds_wrong_prediction": self.lost_work_seconds,
             },
         }
@@ -441,6 +445,11 @@ class Colocation(UsageMeter):
                 amounts[name] = lendable_after_miss(amounts.get(name, Amount()), real)
             if not self.settings.evict:
                 continue
+            if victims:
+                demand = Amount.total(t.demand for t in tenants)
+                cpu_short, mem_short = demand.cpu_milli > real.cpu_milli, demand.memory_bytes > real.memory_bytes
+                short = "both" if cpu_short and mem_short else "cpu" if cpu_short else "memory"
+                self.stats.evictions_short_of[short] += len(victims)
             for key in victims:
                 r = sim.reqs[node.pods[key]]
                 self.stats.evictions += 1
