@@ -128,11 +128,23 @@ def colocate(pod: Mapping[str, Any], settings: ColocateConfig, config: ExtenderC
     return Colocation(out, tuple(ops))
 
 
-def colocate_for(pod: Mapping[str, Any], config: ExtenderConfig) -> Colocation:
-    """:func:`colocate` with the config's ``slack.colocate`` (validated at start by ``serve``; a section that
-    does not parse here means co-location off)."""
+_settings_of: list[tuple[ExtenderConfig, ColocateConfig]] = []  # the last config's parsed colocate section
+
+
+def _colocate_settings(config: ExtenderConfig) -> ColocateConfig:
+    """``slack.colocate`` of ``config``, parsed once per config object: admission runs it for every pod
+    created, and parsing the slack section per request was a measurable share of the webhook's time."""
+    if _settings_of and _settings_of[0][0] is config:
+        return _settings_of[0][1]
     try:
         settings = parse_slack_config(config.slack, config.policy.classes).colocate
     except ValueError:
         settings = ColocateConfig()
-    return colocate(pod, settings, config)
+    _settings_of[:] = [(config, settings)]
+    return settings
+
+
+def colocate_for(pod: Mapping[str, Any], config: ExtenderConfig) -> Colocation:
+    """:func:`colocate` with the config's ``slack.colocate`` (validated at start by ``serve``; a section that
+    does not parse here means co-location off)."""
+    return colocate(pod, _colocate_settings(config), config)
