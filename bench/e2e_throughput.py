@@ -123,6 +123,8 @@ def phase(
         os.kill(sched_pid, signal.SIGCONT)
     t0 = time.monotonic()
     cpu0 = {c: cpu_seconds(state, c) for c in COMPONENTS}
+    # the QoS controller releases while the scheduler is paused: how much of the queue was still gated
+    gated = sum(1 for p in kube.pods(ns) if p["spec"].get("schedulingGates"))
     last = 0
     while True:
         done = bound_count(kube, ns)
@@ -144,6 +146,7 @@ def phase(
         f"{rate:.0f} pods/s",
         flush=True,
     )
+    print(f"    still gated when the scheduler resumed: {gated}", flush=True)
     print("    cpu seconds while binding: " + ", ".join(f"{c} {v:.1f}" for c, v in cpu.items()), flush=True)
     per_pod = {c: 1000 * v / n for c, v in cpu.items()}
     whole = {c: 1000 * (cpu_end[c] - cpu_start[c]) / n for c in COMPONENTS}
@@ -165,6 +168,7 @@ def phase(
         "bound": min(done, n),
         "create_seconds": create_s,
         "bind_seconds": elapsed,
+        "gated_at_resume": gated,
         "pods_per_second": rate,
         "cpu_seconds_while_binding": cpu,
         "cpu_ms_per_pod_while_binding": per_pod,
