@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from extender.config import ExtenderConfig
 from extender.core import packing
 from extender.core.model import InvalidInputError, Pod, Resources
+from extender.kube.convert import pod_from_k8s
 from extender.kube.snapshot import BindLedger, Snapshot
 from extender.webhook import verbs
 
@@ -208,7 +209,9 @@ def test_filter_agrees_with_packing_fits(
     res = verbs.filter_nodes(copy.deepcopy(body), s, CONFIG, 1.0).body
     view = s.node_view("n1", exclude="default/new")
     assert view is not None
-    new, _ = verbs.pod_from_k8s(body["Pod"], CONFIG.pod_defaults, CONFIG.policy.classes)
+    incoming_pod = body["Pod"]
+    assert isinstance(incoming_pod, dict)
+    new, _ = pod_from_k8s(incoming_pod, CONFIG.pod_defaults, CONFIG.policy.classes)
     assert (res["NodeNames"] == ["n1"]) == packing.fits(view, new)
     rejected = set(res["FailedNodes"]) | set(res["FailedAndUnresolvableNodes"])
     assert (res["NodeNames"] == []) == (rejected == {"n1"})
