@@ -125,7 +125,7 @@ def test_serve_runs_the_slack_controller_when_enabled(env: tuple[Kube, str, str,
 
         kube.wait(published, "1500 m / 3 GiB published by serve's slack controller", timeout=150, interval=2)
         text = _metrics(port)
-        assert f'qos_extender_slack_published_batch_cpu_millicores{{node="{node}"}} 1500.0' in text
+        assert f'qos_extender_slack_published_batch_cpu_cores{{node="{node}"}} 1.5' in text
         assert 'qos_extender_slack_model_classes{resource="cpu"} 2.0' in text
         assert "qos_extender_slack_refresh_duration_seconds_count" in text
     finally:

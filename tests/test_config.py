@@ -87,7 +87,8 @@ def test_every_option_is_in_the_default_file_with_a_comment() -> None:
         f"slack.{k}"
         for k in (
             "enabled", "prometheus_url", "rate_window", "model_path", "refresh_seconds", "history_seconds",
-            "classify_seconds", "step_seconds", "node_selector", "evict", "miss_tolerance", "colocate.enabled",
+            "classify_seconds", "step_seconds", "node_selector", "evict", "miss_tolerance", "stale_seconds",
+            "colocate.enabled",
             "colocate.classes", "characterise.k", "characterise.seeds", "characterise.interval_seconds",
             "characterise.observation_seconds", "characterise.recluster_seconds", "characterise.prediction_seconds",
         )

@@ -103,7 +103,7 @@ def _slack(url: str, tmp_path: Path) -> SlackConfig:
 
 
 def _published(registry: CollectorRegistry, node: str) -> float | None:
-    return registry.get_sample_value("qos_extender_slack_published_batch_cpu_millicores", {"node": node})
+    return registry.get_sample_value("qos_extender_slack_published_batch_cpu_cores", {"node": node})
 
 
 async def test_two_leader_terms_publish_on_one_registry(server: tuple[Cluster, str], tmp_path: Path) -> None:

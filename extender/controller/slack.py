@@ -78,6 +78,7 @@ from extender.core.slack import (
     prediction_misses,
     real_slack,
     service_idle,
+    usage_stale,
 )
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import node_from_k8s, pod_from_k8s
@@ -349,6 +350,8 @@ class SlackSettings:
     evict: evict batch pods that no longer fit in the real slack (False: only count the misses).
     miss_tolerance: a service leaving less idle than predicted by more than this fraction of its request is a
        prediction miss (metric; the node then publishes no more than its real slack).
+    stale_seconds: when the usage could not be read for longer than this, every node publishes 0
+       (:func:`extender.core.slack.usage_stale`).
     """
 
     model_path: Path
@@ -361,6 +364,7 @@ class SlackSettings:
     classes: Mapping[str, ServiceClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
     evict: bool = True
     miss_tolerance: float = 0.05
+    stale_seconds: float = 1800.0
 
     def __post_init__(self) -> None:
         if self.classify_seconds < self.config.observation_seconds:
@@ -384,8 +388,8 @@ class SlackMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
         self.published_cpu = Gauge(
-            "qos_extender_slack_published_batch_cpu_millicores",
-            f"{BATCH_CPU} last published per node (millicores).",
+            "qos_extender_slack_published_batch_cpu_cores",
+            f"{BATCH_CPU} last published per node, in cores (Prometheus base unit; the resource counts millicores).",
             ["node"],
             registry=r,
         )
@@ -428,6 +432,11 @@ class SlackMetrics:
             ["result"],
             registry=r,
         )
+        self.withdrawn = Gauge(
+            "qos_extender_slack_withdrawn",
+            "1 while the slack is withdrawn (every node publishes 0): usage unread for longer than stale_seconds.",
+            registry=r,
+        )
         self.classified_services = Gauge(
             "qos_extender_slack_classified_services", "Service pods with a class (their slack is lent).", registry=r
         )
@@ -440,7 +449,7 @@ class SlackMetrics:
             self.published_cpu.remove(name)
             self.published_memory.remove(name)
         for name, amount in amounts.items():
-            self.published_cpu.labels(name).set(amount.cpu_milli)
+            self.published_cpu.labels(name).set(amount.cpu_milli / 1000)
             self.published_memory.labels(name).set(amount.memory_bytes)
         self._nodes = set(amounts)
 
@@ -486,6 +495,7 @@ class SlackController:
         self.metrics = metrics if metrics is not None else SlackMetrics()
         self._component = event_component
         self.evicted: list[str] = []  # every pod this controller evicted, in order (tests, logs)
+        self.usage_read_at = clock()  # the last successful read of the usage (start counts: nothing lent yet)
 
     async def _cluster(self) -> _Cluster:
         kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self._timeout}
@@ -591,7 +601,22 @@ class SlackController:
         now = self._clock()
         classes: dict[str, dict[str, int]] = {}
         if self.model is not None and services:
-            profiles = await self._profiles(services, self.settings.classify_seconds)
+            try:
+                profiles = await self._profiles(services, self.settings.classify_seconds)
+            except UsageSourceError as exc:
+                if not usage_stale(self.usage_read_at, now, self.settings.stale_seconds):
+                    raise  # a refresh failing: the published values stay until the usage is stale
+                zeros = {n.name: Amount(0, 0) for n in nodes}
+                log.warning(
+                    "usage unreadable for longer than stale_seconds: slack withdrawn",
+                    extra={"error": str(exc), "decision": {"since": self.usage_read_at, "nodes": len(zeros)}},
+                )
+                self.metrics.withdrawn.set(1)
+                await self.publisher.publish(cluster.statuses, zeros)
+                self.metrics.published(zeros)
+                return zeros
+            self.usage_read_at = now
+            self.metrics.withdrawn.set(0)
             cfg = self.settings.config
             if due_for_recluster(self.model, now, cfg.recluster_seconds):
                 complete = {k: p for k, p in profiles.items() if is_complete(p.cpu) and is_complete(p.memory)}
@@ -760,6 +785,7 @@ def settings_from_config(cfg: SlackConfig, classes: Mapping[str, ServiceClass], 
         classes=dict(classes),
         evict=cfg.evict,
         miss_tolerance=cfg.miss_tolerance,
+        stale_seconds=cfg.stale_seconds,
     )
 
 

@@ -47,6 +47,7 @@ _KEYS = {
     "node_selector",
     "evict",
     "miss_tolerance",
+    "stale_seconds",
     "characterise",
     "colocate",
 }
@@ -74,6 +75,7 @@ class SlackConfig:
     node_selector: str | None = None
     evict: bool = True
     miss_tolerance: float = 0.05
+    stale_seconds: float = 1800.0
     characterise: CharacteriseConfig = field(default_factory=CharacteriseConfig)
     colocate: ColocateConfig = field(default_factory=ColocateConfig)
 
@@ -154,6 +156,7 @@ def parse_slack_config(
         node_selector=read_str(s, "node_selector", path, None),
         evict=read_bool(s, "evict", path, True),
         miss_tolerance=read_number(s, "miss_tolerance", path, 0.05, minimum=0.0, maximum=0.99),
+        stale_seconds=read_number(s, "stale_seconds", path, 1800.0, minimum=0, exclusive_min=True),
         characterise=characterise,
         colocate=ColocateConfig(enabled=colocate, classes=tuple(names)),
     )

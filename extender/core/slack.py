@@ -51,6 +51,7 @@ __all__ = [
     "reclaimable",
     "service_idle",
     "slack_demand",
+    "usage_stale",
     "with_batch_resources",
 ]
 
@@ -349,6 +350,23 @@ def lendable_after_miss(predicted: Amount, real: Amount) -> Amount:
 # --------------------------------------------------------------------------------------------------------
 # the filter and score verbs on the published prediction (deliverable 3's last sentence)
 # --------------------------------------------------------------------------------------------------------
+
+
+def usage_stale(last_read_at: float, now: float, stale_seconds: float) -> bool:
+    """Whether the usage was last read longer than ``stale_seconds`` ago: then the node must lend nothing.
+
+    Why withdraw rather than keep the last published numbers: the safety check (evict what a wrong prediction
+    left without room) needs current usage, so while Prometheus cannot be read a service can grow unnoticed
+    under batch pods admitted on the old prediction. A short outage keeps the published slack (a refresh or two
+    failing is no reason to stop lending); past the staleness nothing new is admitted onto the slack. Batch
+    pods already running stay (the kubelet does not evict for a smaller extended resource).
+    """
+    for name, v in (("last_read_at", last_read_at), ("now", now), ("stale_seconds", stale_seconds)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InvalidInputError(f"{name} must be a finite number, got {v!r}")
+    if stale_seconds <= 0:
+        raise InvalidInputError(f"stale_seconds must be > 0, got {stale_seconds!r}")
+    return now - last_read_at > stale_seconds
 
 
 def with_batch_resources(managed: Sequence[str]) -> tuple[str, ...]:
