@@ -104,3 +104,68 @@ def test_host_table_takes_the_per_node_loops_decisions_and_draws(seed: int) -> N
             fast = _run(world, policy, settings, seed, vectorised=True)
             slow = _run(world, policy, settings, seed, vectorised=False)
             assert fast == slow
+
+
+def _crowded(seed: int) -> World:
+    """One class, full nodes, many gated pods of a few sizes: most of them fit nowhere, which is where the pass
+    refuses a pod by dominance (a pod at least as large and at least as high in Q was refused before it)."""
+    r = random.Random(seed)
+    now = 10_000.0
+    nodes: list[Node] = []
+    running: dict[str, str] = {}
+    accounts: dict[str, Account] = {}
+    for n in range(6):
+        pods = []
+        for k in range(4):
+            key = f"n{n}p{k}"
+            pods.append(Pod(key, Resources.request(500, 512 * 2**20, 1), request_id=key, class_name="bronze"))
+            running[f"default/{key}"] = key
+            accounts[key] = Account(
+                r.uniform(0, 3000),
+                r.uniform(0, 1500),
+                RequestState.RUNNING,
+                now,
+                0.0,
+                "bronze",
+                run_started=now - r.choice((10.0, 1000.0)),
+            )
+        nodes.append(Node(f"node{n}", Resources(2000, 2048 * 2**20, 110), pods=tuple(pods)))
+    gated = []
+    for k in range(30):
+        key = f"g{k}"
+        req = Resources.request(r.choice((500, 1000, 1500)), r.choice((512, 1024)) * 2**20, 1)
+        pod = Pod(key, req, request_id=key, class_name="bronze")
+        accounts[key] = Account(r.uniform(0, 2000), r.uniform(0, 2000), RequestState.PENDING, now, 0.0, "bronze")
+        gated.append(GatedPod(pod, key, now - r.uniform(0, 100)))
+    return World(tuple(nodes), running, tuple(gated), accounts, now)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dominance_refusals_take_the_per_node_loops_decisions_and_draws(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = _crowded(seed)
+    calls = 0
+    options = decide_mod._Hosts.options
+
+    def counted(self: decide_mod._Hosts, *args: object, **kwargs: object) -> list[qos.Feasibility]:
+        nonlocal calls
+        calls += 1
+        return options(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decide_mod._Hosts, "options", counted)
+    policy = qos.QosPolicy(
+        classes=DEFAULT_CLASSES,
+        alpha_seconds=2.0,
+        min_run_quantum_seconds=qos.RECOMMENDED_QUANTUM_SECONDS,
+        q_hysteresis_seconds=qos.RECOMMENDED_HYSTERESIS_SECONDS,
+    )
+    for settings in (Settings(), Settings(host_score="profile")):
+        calls = 0
+        fast = _run(world, policy, settings, seed, vectorised=True)
+        assert calls < len(world.gated)  # some pods were refused by dominance, without testing the nodes
+        monkeypatch.setattr(decide_mod, "_DOMINANCE", False)
+        no_dominance = _run(world, policy, settings, seed, vectorised=True)
+        monkeypatch.setattr(decide_mod, "_DOMINANCE", True)
+        slow = _run(world, policy, settings, seed, vectorised=False)
+        assert fast == no_dominance == slow

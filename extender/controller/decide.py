@@ -147,6 +147,9 @@ def _selects(node: Node, selector: Mapping[str, str]) -> bool:
 # The pass tests hosts with the numpy table below; False makes it call qos.feasibility on every selected node
 # (the reference the table must agree with: tests/test_decide_vectorised.py compares the two).
 _VECTORISED = True
+# A pod asking at least as much as one proved to fit nowhere in the same pass (same class, no placement since,
+# Q at least as high) is refused without testing the nodes; False tests every pod (the reference).
+_DOMINANCE = True
 
 
 def _skip_draws(rng: random.Random, n: int) -> None:
@@ -239,6 +242,8 @@ class _Hosts:
         self.alive = np.ones(len(cols), dtype=bool)
         # candidate rows are grouped by node, in node order: per-node sums are differences of cumulative sums
         self.bounds = np.searchsorted(self.node_of, np.arange(n + 1), side="left")
+        self.version = 0  # bumped by every placement: what options() proved holds until then
+        self.proof: int | None = None  # set by options(): the draws of a pod it proved fits nowhere, else None
 
     def _set_free(self, i: int, node: Node) -> None:
         free = node.free
@@ -247,6 +252,7 @@ class _Hosts:
     def placed(self, name: str, node: Node, victims: Sequence[str]) -> None:
         """``node`` (called ``name``) now holds the placed pod and no longer ``victims``."""
         self._set_free(self.index[name], node)
+        self.version += 1
         for key in victims:
             for j in self.rows_of_key.get(key, ()):
                 self.alive[j] = False
@@ -306,12 +312,16 @@ class _Hosts:
         count = self._per_node(candidate[np.newaxis, :], np.ones((1, len(self.keys)), dtype=np.int64))[0]
         draws = np.where(schedulable & ~fits, count[selected], 0)
         out: list[qos.Feasibility] = []
+        self.proof = None
         if lazy and bool((schedulable & fits).any()):
             _skip_draws(rng, int(draws.sum()))
             return [qos.Feasibility(self.names[i], True, (), (), "") for i in selected[schedulable & fits].tolist()]
         room = self._per_node(self.eligible(inst, q_p, threshold)[np.newaxis, :], self.space)
         maybe = schedulable & ~fits & np.asarray((need <= free + room[:, selected]).all(axis=0))
         todo = np.flatnonzero((schedulable & fits) | maybe)
+        if todo.size == 0:
+            # fits no node even after freeing every eligible candidate: qos.feasibility would refuse each one
+            self.proof = int(draws.sum())
         pending_draws = 0
         done = 0
         for j in todo.tolist():
@@ -371,6 +381,12 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
     # (a cheap exact guard; the priority check per node is the pass's dearest step on large clusters)
     lowest_priority = min((p.priority for n in world.nodes for p in n.pods), default=None)
     hosts = _Hosts(nodes, running, q_of, policy)
+    # Pods proved to fit nowhere since the last placement, per (selector, class, priority threshold): (cpu,
+    # memory, pod slots, Q, draws). A later pod of the same class asking at least as much of each, at a Q at
+    # least as high, fits nowhere either (the candidates it may preempt are a subset: _Hosts.eligible is
+    # monotone in Q), and qos.feasibility draws the same numbers for it; tests/test_decide_vectorised.py.
+    refused: dict[tuple[object, ...], list[tuple[int, int, int, float, int]]] = {}
+    refused_version = hosts.version
     selected_of: dict[tuple[tuple[tuple[str, str], ...], frozenset[str] | None], npt.NDArray[np.intp]] = {}
     for inst in order:
         g = gated_by_key[inst.pod.key]
@@ -398,7 +414,27 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
         else:
             threshold = inst.pod.priority if inst.pod.priority < top_priority else None
             lazy = settings.host_score != "profile"  # profile scores may depend on the set of nodes scored
-            feasible = hosts.options(inst, q_of[inst.pod.key], picked, threshold, nodes, eligible, rng, q_of, lazy)
+            q_p = q_of[inst.pod.key]
+            req = inst.pod.requests
+            if refused_version != hosts.version:
+                refused.clear()
+                refused_version = hosts.version
+            proofs = refused.setdefault((selector, inst.pod.class_name, threshold), [])
+            dominated = next(
+                (
+                    draws
+                    for cpu, mem, slots, q_r, draws in proofs
+                    if cpu <= req.cpu_milli and mem <= req.memory_bytes and slots <= req.pods and q_r <= q_p
+                ),
+                None,
+            )
+            if dominated is not None and _DOMINANCE:
+                _skip_draws(rng, dominated)
+                feasible = []
+            else:
+                feasible = hosts.options(inst, q_p, picked, threshold, nodes, eligible, rng, q_of, lazy)
+                if hosts.proof is not None:
+                    proofs.append((req.cpu_milli, req.memory_bytes, req.pods, q_p, hosts.proof))
         if not feasible:
             # Priority beats Q: where kube-scheduler could make room by preempting strictly lower-priority pods
             # (which it does, with the preempt verb narrowing its victims), hand the pod over unpinned.

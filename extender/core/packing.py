@@ -36,6 +36,7 @@ __all__ = [
     "bfd_sort",
     "fits",
     "k8s_default_score",
+    "k8s_default_scores",
     "least_allocated_score",
     "most_allocated_score",
     "pack",
@@ -200,6 +201,34 @@ def k8s_default_score(node: Node, pod: Pod) -> float:
     scheduler's resource plugins do. Used as the faithful "default Kubernetes" baseline (seed 000 §6).
     """
     return float(least_allocated_score(node, pod) + balanced_allocation_score(node, pod))
+
+
+def k8s_default_scores(
+    alloc: npt.NDArray[np.int64],
+    non_zero_requested: npt.NDArray[np.int64],
+    requested: npt.NDArray[np.int64],
+    pod: Pod,
+) -> npt.NDArray[np.int64]:
+    """``k8s_default_score`` for many nodes at once (the simulator's k8s baseline scores every pending pod on
+    hundreds of nodes). Columns are nodes; rows 0 and 1 are cpu (milli) and memory (bytes): ``alloc`` their
+    allocatable, ``non_zero_requested`` the sum of their pods' ``_non_zero`` requests, ``requested`` their
+    actual requests (without the pod). Same integer floor divisions, the same float64 fractions and the same
+    truncation as the scalar functions, so every score is equal (tests/test_sim_fast_paths.py compares them).
+    """
+    pod_nz = np.array(_non_zero(pod.requests), dtype=np.int64)[:, np.newaxis]
+    nz = non_zero_requested + pod_nz
+    valid = alloc != 0
+    safe = np.where(valid, alloc, 1)
+    per = np.where(valid & (nz <= alloc), (alloc - nz) * MAX_NODE_SCORE // safe, 0)
+    weights = valid.sum(axis=0)
+    least = np.where(weights > 0, per.sum(axis=0) // np.maximum(weights, 1), 0)
+    if pod.requests.cpu_milli == 0 and pod.requests.memory_bytes == 0:
+        return np.asarray(least, dtype=np.int64)
+    own = np.array([pod.requests.cpu_milli, pod.requests.memory_bytes], dtype=np.int64)[:, np.newaxis]
+    fractions = np.minimum(1.0, (requested + own).astype(np.float64) / safe.astype(np.float64))
+    std = np.where(valid.all(axis=0), np.abs((fractions[0] - fractions[1]) / 2), 0.0)
+    balanced = ((1 - std) * float(MAX_NODE_SCORE)).astype(np.int64)
+    return np.asarray(least + balanced, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------------------------------------

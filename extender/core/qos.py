@@ -50,6 +50,8 @@ __all__ = [
 def _finite_nonneg(name: str, value: float) -> float:
     """Reject NaN, infinities, negatives and non-numbers: a NaN compares false with everything, so it would
     silently make an instance look neither preemptible nor protected instead of failing loudly."""
+    if type(value) is float and 0.0 <= value < math.inf:
+        return value  # the common case in one comparison (NaN and inf fail it and get their message below)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInputError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value):
@@ -60,6 +62,8 @@ def _finite_nonneg(name: str, value: float) -> float:
 
 
 def _check_slo(slo: float) -> float:
+    if type(slo) is float and 0.0 < slo <= 1.0:
+        return slo  # the common case (NaN fails the comparison and gets its message below)
     if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not math.isfinite(slo):
         raise InvalidInputError(f"slo must be a finite number, got {slo!r}")
     if not 0.0 < slo <= 1.0:
@@ -170,6 +174,19 @@ class Instance:
     admitted: bool = True
 
     def __post_init__(self) -> None:
+        if (
+            type(self.running_seconds) is float
+            and type(self.pending_seconds) is float
+            and type(self.overhead_seconds) is float
+            and type(self.current_run_seconds) is float
+            and 0.0 <= self.running_seconds < math.inf
+            and 0.0 <= self.pending_seconds < math.inf
+            and 0.0 <= self.overhead_seconds < math.inf
+            and 0.0 <= self.current_run_seconds < math.inf
+            and type(self.preemptions) is int
+            and self.preemptions >= 0
+        ):
+            return  # the common case, checked in one go (the controller builds one per request per pass)
         who = f"instance {self.pod.key}"
         _finite_nonneg(f"{who}: running_seconds (e)", self.running_seconds)
         _finite_nonneg(f"{who}: pending_seconds (p)", self.pending_seconds)
@@ -244,7 +261,14 @@ def instance_q(inst: Instance, policy: QosPolicy) -> float:
     cls = policy.cls(inst.pod.class_name)
     if not inst.admitted:
         return 0.0
-    return q_metric(inst.running_seconds, inst.pending_seconds, cls.slo, policy.alpha_seconds)
+    e, p = inst.running_seconds, inst.pending_seconds
+    if type(e) is float and type(p) is float:
+        # q_metric's arithmetic without its checks: an Instance's times, a class's slo and a policy's alpha
+        # were validated when they were built (one call per request per controller pass)
+        if e + p == 0:
+            return 0.0
+        return e / cls.slo - (e + p) - policy.alpha_seconds
+    return q_metric(e, p, cls.slo, policy.alpha_seconds)
 
 
 def preemption_overhead(inst: Instance) -> float:
