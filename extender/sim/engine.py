@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from extender.controller import decide
 from extender.controller.accounting import Account, RequestState
@@ -762,14 +763,20 @@ class Simulator:
         """Pending pods no ready node can take now: what a real autoscaler sees as unschedulable."""
         nodes = [self._core_node(n) for n in self._ready_nodes()]
         cpu, mem = self._room(nodes)
-        pods = (self._pod(r) for r in self._pending())
-        return [
-            pod
-            for pod in pods
-            if pod.requests.cpu_milli > cpu
-            or pod.requests.memory_bytes > mem
-            or not any(packing.fits(n, pod) for n in nodes)
-        ]
+        pods = [self._pod(r) for r in self._pending()]
+        out: list[Pod] = []
+        table: _K8sTable | None = None
+        for pod in pods:
+            if pod.requests.cpu_milli > cpu or pod.requests.memory_bytes > mem:
+                out.append(pod)
+            elif pod.requests.extended or not _VECTORISED_K8S:
+                if not any(packing.fits(n, pod) for n in nodes):
+                    out.append(pod)
+            else:
+                table = table or _K8sTable(nodes)
+                if not table.fits(pod).any():
+                    out.append(pod)
+        return out
 
     def _on_autoscale(self, _: object) -> None:
         if self.policy == "k8s":
@@ -1068,11 +1075,17 @@ class _K8sTable:
         self.slots = np.array([n.allocatable.pods - len(n.pods) for n in nodes], dtype=np.int64)
         self.schedulable = np.array([not n.unschedulable for n in nodes], dtype=bool)
 
-    def choose(self, pod: Pod, rng: random.Random) -> str | None:
+    def fits(self, pod: Pod) -> npt.NDArray[np.bool_]:
+        """``packing.fits`` on every node (cpu, memory, a pod slot, schedulable; no extended resources)."""
         req = pod.requests
         free = self.alloc - self.requested
-        fits = self.schedulable & (self.slots >= 1) & (req.cpu_milli <= free[0]) & (req.memory_bytes <= free[1])
-        idx = np.flatnonzero(fits)
+        fits: npt.NDArray[np.bool_] = (
+            self.schedulable & (self.slots >= 1) & (req.cpu_milli <= free[0]) & (req.memory_bytes <= free[1])
+        )
+        return fits
+
+    def choose(self, pod: Pod, rng: random.Random) -> str | None:
+        idx = np.flatnonzero(self.fits(pod))
         if idx.size == 0:
             return None
         scores = packing.k8s_default_scores(self.alloc[:, idx], self.non_zero[:, idx], self.requested[:, idx], pod)
