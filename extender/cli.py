@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,10 +115,14 @@ def _simulate_colocation(args: argparse.Namespace) -> int:
     from extender.sim.report import colocation_report, format_colocation_table
     from extender.sim.usage_trace import ServiceUsageParams, services_batch
 
-    knobs = {"days": args.days, "services": args.services, "batch_per_day": args.batch_per_day}
-    params = ServiceUsageParams(
-        **{k: v for k, v in knobs.items() if v is not None}, **({"seed": args.seed} if args.seed is not None else {})
-    )
+    knobs: dict[str, Any] = {
+        "days": args.days,
+        "services": args.services,
+        "batch_per_day": args.batch_per_day,
+        "seed": args.seed,
+        "alibaba_path": os.environ.get("QOS_ALIBABA_TRACE"),  # as bench/sim_speed.py: where batch_task.csv is
+    }
+    params = ServiceUsageParams(**{k: v for k, v in knobs.items() if v is not None})
     policies = args.policy or ["product-colocate", "product-colocate-last", "product", "k8s"]
     known = (*COLOCATE_POLICIES, *POLICIES)
     unknown = [p for p in policies if p not in known]

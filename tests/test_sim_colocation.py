@@ -229,3 +229,9 @@ def test_missing_alibaba_file_unknown_policy_and_misplaced_flags_are_clear_error
     assert main(["simulate", "--workload", "htas-stable", "--days", "3"]) == 2
     assert main(["simulate", "--workload", "services-batch", "--days", "1"]) == 2
     assert main(["simulate", "--workload", "services-batch", "--policy", "nope"]) == 2
+
+
+def test_cli_reads_the_batch_trace_from_the_environment(monkeypatch: pytest.MonkeyPatch, capsys: object) -> None:
+    monkeypatch.setenv("QOS_ALIBABA_TRACE", "/nonexistent/batch_task.csv")
+    assert main(["simulate", "--workload", "services-batch", "--batch-per-day", "5"]) == 2
+    assert "/nonexistent/batch_task.csv does not exist" in capsys.readouterr().err  # type: ignore[attr-defined]
