@@ -191,3 +191,24 @@ def test_the_top_score_is_alg1s_choice(nodes: list[tuple[int, int, int, int, int
     for (name, alloc, used), (_, _, _) in zip(cands, choose, strict=True):
         if not slack.fits(slack.lendable(alloc, used), demand):
             assert scores[name] == 0
+
+
+def test_the_controller_pins_a_colocated_pod_where_prioritize_ranks_it_first() -> None:
+    """host_score "profile": the QoS controller's pin must agree with the prioritize verb, so a co-located pod
+    is pinned by LRP on the prediction (svc-small, as above), not by time-bin BFD."""
+    import random
+
+    from extender.controller.decide import GatedPod, Settings, World, decide
+    from extender.core import qos
+    from extender.core.model import DEFAULT_CLASSES
+
+    snap = _snapshot([_colocated("co", 400, GI)])
+    pod = snap.pods["default/co"].pod
+    views = [snap.node_view(n["metadata"]["name"]) for n in NODES]
+    nodes = [v for v in views if v is not None]
+    world = World(nodes, {}, [GatedPod(pod, pod.key, 0.0)], {}, 10.0)
+    policy = qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0)
+    (release,) = decide(world, policy, Settings(host_score="profile"), random.Random(0)).releases
+    assert release.node == "svc-small"
+    scores = _prioritize(_snapshot([]), _colocated("co", 400, GI))
+    assert max(scores, key=lambda n: scores[n]) == release.node

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from extender.controller.accounting import Account
-from extender.core import packing, qos
+from extender.core import packing, qos, slack
 from extender.core.model import Node, Pod
 
 __all__ = ["Decision", "Evict", "GatedPod", "Release", "Settings", "World", "decide", "preemption_reason"]
@@ -458,7 +458,14 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                 )
             continue
         scores: dict[str, float]
-        if settings.host_score == "profile":
+        demand = slack.slack_demand(inst.pod.requests)
+        if settings.host_score == "profile" and demand is not None:
+            # a co-located pod: pinned where the prioritize verb puts it, LRP on the published prediction
+            ranked = slack.colocated_scores(
+                [(o.node, nodes[o.node].allocatable, nodes[o.node].requested) for o in feasible], demand
+            )
+            scores = {name: float(v) for name, v in ranked.items()}
+        elif settings.host_score == "profile":
             ranked = packing.score_nodes(
                 settings.profile, [nodes[o.node] for o in feasible], inst.pod, now, settings.cycle_seconds
             )
