@@ -108,8 +108,8 @@ class AutoscalerSettings:
     idle_seconds: float = 300.0  # paper 004: empty nodes go after this
     provisioning_timeout_seconds: float = 900.0
     underutil_threshold: float = 0.5
-    underutil_sustain_seconds: float = 300.0
-    batch_queue_quiet_seconds: float = 300.0
+    underutil_sustain_seconds: float = 30.0  # two scans in a row (extender/sim/README.md: the product figures)
+    batch_queue_quiet_seconds: float = 30.0
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     lag_default_seconds: float = 120.0
     lag_window: int = 20
@@ -319,8 +319,8 @@ def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | 
             a, "provisioning_timeout_seconds", p, 900.0, minimum=0, exclusive_min=True
         ),
         underutil_threshold=read_number(a, "underutil_threshold", p, 0.5, minimum=0, maximum=1.0, exclusive_min=True),
-        underutil_sustain_seconds=read_number(a, "underutil_sustain_seconds", p, 300.0, minimum=0),
-        batch_queue_quiet_seconds=read_number(a, "batch_queue_quiet_seconds", p, 300.0, minimum=0),
+        underutil_sustain_seconds=read_number(a, "underutil_sustain_seconds", p, 30.0, minimum=0),
+        batch_queue_quiet_seconds=read_number(a, "batch_queue_quiet_seconds", p, 30.0, minimum=0),
         weights=weights,
         lag_default_seconds=read_number(lag, "default_seconds", f"{p}.lag", 120.0, minimum=0),
         lag_window=read_int(lag, "window", f"{p}.lag", 20, minimum=1, maximum=10_000),

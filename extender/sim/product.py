@@ -45,8 +45,8 @@ class ProductSettings:
     idle_seconds: float = 300.0  # autoscaler.idle_seconds
     provisioning_timeout_seconds: float = 900.0  # autoscaler.provisioning_timeout_seconds
     underutil_threshold: float = 0.5  # autoscaler.underutil_threshold
-    underutil_sustain_seconds: float = 300.0  # autoscaler.underutil_sustain_seconds
-    batch_queue_quiet_seconds: float = 300.0  # autoscaler.batch_queue_quiet_seconds
+    underutil_sustain_seconds: float = 30.0  # autoscaler.underutil_sustain_seconds
+    batch_queue_quiet_seconds: float = 30.0  # autoscaler.batch_queue_quiet_seconds
     weights: autoscale.ScoreWeights = field(default_factory=autoscale.ScoreWeights)  # autoscaler.score_weights
     max_nodes_per_cycle: int = 50  # autoscaler.limits.max_nodes_per_cycle
     max_nodes: int = 200  # autoscaler.limits.max_nodes
