@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 
 from extender.cli import main
-from extender.controller import slack as live
 from extender.controller.slack import plan
 from extender.core import characterise, slack
-from extender.core.model import InvalidInputError, WorkloadKind
+from extender.core.model import InvalidInputError, NodeGroup, Resources, WorkloadKind
 from extender.sim import colocation
 from extender.sim.colocation import Colocation, colocation_settings, simulate_colocation
-from extender.sim.engine import Simulator, State
+from extender.sim.engine import Req, Simulator, State
 from extender.sim.report import colocation_report
 from extender.sim.usage_trace import ServiceUsage, ServiceUsageParams, services_batch
 from extender.sim.workloads import GIB, MIB, RequestSpec, Workload
@@ -95,8 +94,12 @@ def test_the_layer_publishes_what_the_core_computes() -> None:
     assert layer.stats.placed_on_slack > 0
 
 
-def test_colocated_pods_request_the_resources_the_controller_publishes() -> None:
-    assert (colocation.BATCH_CPU, colocation.BATCH_MEMORY) == (live.BATCH_CPU, live.BATCH_MEMORY)
+def test_a_colocated_pod_requests_the_batch_resources_the_verbs_read() -> None:
+    spec = RequestSpec("b", 0.0, 250, 128 * MIB, 60.0, "bronze", WorkloadKind.BATCH)
+    res = colocation._batch_resources(Req(spec))
+    assert (res.cpu_milli, res.memory_bytes) == (0, 0)  # the webhook's rewrite: no cpu/memory request
+    assert slack.slack_demand(res) == Resources(250, 128 * MIB, 1)
+    assert NodeGroup.SERVICE in slack.node_groups_for(WorkloadKind.BATCH, res)
 
 
 def test_nothing_is_lent_during_the_observation_day() -> None:

@@ -21,8 +21,8 @@ The layer decides nothing itself. Every refresh (``slack.refresh_seconds``, 15 m
   Eviction API call loses it) and what the node may lend after a miss (``lendable_after_miss``).
 
 Between refreshes, before each scheduling pass, pending batch pods of the co-located classes go onto the
-published slack when some service node has room for them (paper 004 Alg. 1, ``core.slack.lrp_choose``: the
-function the verbs are to use; the live path leaves that choice to kube-scheduler on the extended resources).
+published slack when some service node has room for them, filtered and ranked as the extender's verbs do a
+pod requesting the batch resources (``core.slack.colocation_shortfall``, LRP on Eq. 4, paper 004 Alg. 1).
 A co-located pod requests the batch resources and no cpu/memory, as the webhook's rewrite makes it; a pod
 that finds no slack stays with the `product` flow (batch nodes). That is a difference from the cluster, where
 the rewrite happens at admission and a rewritten pod can only wait for slack: here the choice is made when
@@ -57,15 +57,20 @@ from extender.core.characterise import (
     is_complete,
     recluster_model,
 )
-from extender.core.model import InvalidInputError, Node, NodeGroup, Resources, ServiceClass, WorkloadKind
+from extender.core.model import InvalidInputError, Node, Resources, ServiceClass, WorkloadKind
 from extender.core.slack import (
+    BATCH_CPU,
+    BATCH_MEMORY,
     Amount,
     BatchTenant,
     batch_capacity,
     choose_evictions,
+    colocation_shortfall,
+    lendable,
     lendable_after_miss,
     lrp_choose,
     measured_idle,
+    node_groups_for,
     prediction_misses,
     real_slack,
     service_idle,
@@ -82,11 +87,6 @@ __all__ = [
     "colocation_settings",
     "simulate_colocation",
 ]
-
-# The extended resources the slack controller publishes (extender/controller/slack.py BATCH_CPU / BATCH_MEMORY;
-# the simulator may not import that module, it talks to a cluster: tests check the names are the same).
-BATCH_CPU = "qos.kube-qos-extender.io/batch-cpu"
-BATCH_MEMORY = "qos.kube-qos-extender.io/batch-memory"
 
 # policy name -> predictor; both run `product` underneath
 COLOCATE_POLICIES: Mapping[str, str] = {"product-colocate": "class", "product-colocate-last": "last-usage"}
@@ -465,35 +465,46 @@ class Colocation(UsageMeter):
     # ---- placement on the published slack ------------------------------------------------------------
 
     def before_schedule(self, sim: Simulator) -> None:
-        if not self.published:
-            return
-        remaining: dict[str, Amount] = {}
-        for name, amount in self.published.items():
-            node = sim.nodes.get(name)
-            if node is None or node.cordoned or node.group is not NodeGroup.SERVICE:
-                continue
-            taken = Amount.total(
-                Amount(sim.reqs[rid].spec.cpu_milli, sim.reqs[rid].spec.memory_bytes)
-                for rid in node.pods.values()
-                if rid in self.colocated
-            )
-            remaining[name] = Amount(amount.cpu_milli - taken.cpu_milli, amount.memory_bytes - taken.memory_bytes)
-        if not any(a.cpu_milli > 0 and a.memory_bytes > 0 for a in remaining.values()):
+        """Pending pods of the co-located classes onto the published slack, as the verbs treat a pod that
+        requests the batch resources: each node's published amount is its batch allocatable, the filter is
+        ``core.slack.colocation_shortfall`` (the slack left covers the demand) and the choice is LRP on Eq. 4's
+        predicted availability (free by requests + slack left, ``core.slack.lendable``), the node
+        ``core.slack.colocated_scores`` ranks first (``lrp_choose``, cpu 0.38 / memory 0.62)."""
+        if not any(a.cpu_milli > 0 and a.memory_bytes > 0 for a in self.published.values()):
             return
         wanted = self.settings.colocate.classes
+        alloc: dict[str, Resources] = {}
+        for name, amount in self.published.items():
+            node = sim.nodes.get(name)
+            if node is None or node.cordoned:
+                continue
+            a = node.allocatable
+            alloc[name] = Resources.request(
+                a.cpu_milli, a.memory_bytes, a.pods, {BATCH_CPU: amount.cpu_milli, BATCH_MEMORY: amount.memory_bytes}
+            )
         for r in sim._pending():
             s = r.spec
             if s.kind is not WorkloadKind.BATCH or s.class_name not in wanted:
                 continue
-            candidates = [(name, sim.nodes[name].allocatable, avail) for name, avail in remaining.items()]
-            choice = lrp_choose(candidates, s.requests)
+            demand = Resources(s.cpu_milli, s.memory_bytes, 1)
+            groups = node_groups_for(s.kind, _batch_resources(r))
+            candidates: list[tuple[str, Resources, Amount]] = []
+            for name, al in alloc.items():
+                node = sim.nodes[name]
+                if node.group not in groups:
+                    continue
+                requested = sim._core_node(node).requested
+                if colocation_shortfall(al, requested, demand) is not None:
+                    continue
+                free = Amount(al.cpu_milli - requested.cpu_milli, al.memory_bytes - requested.memory_bytes)
+                capacity = Resources(al.cpu_milli, al.memory_bytes, al.pods)
+                candidates.append((name, capacity, free + lendable(al, requested)))
+            choice = lrp_choose(candidates, demand)
             if choice is None:
                 continue
             self.colocated.add(s.request_id)
             sim._requests[s.request_id] = _batch_resources(r)
             sim._place(r, sim.nodes[choice])
-            a = remaining[choice]
-            remaining[choice] = Amount(a.cpu_milli - s.cpu_milli, a.memory_bytes - s.memory_bytes)
             self.stats.placed_on_slack += 1
             self.stats.pods_on_slack.add(s.request_id)
 
