@@ -10,6 +10,7 @@ a ratio against a baseline measured in the same process right after: the bare ev
 the same number of events, no decisions), so a noisy shared machine moves both sides alike.
 
     python bench/sim_speed.py [--trace PATH] [--tasks N (0 = all)] [--policy product --policy k8s] [--json OUT]
+        [--progress CPU_SECONDS]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from extender.sim import engine
 from extender.sim.engine import simulate
 from extender.sim.report import run_json
 from extender.sim.workloads import alibaba2017
@@ -40,7 +42,29 @@ def bare_loop_seconds(n_events: int) -> float:
     return time.perf_counter() - t0
 
 
-def _one(trace: str, tasks: int | None, policy: str, out: Any) -> None:
+def _report_progress(policy: str, every_cpu_seconds: float) -> None:
+    """Print, every ``every_cpu_seconds`` of CPU, how far the replay got (simulated hour, events, requests done):
+    a run that cannot finish in the time at hand still says where it stood."""
+    tick = engine.Simulator._on_tick
+    last = [time.process_time()]
+
+    def on_tick(sim: engine.Simulator, payload: object) -> None:
+        tick(sim, payload)
+        cpu = time.process_time()
+        if cpu - last[0] >= every_cpu_seconds:
+            last[0] = cpu
+            print(
+                f"  {policy}: simulated {sim.now / 3600:.2f} h, {sim.c.events} events, {sim._done} of "
+                f"{len(sim.reqs)} requests done, {len(sim.nodes)} nodes, {cpu:.0f} CPU s",
+                flush=True,
+            )
+
+    engine.Simulator._on_tick = on_tick  # type: ignore[method-assign,assignment]
+
+
+def _one(trace: str, tasks: int | None, policy: str, out: Any, progress: float = 0.0) -> None:
+    if progress > 0:
+        _report_progress(policy, progress)
     if hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[os.getpid() % len(cores)]})  # one core (two runs side by side: two cores)
@@ -82,6 +106,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=5000, help="first N completed tasks (0 = all)")
     ap.add_argument("--policy", action="append")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--progress", type=float, default=0.0, help="print the replay's progress every N CPU seconds")
     args = ap.parse_args()
     tasks = args.tasks or None
     t0 = time.perf_counter()
@@ -91,7 +116,7 @@ def main() -> None:
     results = []
     for policy in args.policy or ["product", "k8s"]:
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_one, args=(args.trace, tasks, policy, send))
+        proc = ctx.Process(target=_one, args=(args.trace, tasks, policy, send, args.progress))
         proc.start()
         r = recv.recv()
         proc.join()
