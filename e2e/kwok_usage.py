@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,6 +103,22 @@ def fixture_model() -> WorkloadModel:
         },
         now=time.time(),
     )
+
+
+def slack_test_settings(prom: str, model_path: Path, ns: str) -> dict[str, Any]:
+    """The ``slack`` section the serve tests run with: the local Prometheus, a 30 s rate window, a refresh every
+    2 s, the run's nodes only, and the fixture's characterisation (k = 2, one seed, 20 s observation)."""
+    return {
+        "prometheus_url": prom,
+        "rate_window": "30s",
+        "model_path": str(model_path),
+        "refresh_seconds": 2,
+        "history_seconds": 600,
+        "classify_seconds": 600,
+        "step_seconds": 5,
+        "node_selector": f"e2e-run={ns}",
+        "characterise": {"k": 2, "seeds": 1, "observation_seconds": 20},
+    }
 
 
 async def until_classified(ctl: SlackController, node: str, seconds: float = 150) -> dict[str, Amount]:

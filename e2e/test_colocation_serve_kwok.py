@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from e2e.conftest import MARKER
-from e2e.kwok_usage import IMAGE, fixture_model, kwok_usage_node, service_pod
+from e2e.kwok_usage import IMAGE, fixture_model, kwok_usage_node, service_pod, slack_test_settings
 from extender.config import DEFAULT_CONFIG_PATH
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
 from extender.core.model import memory_bytes
@@ -88,17 +88,7 @@ def test_serve_runs_the_slack_controller_when_enabled(env: tuple[Kube, str, str,
     base = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
     base["kubernetes"]["kubeconfig"] = kubeconfig
     base["controller"]["enabled"] = False
-    base["slack"].update(
-        prometheus_url=prom,
-        rate_window="30s",
-        model_path=str(tmp_path / "model.json"),
-        refresh_seconds=2,
-        history_seconds=600,
-        classify_seconds=600,
-        step_seconds=5,
-        node_selector=f"e2e-run={ns}",
-        characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
-    )
+    base["slack"].update(slack_test_settings(prom, tmp_path / "model.json", ns))
     save_model(tmp_path / "model.json", fixture_model())
 
     # the shipped default: off, nothing published even with a model at hand
@@ -156,16 +146,8 @@ def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, st
         "tls": {"cert_file": cert, "key_file": key, "client_ca_file": ca},
     }
     config["slack"].update(
+        slack_test_settings(prom, tmp_path / "model.json", ns),
         enabled=True,
-        prometheus_url=prom,
-        rate_window="30s",
-        model_path=str(tmp_path / "model.json"),
-        refresh_seconds=2,
-        history_seconds=600,
-        classify_seconds=600,
-        step_seconds=5,
-        node_selector=f"e2e-run={ns}",
-        characterise={"k": 2, "seeds": 1, "observation_seconds": 20},
         colocate={"enabled": True, "classes": ["bronze"]},
     )
     save_model(tmp_path / "model.json", fixture_model())
