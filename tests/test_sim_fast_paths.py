@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from extender.core import autoscale, packing
-from extender.core.model import InvalidInputError, Node, Pod, Resources
+from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.sim import engine
 from extender.sim.engine import simulate
-from extender.sim.workloads import HTAS_FLAVOURS, htas, rodriguez
+from extender.sim.workloads import HTAS_FLAVOURS, RequestSpec, Workload, htas, rodriguez
 
 MiB = 2**20
 
@@ -91,3 +91,17 @@ def test_utilisation_integral_counts_every_node_at_every_moment() -> None:
     assert again.cost_usd == res.cost_usd
     assert seen and all(abs(a - b) <= 1e-9 * max(1.0, a) for a, b in seen)
     assert again.util_cpu == pytest.approx(res.util_cpu, rel=1e-12)
+
+
+def test_a_pod_no_flavour_can_host_ends_the_run_instead_of_ticking_for_ever() -> None:
+    """cluster-autoscaler's one m1.medium (2 cores) can never host a 3-core pod: once the rest is done and the
+    idle nodes are gone, the run stops after STALL_SECONDS of ticks and reports the pod incomplete (the whole
+    Alibaba trace under k8s ticked for 160+ simulated hours before this)."""
+    big = RequestSpec("big", 0.0, 3000, 2**30, 60.0, "bronze", WorkloadKind.BATCH)
+    small = RequestSpec("small", 0.0, 500, 2**30, 60.0, "bronze", WorkloadKind.BATCH)
+    w = Workload("stuck", (big, small), flavours=HTAS_FLAVOURS, initial=(("m1.medium", NodeGroup.BATCH),))
+    res = simulate(w, "k8s")
+    states = {r.spec.request_id: r.state for r in res.reqs}
+    assert states == {"big": engine.State.PENDING, "small": engine.State.DONE}
+    assert engine.STALL_SECONDS <= res.end <= engine.STALL_SECONDS + 3600.0
+    assert simulate(w, "product").reqs[0].state is engine.State.DONE  # product buys a larger flavour

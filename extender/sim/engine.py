@@ -38,6 +38,10 @@ from extender.core.model import (
 from extender.sim.product import ProductSettings
 from extender.sim.workloads import RequestSpec, Workload
 
+# Events that change what runs where; a run with only ticks, scans and passes for STALL_SECONDS, nothing placed
+# and nothing on order has stopped for good (Simulator._stalled).
+_PROGRESS = frozenset({"arrive", "started", "complete", "migrated", "node_ready", "hook"})
+STALL_SECONDS = 24 * 3600.0
 POLICIES = ("qos-driven", "qos-paper", "priority", "htas", "k8s", "product")
 PREEMPTIVE = ("qos-driven", "qos-paper", "priority")  # fixed hosts, ordered queue, preemption
 # Policies whose pods go through the QoS controller's gate (no PriorityClass: QoS decides alone).
@@ -297,6 +301,7 @@ class Simulator:
         if self.autoscaled:
             self.push(0.0, "autoscale")
         horizon = self.w.horizon
+        last_progress = 0.0
         while self.heap:
             t, _, kind, payload = heapq.heappop(self.heap)
             if horizon is not None and t > horizon:
@@ -309,6 +314,10 @@ class Simulator:
             getattr(self, f"_on_{kind}")(payload)
             if self.autoscaled and self._all_done():
                 break
+            if kind in _PROGRESS:
+                last_progress = t
+            elif self.autoscaled and self._stalled(t - last_progress):
+                break
         end = horizon if horizon is not None else self.now
         self._integrate(end)
         self.now = end
@@ -319,6 +328,18 @@ class Simulator:
 
     def _all_done(self) -> bool:
         return self._done == len(self.reqs)
+
+    def _stalled(self, quiet: float) -> bool:
+        """An autoscaled run that can no longer change: every request arrived, none placed, no node on order,
+        and nothing but the periodic ticks for ``STALL_SECONDS``. Pods no flavour of the policy can host (k8s's
+        one m1.medium against the Alibaba trace's largest tasks) would otherwise keep the replay ticking for
+        ever; they are reported as ``requests_incomplete``."""
+        if quiet < STALL_SECONDS or self.provisioning or self._arrivals_left():
+            return False
+        return all(not n.pods for n in self.nodes.values())
+
+    def _arrivals_left(self) -> bool:
+        return any(r.state is State.WAITING for r in self.reqs.values())
 
     # ---- integrals: utilisation, fluid lower bound ---------------------------------------------------
 
