@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.kube.sync_client import Kube, scrape_metrics  # noqa: E402
+from extender.kube.sync_client import Kube, KubeError, scrape_metrics  # noqa: E402
 
 MARKER = "qos.kube-qos-extender.io/managed"
 ENV = {
@@ -68,8 +68,14 @@ def pod(name: str, qos: bool) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": spec}
 
 
-def bound_count(kube: Kube, ns: str) -> int:
-    items = kube.get(f"/api/v1/namespaces/{ns}/pods", fieldSelector="spec.nodeName!=")["items"]
+def bound_count(kube: Kube, ns: str) -> int | None:
+    """Pods of ``ns`` bound so far; None when the API server did not answer in time (a loaded machine: the
+    caller polls again rather than losing the run)."""
+    try:
+        items = kube.get(f"/api/v1/namespaces/{ns}/pods", fieldSelector="spec.nodeName!=")["items"]
+    except (OSError, KubeError) as exc:  # urllib3's timeouts are OSErrors
+        print(f"  {ns}: poll failed ({type(exc).__name__}), retrying", file=sys.stderr)
+        return None
     return len(items)
 
 
@@ -124,10 +130,14 @@ def phase(
     t0 = time.monotonic()
     cpu0 = {c: cpu_seconds(state, c) for c in COMPONENTS}
     # the QoS controller releases while the scheduler is paused: how much of the queue was still gated
-    gated = sum(1 for p in kube.pods(ns) if p["spec"].get("schedulingGates"))
-    last = 0
+    try:
+        gated = sum(1 for p in kube.pods(ns) if p["spec"].get("schedulingGates"))
+    except (OSError, KubeError):
+        gated = -1  # not known: the API server did not answer in time
+    last = done = 0
     while True:
-        done = bound_count(kube, ns)
+        polled = bound_count(kube, ns)
+        done = done if polled is None else polled
         if done >= n:
             break
         if time.monotonic() - t0 > timeout:
@@ -203,6 +213,13 @@ def main() -> int:
         metavar="PREFIX",
         help="py-spy record the extender during each qos phase (collapsed stacks: PREFIX.ROUND.txt)",
     )
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="use the running cluster of QOS_STATE as it is (its env file; no local-up: its per-node Ready wait "
+        "takes ~20 min at 5,000 nodes); --nodes is then only the label of the run",
+    )
+    ap.add_argument("--tag", default="", help="namespace suffix (a previous run's namespaces may still be going)")
     args = ap.parse_args()
     env = {**os.environ, **{k: os.environ.get(f"BENCH_{k}", v) for k, v in ENV.items()}}
     if args.loopback:
@@ -210,13 +227,16 @@ def main() -> int:
     env.pop("KUBECONFIG", None)
     state = Path(env["QOS_STATE"])
     t0 = time.monotonic()
-    out = subprocess.run(
-        [str(ROOT / "hack" / "local-up.sh"), f"service:m1.xlarge={args.nodes}"],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    ).stdout
+    if args.reuse:
+        out = (state / "env").read_text()
+    else:
+        out = subprocess.run(
+            [str(ROOT / "hack" / "local-up.sh"), f"service:m1.xlarge={args.nodes}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        ).stdout
     values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     print(
         f"cluster up with {args.nodes} kwok nodes in {time.monotonic() - t0:.0f} s; "
@@ -233,7 +253,7 @@ def main() -> int:
     try:
         for r in range(args.rounds):
             for name, qos, labels in profiles:
-                ns = f"bench-{name}-{r}"
+                ns = f"bench-{name}{args.tag}-{r}"
                 spy = None
                 if args.py_spy and name == "qos":
                     pid = (state / "pids" / "qos-extender.pid").read_text().strip()
