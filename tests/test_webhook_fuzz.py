@@ -302,3 +302,29 @@ def test_fuzz_watch_events_never_crash_the_snapshot(data: st.DataObject) -> None
             assert total is not None
             total = total + p.requests
         assert (total.cpu_milli if total else 0) == requested.cpu_milli
+
+
+def test_exabyte_quantities_saturate_the_node_table_instead_of_crashing_the_watch() -> None:
+    """Found by the fuzz test above: a node (or pod) declaring ``1E`` cpu overflowed the int64 columns and the
+    watch handler raised. The columns saturate at COLUMN_MAX; the per-node path keeps the exact integers."""
+    from extender.kube.snapshot import COLUMN_MAX
+
+    snap = Snapshot(CONFIG)
+    nodes = node_objects()
+    snap.replace_nodes(nodes, "1")
+    snap.replace_pods([], "1")
+    huge = copy.deepcopy(nodes[0])
+    huge["status"]["allocatable"].update({"cpu": "1E", "memory": "9E", "pods": "9E"})
+    snap.apply_node("MODIFIED", huge)
+    name = huge["metadata"]["name"]
+    table = snap.fresh_table()
+    i = table.row[name]
+    assert (table.alloc_cpu[i], table.alloc_mem[i], table.alloc_pods[i]) == (COLUMN_MAX, COLUMN_MAX, COLUMN_MAX)
+    assert snap.nodes[name].node.allocatable.cpu_milli == 10**21
+    pod = copy.deepcopy(GOLDEN["filter"][0]["Pod"])
+    pod["spec"]["nodeName"] = name
+    for c in pod["spec"]["containers"]:
+        c.setdefault("resources", {})["requests"] = {"cpu": "2E", "memory": "9E"}
+    snap.apply_pod("ADDED", pod)
+    table = snap.fresh_table()
+    assert (table.used_cpu[i], table.used_mem[i]) == (COLUMN_MAX, COLUMN_MAX)

@@ -118,6 +118,15 @@ GROUP_BITS = {NodeGroup.BATCH: 1, NodeGroup.SERVICE: 2}
 I64 = npt.NDArray[np.int64]
 
 
+COLUMN_MAX = 2**62  # table values saturate here: a difference or sum of two stays inside int64
+
+
+def saturate(value: int) -> int:
+    """``value`` capped at :data:`COLUMN_MAX`: a node (or pod) declaring exabytes must not crash the int64
+    columns (found by the watch fuzz test); no real quantity comes near 2**62 bytes or millicores."""
+    return value if value < COLUMN_MAX else COLUMN_MAX
+
+
 class NodeTable:
     """Per-node columns (one row per known node; rows of deleted nodes are reused) for vectorised verbs."""
 
@@ -161,9 +170,9 @@ class NodeTable:
                 self._size += 1
             self.row[name] = i
         alloc = entry.node.allocatable
-        self.alloc_cpu[i] = alloc.cpu_milli
-        self.alloc_mem[i] = alloc.memory_bytes
-        self.alloc_pods[i] = alloc.pods
+        self.alloc_cpu[i] = saturate(alloc.cpu_milli)
+        self.alloc_mem[i] = saturate(alloc.memory_bytes)
+        self.alloc_pods[i] = saturate(alloc.pods)
         self.unschedulable[i] = entry.node.unschedulable
         self.groups[i] = sum(GROUP_BITS[g] for g in entry.accepts)
         return i
@@ -174,9 +183,9 @@ class NodeTable:
             self._free_rows.append(i)
 
     def set_used(self, i: int, requested: Resources, count: int) -> None:
-        self.used_cpu[i] = requested.cpu_milli
-        self.used_mem[i] = requested.memory_bytes
-        self.used_pods[i] = count
+        self.used_cpu[i] = saturate(requested.cpu_milli)
+        self.used_mem[i] = saturate(requested.memory_bytes)
+        self.used_pods[i] = saturate(count)
 
 
 class RequestPods:

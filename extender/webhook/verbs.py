@@ -29,7 +29,7 @@ from extender.core import packing, qos, slack
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.kube.binding import BindArgs, Binder, BindError
 from extender.kube.convert import PodProblems, parse_timestamp, pod_from_k8s
-from extender.kube.snapshot import GROUP_BITS, NodeTable, Snapshot
+from extender.kube.snapshot import GROUP_BITS, NodeTable, Snapshot, saturate
 
 __all__ = [
     "BindArgs",
@@ -442,8 +442,8 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
         table, rows = _rows(names, snapshot)
         r = np.where(rows >= 0, rows, 0)
         req = pod.requests
-        mem_left = table.alloc_mem[r] - table.used_mem[r] - req.memory_bytes
-        cpu_left = table.alloc_cpu[r] - table.used_cpu[r] - req.cpu_milli
+        mem_left = table.alloc_mem[r] - table.used_mem[r] - saturate(req.memory_bytes)
+        cpu_left = table.alloc_cpu[r] - table.used_cpu[r] - saturate(req.cpu_milli)
         feasible = (rows >= 0) & (mem_left >= 0) & (cpu_left >= 0)
         if not tolerates:
             feasible &= ~table.unschedulable[r]
