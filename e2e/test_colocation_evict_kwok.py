@@ -24,7 +24,14 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from e2e.kwok_usage import CFG, IMAGE, fixture_model, kwok_usage_node, service_pod, until_classified
+from e2e.kwok_usage import (
+    IMAGE,
+    controller_settings,
+    fixture_model,
+    kwok_usage_node,
+    service_pod,
+    until_classified,
+)
 from extender.config import KubernetesConfig
 from extender.controller.slack import (
     BATCH_CPU,
@@ -32,7 +39,6 @@ from extender.controller.slack import (
     EVICTION_REASON,
     SlackController,
     SlackMetrics,
-    SlackSettings,
 )
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
@@ -103,14 +109,7 @@ async def test_a_grown_service_evicts_the_bronze_batch_pod_and_keeps_the_gold_on
     kube.create_pod(ns, service_pod(node))
     kube.wait(lambda: _running(kube, ns, "svc"), "svc Running")
     model = fixture_model()
-    settings = SlackSettings(
-        model_path=tmp_path / "model.json",
-        config=CFG,
-        history_seconds=600.0,
-        classify_seconds=600.0,
-        step_seconds=5.0,
-        node_selector=f"e2e-run={ns}",
-    )
+    settings = controller_settings(tmp_path / "model.json", f"e2e-run={ns}")
     registry = CollectorRegistry()
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     try:

@@ -23,9 +23,9 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from e2e.kwok_usage import CFG, IMAGE, fixture_model, kwok_usage_node, service_pod
+from e2e.kwok_usage import IMAGE, controller_settings, fixture_model, kwok_usage_node, service_pod
 from extender.config import KubernetesConfig
-from extender.controller.slack import SlackController, SlackMetrics, SlackSettings
+from extender.controller.slack import SlackController, SlackMetrics
 from extender.core.slack import BATCH_CPU, BATCH_MEMORY, Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
@@ -96,14 +96,7 @@ async def test_a_colocated_pod_lands_where_lrp_on_the_prediction_ranks_first(
     a, b = f"{ns}-node", f"{ns}-node-b"
     kube.create_pod(ns, service_pod(a))
     kube.create_pod(ns, _small_service(b))
-    settings = SlackSettings(
-        model_path=tmp_path / "model.json",
-        config=CFG,
-        history_seconds=600.0,
-        classify_seconds=600.0,
-        step_seconds=5.0,
-        node_selector=f"e2e-run={ns}",
-    )
+    settings = controller_settings(tmp_path / "model.json", f"e2e-run={ns}")
     want = {a: Amount(1500, 3 * GI), b: Amount(750, 3 * GI // 2)}
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     try:

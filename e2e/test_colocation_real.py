@@ -35,10 +35,10 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from e2e.kwok_usage import CFG, fixture_model
+from e2e.kwok_usage import controller_settings, fixture_model
 from e2e.test_deployed import BUSYBOX, Product, _requests, namespace, product  # noqa: F401  (fixtures)
 from extender.config import KubernetesConfig
-from extender.controller.slack import EVICTION_REASON, SlackController, SlackMetrics, SlackSettings
+from extender.controller.slack import EVICTION_REASON, SlackController, SlackMetrics
 from extender.core.model import memory_bytes
 from extender.core.slack import BATCH_CPU, BATCH_MEMORY, Amount
 from extender.kube.client import new_api_client
@@ -140,14 +140,7 @@ async def test_batch_pod_on_a_real_nodes_slack_is_evicted_when_the_service_grows
     assert row["metric"].get("job") == "kubelet-resource" and row["metric"].get("node") == node, row["metric"]
     assert 0 < float(row["value"][1]) < SVC_MEMORY / 4, row  # an idle busybox: a few hundred KiB
 
-    settings = SlackSettings(
-        model_path=tmp_path / "model.json",
-        config=CFG,
-        history_seconds=600.0,
-        classify_seconds=600.0,
-        step_seconds=5.0,
-        node_selector=f"{GROUP}=service",
-    )
+    settings = controller_settings(tmp_path / "model.json", f"{GROUP}=service")
     registry = CollectorRegistry()
     api = await new_api_client(KubernetesConfig(kubeconfig=p.env["KUBECONFIG"]))
     before = {v: _requests(p, v) for v in ("filter", "bind")}

@@ -21,9 +21,16 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from e2e.kwok_usage import CFG, IMAGE, fixture_model, kwok_usage_node, service_pod, until_classified
+from e2e.kwok_usage import (
+    IMAGE,
+    controller_settings,
+    fixture_model,
+    kwok_usage_node,
+    service_pod,
+    until_classified,
+)
 from extender.config import KubernetesConfig
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController, SlackSettings
+from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
@@ -62,14 +69,7 @@ async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, s
     kube.wait(lambda: kube.pods(ns) and kube.pods(ns)[0].get("status", {}).get("phase") == "Running", "svc Running")
 
     given = fixture_model()
-    settings = SlackSettings(
-        model_path=tmp_path / "model.json",
-        config=CFG,
-        history_seconds=600.0,
-        classify_seconds=600.0,
-        step_seconds=5.0,
-        node_selector=f"e2e-run={ns}",
-    )
+    settings = controller_settings(tmp_path / "model.json", f"e2e-run={ns}")
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     try:
         async with aiohttp.ClientSession() as session:
