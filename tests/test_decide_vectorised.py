@@ -169,3 +169,28 @@ def test_dominance_refusals_take_the_per_node_loops_decisions_and_draws(
         monkeypatch.setattr(decide_mod, "_DOMINANCE", True)
         slow = _run(world, policy, settings, seed, vectorised=False)
         assert fast == no_dominance == slow
+
+
+@pytest.mark.parametrize("where", ["node", "gated", "running"])
+def test_exabyte_quantities_take_the_exact_path_instead_of_crashing_the_pass(where: str) -> None:
+    """Found by review: a node (or pod) declaring 16Ei overflowed the int64 table and every controller pass
+    raised, so no gated pod was ever released. Such a world is decided by the exact per-node loop."""
+    world = _world(3, priorities=False)
+    huge = Resources(4000, 2**64, 110)
+    nodes = list(world.nodes)
+    gated = list(world.gated)
+    if where == "node":
+        nodes[0] = Node(nodes[0].name, huge, labels=nodes[0].labels, pods=nodes[0].pods)  # 16Ei of memory
+    elif where == "gated":
+        g = gated[0]
+        big = Pod(g.pod.key, Resources.request(500, 10**19, 1), request_id=g.pod.request_id, class_name="gold")
+        gated[0] = GatedPod(big, g.request, g.gated_since, g.node_selector)
+    else:
+        n = next(n for n in nodes if n.pods)
+        p = n.pods[0]
+        fat = Pod(p.key, Resources.request(500, 2**63, 1), request_id=p.request_id, class_name=p.class_name)
+        nodes[nodes.index(n)] = Node(n.name, n.allocatable, labels=n.labels, pods=(fat, *n.pods[1:]))
+    world = World(tuple(nodes), world.running, tuple(gated), world.accounts, world.now)
+    policy = qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0)
+    fast = _run(world, policy, Settings(), 3, vectorised=True)
+    assert fast == _run(world, policy, Settings(), 3, vectorised=False)

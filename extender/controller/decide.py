@@ -147,6 +147,9 @@ def _selects(node: Node, selector: Mapping[str, str]) -> bool:
 # The pass tests hosts with the numpy table below; False makes it call qos.feasibility on every selected node
 # (the reference the table must agree with: tests/test_decide_vectorised.py compares the two).
 _VECTORISED = True
+# The table's int64 columns, sums and differences stay exact below this; a world with a larger quantity (a node
+# or pod declaring exabytes: bad input, not a real cluster) is decided by the exact per-node path instead.
+_TABLE_LIMIT = 2**62
 # A pod asking at least as much as one proved to fit nowhere in the same pass (same class, no placement since,
 # Q at least as high) is refused without testing the nodes; False tests every pod (the reference).
 _DOMINANCE = True
@@ -195,6 +198,7 @@ class _Hosts:
         self.names = list(nodes)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.policy = policy
+        self.exact = True  # False: some quantity does not fit the int64 table; callers use qos.feasibility
         n = len(self.names)
         self.free = np.zeros((3, n), dtype=np.int64)
         self.unschedulable = np.array([nodes[name].unschedulable for name in self.names], dtype=bool)
@@ -227,6 +231,9 @@ class _Hosts:
                         qos._over_cap(inst, v_cls),
                     )
                 )
+        if any(sum(abs(c[k]) for c in cols) >= _TABLE_LIMIT for k in (1, 2, 3)):
+            self.exact = False
+            cols = [(c[0], 0, 0, 0, *c[4:]) for c in cols]  # the table is not used: keep it constructible
         self.node_of = np.array(node_of, dtype=np.intp)
         self.keys = keys
         self.rows_of_key: dict[str, list[int]] = {}
@@ -247,7 +254,11 @@ class _Hosts:
 
     def _set_free(self, i: int, node: Node) -> None:
         free = node.free
-        self.free[:, i] = (free.cpu_milli, free.memory_bytes, free.pods)
+        values = (free.cpu_milli, free.memory_bytes, free.pods)
+        if max(abs(v) for v in values) >= _TABLE_LIMIT:
+            self.exact = False
+            return
+        self.free[:, i] = values
 
     def placed(self, name: str, node: Node, victims: Sequence[str]) -> None:
         """``node`` (called ``name``) now holds the placed pod and no longer ``victims``."""
@@ -407,7 +418,14 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                 dtype=np.intp,
             )
         feasible: list[qos.Feasibility]
-        if not _VECTORISED or inst.pod.requests.extended or inst.pod.key in running:
+        req = inst.pod.requests
+        if (
+            not _VECTORISED
+            or not hosts.exact
+            or req.extended
+            or inst.pod.key in running
+            or max(req.cpu_milli, req.memory_bytes, req.pods) >= _TABLE_LIMIT
+        ):
             # the table tracks cpu, memory and pod slots only, and assumes the pending pod is no candidate
             options = [qos.feasibility(inst, nodes[hosts.names[i]], eligible, policy, rng, q_of) for i in picked]
             feasible = [o for o in options if o.feasible]
@@ -415,7 +433,6 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             threshold = inst.pod.priority if inst.pod.priority < top_priority else None
             lazy = settings.host_score != "profile"  # profile scores may depend on the set of nodes scored
             q_p = q_of[inst.pod.key]
-            req = inst.pod.requests
             if refused_version != hosts.version:
                 refused.clear()
                 refused_version = hosts.version
