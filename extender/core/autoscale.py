@@ -706,6 +706,15 @@ def forecast_shortage(
 # ------------------------------------------------------------------------------------- fluid bound
 
 
+def _exact_rows(flavours: Sequence[Flavour]) -> list[tuple[Fraction, Fraction, Fraction]]:
+    """Each flavour's (cpu, memory, price) as exact rationals: the fluid bound's primal and dual are solved in
+    Fractions so that both give the same correctly rounded float."""
+    return [
+        (Fraction(f.capacity.cpu_milli), Fraction(f.capacity.memory_bytes), Fraction(f.price_per_hour))
+        for f in flavours
+    ]
+
+
 def fluid_lower_bound_per_hour(demand: Resources, flavours: Sequence[Flavour]) -> float:
     """The cheapest *fractional* mix of flavours covering the demand's cpu and memory, in $/hour.
 
@@ -722,10 +731,7 @@ def fluid_lower_bound_per_hour(demand: Resources, flavours: Sequence[Flavour]) -
     need_c, need_m = Fraction(demand.cpu_milli), Fraction(demand.memory_bytes)
     if need_c == 0 and need_m == 0:
         return 0.0
-    rows = [
-        (Fraction(f.capacity.cpu_milli), Fraction(f.capacity.memory_bytes), Fraction(f.price_per_hour))
-        for f in flavours
-    ]
+    rows = _exact_rows(flavours)
     best = min(p * max(need_c / c, need_m / m) for c, m, p in rows)  # vertices (a)
     for i, (c1, m1, p1) in enumerate(rows):  # vertices (b): Cramer's rule on the tight 2x2 system
         for c2, m2, p2 in rows[i + 1 :]:
@@ -753,10 +759,7 @@ class FluidBound:
 
     def __init__(self, flavours: Sequence[Flavour]) -> None:
         validate_catalogue(flavours)
-        rows = [
-            (Fraction(f.capacity.cpu_milli), Fraction(f.capacity.memory_bytes), Fraction(f.price_per_hour))
-            for f in flavours
-        ]
+        rows = _exact_rows(flavours)
         # every constraint line a y1 + b y2 = c, the axes included
         lines = [*rows, (Fraction(1), Fraction(0), Fraction(0)), (Fraction(0), Fraction(1), Fraction(0))]
         vertices: set[tuple[Fraction, Fraction]] = set()
