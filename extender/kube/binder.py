@@ -36,6 +36,10 @@ class _Retry(Exception):
         self.in_doubt = in_doubt
 
 
+class _PodGone(BindError):
+    """404: the pod does not exist (any more), so nothing an earlier attempt did can still hold its space."""
+
+
 class KubeBinder:
     def __init__(self, api_client: Any, config: BindConfig) -> None:
         self._core = k8s.CoreV1Api(api_client)
@@ -75,6 +79,11 @@ class KubeBinder:
             ) from exc
         except BindError as exc:
             exc.retries = max(0, attempts - 1)
+            # A refusal (403, 422, a recreated pod, ...) after an attempt that may have been applied does not undo
+            # that attempt: its Binding may exist, so the failure stays in doubt and the pod assumed until the
+            # watch says otherwise. Only a pod that is gone frees the space for certain.
+            if in_doubt and not isinstance(exc, _PodGone):
+                exc.in_doubt = True
             raise
         return max(0, attempts - 1)
 
@@ -101,7 +110,7 @@ class KubeBinder:
             if exc.status == 429 or exc.status >= 500:
                 raise _Retry(str(exc), in_doubt=exc.status != 429) from exc
             if exc.status == 404:
-                raise BindError(f"cannot bind {args.key}: pod not found (deleted?)") from exc
+                raise _PodGone(f"cannot bind {args.key}: pod not found (deleted?)") from exc
             raise BindError(f"cannot bind {args.key} to {args.node}: {exc}") from exc
         except aiohttp.ClientConnectorError as exc:  # never connected: nothing was sent
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
@@ -118,7 +127,7 @@ class KubeBinder:
                 pod = await read_json(response)
         except ApiError as exc:
             if exc.status == 404:
-                raise BindError(f"cannot bind {args.key}: pod not found (deleted?)") from exc
+                raise _PodGone(f"cannot bind {args.key}: pod not found (deleted?)") from exc
             raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}", True) from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise _Retry(f"conflict ({conflict.message}), then reading the pod failed: {exc}", True) from exc

@@ -1,0 +1,105 @@
+"""KubeBinder's outcome when attempts end differently: a real HTTP server (asyncio streams, no mocks of the
+client) answers each Binding POST as scripted: hang (the attempt times out after the POST was sent, so the
+Binding may exist), or a status code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from extender.config import BindConfig
+from extender.kube.binder import KubeBinder
+from extender.kube.binding import BindArgs, BindError
+
+ARGS = BindArgs("default", "p", "uid-1", "node-1")
+CONFIG = BindConfig(timeout_seconds=2.0, attempt_timeout_seconds=0.2, backoff_initial_seconds=0.01)
+
+
+class ScriptedApi:
+    """Answers the n-th request with ``script[n]`` (the last entry repeats): "hang" never answers, an int is
+    a Status of that code."""
+
+    def __init__(self, script: Sequence[str | int]) -> None:
+        self.script = list(script)
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.decode().split("\r\n"):
+                if line.lower().startswith("content-length:"):
+                    length = int(line.split(":", 1)[1])
+            await reader.readexactly(length)
+            step = self.script[min(self.requests, len(self.script) - 1)]
+            self.requests += 1
+            if step == "hang":
+                await asyncio.sleep(30)
+                return
+            code = int(step)
+            body = json.dumps({"kind": "Status", "code": code, "message": f"scripted {code}"}).encode()
+            writer.write(
+                f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> Any:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.api = k8s.ApiClient(configuration=k8s.Configuration(host=f"http://127.0.0.1:{port}"))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.api.close()
+        assert self.server is not None
+        self.server.close()
+
+
+@pytest.fixture
+async def scripted() -> AsyncIterator[type[ScriptedApi]]:
+    yield ScriptedApi
+
+
+@pytest.mark.parametrize("terminal", [403, 422])
+async def test_a_terminal_refusal_after_an_in_doubt_attempt_stays_in_doubt(
+    scripted: type[ScriptedApi], terminal: int
+) -> None:
+    """The first POST timed out (it may have been applied), the re-send is refused for good: the Binding made
+    by the first may exist, so the failure is still in doubt and the pod stays assumed (not offered again)."""
+    async with scripted(["hang", terminal]) as api:
+        with pytest.raises(BindError) as info:
+            await KubeBinder(api.api, CONFIG).bind(ARGS)
+        assert api.requests == 2
+        assert info.value.in_doubt
+        assert f"scripted {terminal}" in str(info.value)
+        assert info.value.retries == 1
+
+
+async def test_a_terminal_refusal_on_the_first_attempt_is_definite(scripted: type[ScriptedApi]) -> None:
+    async with scripted([403]) as api:
+        with pytest.raises(BindError) as info:
+            await KubeBinder(api.api, CONFIG).bind(ARGS)
+        assert api.requests == 1
+        assert not info.value.in_doubt
+
+
+async def test_pod_gone_after_an_in_doubt_attempt_is_definite(scripted: type[ScriptedApi]) -> None:
+    """404: the pod no longer exists, whatever the first attempt did: nothing to keep assumed."""
+    async with scripted(["hang", 404]) as api:
+        with pytest.raises(BindError) as info:
+            await KubeBinder(api.api, CONFIG).bind(ARGS)
+        assert api.requests == 2
+        assert not info.value.in_doubt
+        assert "not found" in str(info.value)
