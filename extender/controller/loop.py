@@ -299,6 +299,18 @@ class QosController:
         if self.enforce_groups:
             for group in NodeGroup:
                 by_group[group] = frozenset(n for n, e in snap.nodes.items() if group in e.accepts)
+        # One union per distinct group set and pass (a pod's eligible nodes depend on nothing else): a fresh
+        # union per gated pod copied every node name thousands of times per pass.
+        unions: dict[frozenset[NodeGroup], frozenset[str]] = {}
+
+        def eligible(groups: frozenset[NodeGroup]) -> frozenset[str] | None:
+            if not by_group:
+                return None
+            found = unions.get(groups)
+            if found is None:
+                found = unions[groups] = frozenset().union(*(by_group[g] for g in groups))
+            return found
+
         gated = [
             GatedPod(
                 snap.pods[key].pod,
@@ -306,7 +318,7 @@ class QosController:
                 now if info.created is None else info.created,
                 info.node_selector,
                 # core.slack.node_groups_for, as the filter verb: a co-located batch pod may use service nodes
-                frozenset().union(*(by_group[g] for g in node_groups_for(p.kind, p.requests))) if by_group else None,
+                eligible(node_groups_for(p.kind, p.requests)),
             )
             for key, info in qos.items()
             if info.gated and not info.deleting and key not in self._released and key in snap.pods
