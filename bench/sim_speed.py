@@ -10,7 +10,12 @@ a ratio against a baseline measured in the same process right after: the bare ev
 the same number of events, no decisions), so a noisy shared machine moves both sides alike.
 
     python bench/sim_speed.py [--trace PATH] [--tasks N (0 = all)] [--policy product --policy k8s] [--json OUT]
-        [--progress CPU_SECONDS]
+        [--progress CPU_SECONDS] [--max-nodes N]
+
+``--max-nodes N`` overrides the product's ``autoscaler.limits.max_nodes`` (shipped: 200) for this run only and is
+named in the output (``product_max_nodes``); k8s's cluster-autoscaler has no such limit here. Every run reports
+the most nodes it held at once (ready + on order) and their cores, so a cap can be compared with what the other
+policy actually used.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from typing import Any
 import orjson
 
 from extender.sim import engine
-from extender.sim.engine import simulate
+from extender.sim.engine import SimConfig, simulate
+from extender.sim.product import ProductSettings
 from extender.sim.report import run_json
 from extender.sim.workloads import alibaba2017
 
@@ -62,16 +68,29 @@ def _report_progress(policy: str, every_cpu_seconds: float) -> None:
     engine.Simulator._on_tick = on_tick  # type: ignore[method-assign,assignment]
 
 
-def _one(trace: str, tasks: int | None, policy: str, out: Any, progress: float = 0.0) -> None:
+def peak_nodes(res: engine.SimResult, cores_of: dict[str, float]) -> dict[str, float]:
+    """The most nodes held at once (ready + on order) and the most cores they had, over the run's timeline."""
+    nodes = cores = 0.0
+    for _t, counts, _rate in res.timeline:
+        nodes = max(nodes, float(sum(counts.values())))
+        cores = max(cores, sum(n * cores_of.get(f, 0.0) for f, n in counts.items()))
+    return {"peak_nodes": nodes, "peak_cores": cores}
+
+
+def _one(
+    trace: str, tasks: int | None, policy: str, out: Any, progress: float = 0.0, max_nodes: int | None = None
+) -> None:
     if progress > 0:
         _report_progress(policy, progress)
-    if hasattr(os, "sched_setaffinity"):
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[os.getpid() % len(cores)]})  # one core (two runs side by side: two cores)
     workload = alibaba2017(trace, limit_tasks=tasks)
+    settings = ProductSettings() if max_nodes is None else ProductSettings(max_nodes=max_nodes)
     cpu0 = time.process_time()
-    res = simulate(workload, policy)
+    res = simulate(workload, policy, SimConfig(product=settings))
     cpu = time.process_time() - cpu0
+    cores_of = {f.name: f.capacity.cpu_milli / 1000 for f in workload.flavours}
     events = res.counters.events
     base = bare_loop_seconds(events)
     run = run_json(res)
@@ -96,6 +115,8 @@ def _one(trace: str, tasks: int | None, policy: str, out: Any, progress: float =
             "lost_work_seconds": run["lost_work_seconds"],
             "nodes_added": run["nodes_added"],
             "requests_incomplete": run["requests_incomplete"],
+            "product_max_nodes": settings.max_nodes if policy == "product" else None,
+            **peak_nodes(res, cores_of),
         }
     )
 
@@ -107,6 +128,11 @@ def main() -> None:
     ap.add_argument("--policy", action="append")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--progress", type=float, default=0.0, help="print the replay's progress every N CPU seconds")
+    ap.add_argument(
+        "--max-nodes",
+        type=int,
+        help="override the product's autoscaler.limits.max_nodes (shipped 200) for this run; named in the output",
+    )
     args = ap.parse_args()
     tasks = args.tasks or None
     t0 = time.perf_counter()
@@ -116,7 +142,7 @@ def main() -> None:
     results = []
     for policy in args.policy or ["product", "k8s"]:
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_one, args=(args.trace, tasks, policy, send, args.progress))
+        proc = ctx.Process(target=_one, args=(args.trace, tasks, policy, send, args.progress, args.max_nodes))
         proc.start()
         r = recv.recv()
         proc.join()
@@ -127,7 +153,8 @@ def main() -> None:
             f"events/s={r['events_per_second']:,.0f} = {r['cost_x_bare_heap_loop']:,.0f} x bare heap loop "
             f"max RSS={r['max_rss_mib']:.0f} MiB cost=${r['cost_usd']:.2f} ({r['cost_over_fluid']:.2f} x fluid) "
             f"bronze SLO ok={bronze.get('slo_fulfillment', float('nan')):.3f} "
-            f"min={bronze.get('availability_min', float('nan')):.3f}"
+            f"min={bronze.get('availability_min', float('nan')):.3f} "
+            f"peak nodes={r['peak_nodes']:.0f} ({r['peak_cores']:.0f} cores) incomplete={r['requests_incomplete']}"
         )
     if args.json:
         doc = {"trace": args.trace, "tasks": args.tasks or "all", "pods": n, "runs": results}
