@@ -11,7 +11,7 @@ from extender.controller import decide as decide_mod
 from extender.controller.accounting import Account, RequestState
 from extender.controller.decide import Decision, GatedPod, Settings, World, decide
 from extender.core import qos
-from extender.core.model import DEFAULT_CLASSES, Node, Pod, Resources
+from extender.core.model import DEFAULT_CLASSES, Node, Pod, Resources, WorkloadKind
 
 CLASSES = ("gold", "silver", "bronze")
 PRIORITY = {"gold": 1000, "silver": 500, "bronze": 100}
@@ -194,3 +194,99 @@ def test_exabyte_quantities_take_the_exact_path_instead_of_crashing_the_pass(whe
     policy = qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0)
     fast = _run(world, policy, Settings(), 3, vectorised=True)
     assert fast == _run(world, policy, Settings(), 3, vectorised=False)
+
+
+def _mixed(seed: int) -> World:
+    """Batch and service pods with runtimes, some nodes with room and some full of lower-Q peers: a gated pod
+    usually has both a free host and hosts it could preempt on, which is where the profile score's lazy path
+    (free hosts only) must choose as the full option list does. Runtimes spread the nodes over time bins."""
+    r = random.Random(seed)
+    now = 10_000.0
+    nodes: list[Node] = []
+    running: dict[str, str] = {}
+    accounts: dict[str, Account] = {}
+    for n in range(r.randint(3, 10)):
+        pods = []
+        for k in range(r.randint(0, 6)):
+            cls = r.choice(CLASSES)
+            key = f"n{n}p{k}"
+            batch = r.random() < 0.7
+            pods.append(
+                Pod(
+                    key,
+                    Resources.request(r.choice((250, 500, 1000)), r.choice((256, 512, 1024)) * 2**20, 1),
+                    request_id=key,
+                    class_name=cls,
+                    node_name=f"node{n}",
+                    kind=WorkloadKind.BATCH if batch else WorkloadKind.SERVICE,
+                    runtime_seconds=r.choice((60.0, 400.0, 1300.0, 5000.0)) if batch else None,
+                    started_at=now - r.choice((10.0, 200.0, 900.0)),
+                )
+            )
+            running[f"default/{key}"] = key
+            accounts[key] = Account(
+                r.uniform(0, 3000),
+                r.uniform(0, 3000),
+                RequestState.RUNNING,
+                now,
+                0.0,
+                cls,
+                run_started=now - r.choice((10.0, 1000.0)),
+            )
+        nodes.append(
+            Node(
+                f"node{n}",
+                Resources(r.choice((2000, 4000)), r.choice((2048, 4096)) * 2**20, 110),
+                pods=tuple(pods),
+                unschedulable=r.random() < 0.05,
+            )
+        )
+    gated = []
+    for k in range(r.randint(1, 20)):
+        cls = r.choice(CLASSES)
+        key = f"g{k}"
+        batch = r.random() < 0.7
+        pod = Pod(
+            key,
+            Resources.request(r.choice((250, 500, 1500)), r.choice((256, 1024)) * 2**20, 1),
+            request_id=key,
+            class_name=cls,
+            kind=WorkloadKind.BATCH if batch else WorkloadKind.SERVICE,
+            runtime_seconds=r.choice((30.0, 700.0, 4000.0)) if batch else None,
+        )
+        accounts[key] = Account(r.uniform(0, 2000), r.uniform(0, 4000), RequestState.PENDING, now, 0.0, cls)
+        gated.append(GatedPod(pod, key, now - r.uniform(0, 100)))
+    return World(tuple(nodes), running, tuple(gated), accounts, now)
+
+
+def test_profile_score_on_free_hosts_only_takes_the_full_option_lists_decisions_and_draws(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = 0
+    feasibility = qos.feasibility
+
+    def counted(*args: object, **kwargs: object) -> qos.Feasibility:
+        nonlocal calls
+        calls += 1
+        return feasibility(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(qos, "feasibility", counted)
+    policy = qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0)
+    lazy_calls = full_calls = 0
+    releases = 0
+    for seed in range(60):
+        world = _mixed(seed)
+        for settings in (Settings(host_score="profile"), Settings(host_score="profile", profile="spread")):
+            calls = 0
+            lazy = _run(world, policy, settings, seed, vectorised=True)
+            lazy_calls += calls
+            monkeypatch.setattr(decide_mod, "_LAZY_PROFILE", False)
+            calls = 0
+            full = _run(world, policy, settings, seed, vectorised=True)
+            full_calls += calls
+            monkeypatch.setattr(decide_mod, "_LAZY_PROFILE", True)
+            slow = _run(world, policy, settings, seed, vectorised=False)
+            assert lazy == full == slow
+            releases += len(lazy[0].releases)
+    assert releases > 100
+    assert lazy_calls < full_calls / 2  # the lazy path skipped the preemption walks (it fired)
