@@ -127,6 +127,27 @@ def saturate(value: int) -> int:
     return value if value < COLUMN_MAX else COLUMN_MAX
 
 
+@dataclass(frozen=True, slots=True)
+class RowIndex:
+    """A candidate list's rows in the node table: ``rows`` (-1: unknown name), ``safe`` (rows with -1 as 0,
+    for gathers), ``known`` (rows >= 0) and whether every name is known. Read-only arrays: it is shared by
+    every call that sends the same list."""
+
+    rows: I64
+    safe: I64
+    known: npt.NDArray[np.bool_]
+    all_known: bool
+
+    @staticmethod
+    def of(rows: I64) -> RowIndex:
+        known = rows >= 0
+        all_known = bool(known.all())
+        safe = rows if all_known else np.where(known, rows, 0)
+        for a in (rows, safe, known):
+            a.flags.writeable = False
+        return RowIndex(rows, safe, known, all_known)
+
+
 class NodeTable:
     """Per-node columns (one row per known node; rows of deleted nodes are reused) for vectorised verbs."""
 
@@ -146,6 +167,14 @@ class NodeTable:
         self.used_pods: I64 = np.zeros(cap, np.int64)
         self.groups: I64 = np.zeros(cap, np.int64)  # GROUP_BITS of the groups the node accepts
         self.unschedulable: npt.NDArray[np.bool_] = np.zeros(cap, np.bool_)
+        # kube-scheduler sends the same 5,000 NodeNames to every filter and prioritize call: mapping them to
+        # rows (a hash and a dict lookup per name) cost more than the verb's whole vector work, so the last
+        # mapping is kept, keyed on the list (joined) and on ``layout``, which changes whenever a name gains
+        # or loses a row (the used_* columns may change freely: the rows stay valid).
+        self.layout = 0
+        self._index_key: str | None = None
+        self._index_layout = -1
+        self._index: RowIndex | None = None
 
     def _grow(self) -> None:
         cap = 2 * len(self.alloc_cpu)
@@ -169,6 +198,7 @@ class NodeTable:
                 i = self._size
                 self._size += 1
             self.row[name] = i
+            self.layout += 1
         alloc = entry.node.allocatable
         self.alloc_cpu[i] = saturate(alloc.cpu_milli)
         self.alloc_mem[i] = saturate(alloc.memory_bytes)
@@ -181,6 +211,17 @@ class NodeTable:
         i = self.row.pop(name, None)
         if i is not None:
             self._free_rows.append(i)
+            self.layout += 1
+
+    def cached_index(self, key: str) -> RowIndex | None:
+        """The row index remembered for the name list ``key`` (see ``remember_index``), if still valid."""
+        if self._index is not None and self._index_layout == self.layout and self._index_key == key:
+            return self._index
+        return None
+
+    def remember_index(self, key: str, index: RowIndex) -> None:
+        """Keep ``index`` for the name list whose NUL-joined form is ``key`` (one entry: the last list)."""
+        self._index_key, self._index_layout, self._index = key, self.layout, index
 
     def set_used(self, i: int, requested: Resources, count: int) -> None:
         self.used_cpu[i] = saturate(requested.cpu_milli)

@@ -22,14 +22,13 @@ from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from extender.config import ExtenderConfig
 from extender.core import packing, qos, slack
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.kube.binding import BindArgs, Binder, BindError
 from extender.kube.convert import PodProblems, parse_timestamp, pod_from_k8s
-from extender.kube.snapshot import GROUP_BITS, NodeTable, Snapshot, saturate
+from extender.kube.snapshot import GROUP_BITS, NodeTable, RowIndex, Snapshot, saturate
 
 __all__ = [
     "BindArgs",
@@ -119,6 +118,16 @@ def _candidates(body: Mapping[str, Any], unique: bool = True) -> tuple[list[str]
     """(node names, node objects or None): NodeNames in nodeCacheCapable mode, Nodes.items otherwise.
 
     ``unique=False``: the caller checks NodeNames for duplicates itself (``_rows``, on integers)."""
+    names, objs, _ = _candidates_keyed(body, unique)
+    return names, objs
+
+
+def _candidates_keyed(
+    body: Mapping[str, Any], unique: bool = True
+) -> tuple[list[str], list[dict[str, Any]] | None, str | None]:
+    """``_candidates`` plus the NodeNames list's key for the node table's row-index cache: the names joined
+    by NUL, which identifies the list exactly when no name contains a NUL (checked; None otherwise, and for
+    Nodes.items). The join is also the C-speed check that every name is a string."""
     names_raw = body.get("NodeNames")
     nodes_raw = body.get("Nodes")
     if names_raw is not None and nodes_raw is not None:
@@ -127,17 +136,21 @@ def _candidates(body: Mapping[str, Any], unique: bool = True) -> tuple[list[str]
         if not isinstance(names_raw, list):
             raise InvalidInputError(f"NodeNames must be an array of strings, got {_json_type(names_raw)}")
         # C-speed checks first (a 5,000-name list is the common case); the loops only name the culprit.
+        key: str | None
         try:
-            all_str = isinstance("".join(names_raw), str)  # TypeError on the first non-string
+            key = "\0".join(names_raw)  # TypeError on the first non-string
         except TypeError:
-            all_str = False
-        if not all_str or "" in names_raw:
+            key = None
+        if key is None or "" in names_raw:
             for n in names_raw:
                 if not isinstance(n, str) or not n:
                     raise InvalidInputError(f"NodeNames must hold non-empty strings, got {n!r}")
+        assert key is not None
+        if key.count("\0") != max(0, len(names_raw) - 1):
+            key = None  # a name holding a NUL: the join would not tell ["a\0b"] from ["a", "b"]
         if unique and len(set(names_raw)) != len(names_raw):
             _unique(names_raw, "NodeNames")
-        return names_raw, None
+        return names_raw, None, key
     if nodes_raw is not None:
         if not isinstance(nodes_raw, dict):
             raise InvalidInputError(f"Nodes must be a NodeList object, got {_json_type(nodes_raw)}")
@@ -154,13 +167,21 @@ def _candidates(body: Mapping[str, Any], unique: bool = True) -> tuple[list[str]
                 raise InvalidInputError(f"Nodes.items[{i}] has no metadata.name")
             names.append(name)
         _unique(names, "Nodes.items")
-        return names, items
+        return names, items, None
     raise InvalidInputError("neither Nodes nor NodeNames is set")
 
 
-def _rows(names: list[str], snapshot: Snapshot) -> tuple[NodeTable, npt.NDArray[np.int64]]:
-    """The node table and each name's row (-1: unknown to the snapshot); raises on duplicate names."""
+def _rows(names: list[str], snapshot: Snapshot, key: str | None = None) -> tuple[NodeTable, RowIndex]:
+    """The node table and each name's row (-1: unknown to the snapshot); raises on duplicate names.
+
+    ``key`` (from ``_candidates_keyed``): the list's identity; the table keeps the last list's index, so a
+    repeated list (kube-scheduler sends all nodes to every call) costs one string comparison instead of a
+    hash and a dict lookup per name. Only a list that passed the duplicate checks is remembered."""
     table = snapshot.fresh_table()
+    if key is not None:
+        hit = table.cached_index(key)
+        if hit is not None:
+            return table, hit
     rows = np.fromiter(map(table.row.get, names, repeat(-1)), dtype=np.int64, count=len(names))
     known = rows[rows >= 0]
     marks = np.zeros(len(table.alloc_cpu), np.bool_)
@@ -169,7 +190,10 @@ def _rows(names: list[str], snapshot: Snapshot) -> tuple[NodeTable, npt.NDArray[
         _unique(names, "NodeNames")
     if known.size != rows.size:
         _unique(list(compress(names, (rows < 0).tolist())), "NodeNames")
-    return table, rows
+    index = RowIndex.of(rows)
+    if key is not None:
+        table.remember_index(key, index)
+    return table, index
 
 
 def _ensure_ready(snapshot: Snapshot) -> None:
@@ -318,13 +342,14 @@ def _judge(name: str, snapshot: Snapshot, f: _FilterInput) -> tuple[bool, str, s
 _VECTOR_MIN_NODES = 32
 
 
-def _passing_mask(names: list[str], snapshot: Snapshot, f: _FilterInput) -> tuple[list[bool], list[int]]:
-    """Which candidates pass, from the node table's columns: one dict lookup per name plus vector
-    operations. Exact for cpu, memory and pod slots; a node holding the pod itself (observed or assumed)
-    is marked failing here so that ``_judge`` decides it with the pod excluded."""
-    table, rows = _rows(names, snapshot)
-    known = rows >= 0
-    r = np.where(known, rows, 0)
+def _passing_mask(
+    names: list[str], snapshot: Snapshot, f: _FilterInput, key: str | None = None
+) -> tuple[list[bool], list[int]]:
+    """Which candidates pass, from the node table's columns: the list's row index (cached, see ``_rows``)
+    plus vector operations. Exact for cpu, memory and pod slots; a node holding the pod itself (observed or
+    assumed) is marked failing here so that ``_judge`` decides it with the pod excluded."""
+    table, index = _rows(names, snapshot, key)
+    rows, known, r = index.rows, index.known, index.safe
     acpu, amem, apods = table.alloc_cpu[r], table.alloc_mem[r], table.alloc_pods[r]
     ok = known & (apods >= table.used_pods[r] + 1)
     ok &= acpu - table.used_cpu[r] >= f.req.cpu_milli
@@ -344,7 +369,7 @@ def filter_nodes(body: object, snapshot: Snapshot, config: ExtenderConfig, now: 
     """ExtenderArgs -> ExtenderFilterResult. Input order of passing nodes is kept."""
     args = _object(body, "ExtenderArgs")
     pod, _, problems = _pod(args, config, snapshot)
-    names, node_objs = _candidates(args, unique=False)
+    names, node_objs, key = _candidates_keyed(args, unique=False)
     _ensure_ready(snapshot)
     snapshot.ledger.expire(now)
     result = VerbResult(body=None, problems=problems)
@@ -363,7 +388,7 @@ def filter_nodes(body: object, snapshot: Snapshot, config: ExtenderConfig, now: 
             _unique(names, "NodeNames")
         mask, undecided = [False] * len(names), list(range(len(names)))
     else:
-        mask, undecided = _passing_mask(names, snapshot, f)
+        mask, undecided = _passing_mask(names, snapshot, f, key)
     for i in undecided:
         name = names[i]
         verdict = _judge(name, snapshot, f)
@@ -425,7 +450,7 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
     """
     args = _object(body, "ExtenderArgs")
     pod, _, problems = _pod(args, config, snapshot)
-    names, node_objs = _candidates(args, unique=False)
+    names, node_objs, key = _candidates_keyed(args, unique=False)
     _ensure_ready(snapshot)
     snapshot.ledger.expire(now)
     groups = _group_needed(pod)
@@ -439,12 +464,12 @@ def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: fl
         and not _held(snapshot, pod.key)
     )
     if vector:
-        table, rows = _rows(names, snapshot)
-        r = np.where(rows >= 0, rows, 0)
+        table, index = _rows(names, snapshot, key)
+        r = index.safe
         req = pod.requests
         mem_left = table.alloc_mem[r] - table.used_mem[r] - saturate(req.memory_bytes)
         cpu_left = table.alloc_cpu[r] - table.used_cpu[r] - saturate(req.cpu_milli)
-        feasible = (rows >= 0) & (mem_left >= 0) & (cpu_left >= 0)
+        feasible = index.known & (mem_left >= 0) & (cpu_left >= 0)
         if not tolerates:
             feasible &= ~table.unschedulable[r]
         feasible &= table.alloc_pods[r] >= table.used_pods[r] + 1
