@@ -29,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,118 @@ def api_writes(kube: Kube) -> dict[str, float]:
 UNORDERED = {"qos.kube-qos-extender.io/controller": "unordered"}
 
 
+class Timeline:
+    """Per-pod stage times from a watch on the phase's namespace (monotonic seconds, this process's clock):
+    first seen (created), first seen without scheduling gates (released by the controller: ungate + pin) and
+    first seen with spec.nodeName (the Binding applied). A thread, so the phase's polling is unchanged; the
+    watch adds one long request to the API server, the same in every phase."""
+
+    def __init__(self, kube: Kube, ns: str) -> None:
+        self.kube, self.ns = kube, ns
+        self.created: dict[str, float] = {}
+        self.ungated: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"timeline-{ns}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        rv = ""
+        while not self._stop.is_set():
+            params = {"watch": "1", "allowWatchBookmarks": "false", "timeoutSeconds": "30"}
+            if rv:
+                params["resourceVersion"] = rv
+            url = f"{self.kube.server}/api/v1/namespaces/{self.ns}/pods?" + "&".join(
+                f"{k}={v}" for k, v in params.items()
+            )
+            try:
+                resp = self.kube.http.request(
+                    "GET", url, headers=self.kube.headers, preload_content=False, timeout=urllib3_timeout()
+                )
+                buf = b""
+                for chunk in resp.stream(65536):
+                    if self._stop.is_set():
+                        break
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    now = time.monotonic()
+                    for line in lines:
+                        if line.strip():
+                            rv = self._event(json.loads(line), now) or rv
+                resp.release_conn()
+            except Exception as exc:  # a loaded API server: reconnect from the last resourceVersion
+                print(f"  timeline {self.ns}: watch broke ({type(exc).__name__}), resuming", file=sys.stderr)
+                time.sleep(0.2)
+
+    def _event(self, ev: dict[str, Any], now: float) -> str:
+        obj = ev.get("object") or {}
+        meta = obj.get("metadata") or {}
+        if ev.get("type") == "ERROR":
+            return ""
+        name = meta.get("name", "")
+        spec = obj.get("spec") or {}
+        self.created.setdefault(name, now)
+        if not spec.get("schedulingGates"):
+            self.ungated.setdefault(name, now)
+        if spec.get("nodeName"):
+            self.bound.setdefault(name, now)
+        return str(meta.get("resourceVersion", ""))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def summary(self, resumed: float) -> dict[str, Any]:
+        """Stage latencies (p50/p90/max ms) and when each stage happened relative to the scheduler's resume."""
+
+        def pct(xs: list[float]) -> dict[str, float]:
+            if not xs:
+                return {}
+            xs = sorted(xs)
+            return {
+                "n": len(xs),
+                "p50_ms": 1000 * xs[len(xs) // 2],
+                "p90_ms": 1000 * xs[int(len(xs) * 0.9)],
+                "max_ms": 1000 * xs[-1],
+            }
+
+        released_before = sum(1 for t in self.ungated.values() if t <= resumed)
+        stages = {
+            # created -> released (only pods the controller released: a pod created ungated has no gate stage)
+            "created->released": pct(
+                [self.ungated[n] - t for n, t in self.created.items() if n in self.ungated and self.ungated[n] > t]
+            ),
+            # released -> bound, for pods released after the resume (the scheduler was running)
+            "released->bound (released after resume)": pct(
+                [self.bound[n] - t for n, t in self.ungated.items() if n in self.bound and t > resumed]
+            ),
+            "resume->bound (released before resume)": pct(
+                [self.bound[n] - resumed for n, t in self.ungated.items() if n in self.bound and t <= resumed]
+            ),
+        }
+        # throughput per second after the resume: where releases and binds bunch up
+        horizon = int(max([*self.bound.values(), *self.ungated.values(), resumed]) - resumed) + 1
+        rel = [0] * horizon
+        bnd = [0] * horizon
+        for t in self.ungated.values():
+            if t > resumed:
+                rel[int(t - resumed)] += 1
+        for t in self.bound.values():
+            if t > resumed:
+                bnd[int(t - resumed)] += 1
+        return {
+            "released_before_resume": released_before,
+            "stages": stages,
+            "released_per_second": rel,
+            "bound_per_second": bnd,
+        }
+
+
+def urllib3_timeout() -> Any:
+    import urllib3
+
+    return urllib3.Timeout(connect=10.0, read=60.0)
+
+
 def phase(
     kube: Kube, state: Path, ns: str, n: int, qos: bool, timeout: float, labels: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -120,6 +233,7 @@ def phase(
     sched_pid = int((state / "pids" / "kube-scheduler.pid").read_text())
     writes0 = api_writes(kube)
     cpu_start = {c: cpu_seconds(state, c) for c in COMPONENTS}
+    timeline = Timeline(kube, ns)
     os.kill(sched_pid, signal.SIGSTOP)
     try:
         t_create = time.monotonic()
@@ -146,6 +260,9 @@ def phase(
         last = done
         time.sleep(0.2)
     elapsed = time.monotonic() - t0
+    time.sleep(0.5)  # the watch's last events
+    timeline.stop()
+    tl = timeline.summary(t0)
     cpu_end = {c: cpu_seconds(state, c) for c in COMPONENTS}
     cpu = {c: cpu_end[c] - cpu0[c] for c in COMPONENTS}
     writes1 = api_writes(kube)
@@ -171,8 +288,19 @@ def phase(
         + ", ".join(f"{k} {v / n:.2f}" for k, v in top),
         flush=True,
     )
+    print(f"    released before the resume: {tl['released_before_resume']}; stage latencies:", flush=True)
+    for stage, st in tl["stages"].items():
+        if st:
+            print(
+                f"      {stage:<42} n={st['n']:<5} p50 {st['p50_ms']:8.0f} ms  p90 {st['p90_ms']:8.0f} ms  "
+                f"max {st['max_ms']:8.0f} ms",
+                flush=True,
+            )
+    print("    released/s after resume: " + " ".join(str(x) for x in tl["released_per_second"][:120]), flush=True)
+    print("    bound/s after resume:    " + " ".join(str(x) for x in tl["bound_per_second"][:120]), flush=True)
     del last
     return {
+        "timeline": tl,
         "namespace": ns,
         "pods": n,
         "bound": min(done, n),

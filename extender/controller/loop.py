@@ -136,6 +136,7 @@ class QosController:
         self._released: dict[str, tuple[str | None, float]] = {}
         self._wake = asyncio.Event()
         self._sem = asyncio.Semaphore(_CONCURRENCY)
+        self._applying: set[asyncio.Task[None]] = set()  # releases (and their evictions) still being applied
         self._writer_wake = asyncio.Event()
         self._write_sem = asyncio.Semaphore(8)
         self.passes = 0
@@ -257,10 +258,17 @@ class QosController:
                 await asyncio.sleep(max(_DEBOUNCE_SECONDS, _PASS_SPACING_FACTOR * self._last_pass_seconds))
                 self._wake.clear()
         finally:
-            for task in (writer, namespaces):
+            # No PATCH or eviction may leave a controller that stopped (lost the lease, shutting down): all are
+            # cancelled before any is awaited, or a queued release would take a freed slot and send its PATCH.
+            tasks = (writer, namespaces, *self._applying)
+            for task in tasks:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def settle(self) -> None:
+        """Wait until every release and eviction issued so far has been applied (or failed)."""
+        while self._applying:
+            await asyncio.gather(*self._applying, return_exceptions=True)
 
     # ------------------------------------------------------------------------------------------- pass
 
@@ -370,7 +378,29 @@ class QosController:
         by_pod: dict[str, list[Evict]] = {}
         for ev in decision.evictions:
             by_pod.setdefault(ev.for_pod, []).append(ev)
-        await asyncio.gather(*(self._apply(rel, by_pod.get(rel.pod, []), now) for rel in decision.releases))
+        # The effects are applied in the background (``_CONCURRENCY`` at a time), not awaited: a pass that waited
+        # for its slowest PATCH held every pod admitted meanwhile, and released in bursts. Each released pod is
+        # in flight from now on: counted on its node, never decided again, until the watch shows it ungated or
+        # its PATCH is refused (then the next pass decides it anew).
+        in_flight = self.clock() + _IN_FLIGHT_SECONDS
+        for rel in decision.releases:
+            self._released[rel.pod] = (rel.node, in_flight)
+            task = asyncio.create_task(self._apply(rel, by_pod.get(rel.pod, []), now), name=f"release {rel.pod}")
+            self._applying.add(task)
+            task.add_done_callback(self._applying.discard)
+        if decision.releases or decision.evictions:
+            log.info(
+                "controller pass",
+                extra={
+                    "decision": {
+                        "seconds": round(self._last_pass_seconds, 4),
+                        "gated": len(decision.releases) + sum(1 for i in mine.values() if i.gated),
+                        "releases": len(decision.releases),
+                        "evictions": len(decision.evictions),
+                        "applying": len(self._applying),
+                    }
+                },
+            )
         return decision
 
     def _derivable(self, request: str) -> bool:
@@ -399,7 +429,9 @@ class QosController:
             if victims:
                 results = await asyncio.gather(*(self._evict(v) for v in victims))
                 if not all(results):
-                    return  # held back: pinning it now would leave it unschedulable; next pass decides again
+                    # held back: pinning it now would leave it unschedulable; the next pass decides again
+                    self._released.pop(rel.pod, None)
+                    return
             await self._release(rel, bool(victims), now)
 
     async def _evict(self, ev: Evict) -> bool:
@@ -458,9 +490,11 @@ class QosController:
     async def _release(self, rel: Release, preempted: bool, now: float) -> None:
         info = self.snapshot.qos_pods.get(rel.pod)
         if info is None:
+            self._released.pop(rel.pod, None)
             return
         ops = release_patch(info.spec, self.cfg.gate_name, rel.node)
         if not ops:
+            self._released.pop(rel.pod, None)
             return
         namespace, name = rel.pod.split("/", 1)
         try:
@@ -470,6 +504,7 @@ class QosController:
             await read_json(response)
         except ApiError as exc:
             log.warning("gate release failed", extra={"pod": rel.pod, "error": str(exc)})
+            self._released.pop(rel.pod, None)  # refused: not applied, decided anew by the next pass
             return
         except (OSError, TimeoutError) as exc:
             # The PATCH may have been applied (the API server was slow, not absent): until the watch shows the

@@ -1,0 +1,182 @@
+"""How the QoS controller applies a pass's releases: in the background, not awaited by the pass.
+
+A real HTTP server (asyncio streams) stands in for the API server's pod PATCH endpoint and holds each PATCH
+until the test answers it; the controller, its snapshot and its client are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client as k8s
+from prometheus_client import CollectorRegistry
+
+from extender.config import ExtenderConfig
+from extender.controller.accounting import ACCOUNT_ANNOTATION
+from extender.controller.loop import QosController
+from extender.controller.metrics import ControllerMetrics
+from extender.controller.state import TrackingSnapshot
+
+CONFIG = ExtenderConfig()
+CONFIG = dataclasses.replace(CONFIG, controller=dataclasses.replace(CONFIG.controller, persistence="memory"))
+
+
+def node(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {}},
+        "spec": {},
+        "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}},
+    }
+
+
+def gated_pod(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+        "spec": {
+            "schedulerName": CONFIG.controller.scheduler_name,
+            "schedulingGates": [{"name": CONFIG.controller.gate_name}],
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+async def _respond(writer: asyncio.StreamWriter, code: int, body: bytes) -> None:
+    head = f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    writer.write(head.encode() + body)
+    await writer.drain()
+
+
+class HeldApi:
+    """Takes each PATCH, records its method and path, and answers only when the test says which status (a GET
+    is answered at once with an empty list)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str]] = []
+        self.arrived = asyncio.Condition()
+        self.answers: dict[str, asyncio.Future[int]] = {}
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode()
+                method, path = head.split(" ", 2)[:2]
+                length = next(
+                    (
+                        int(line.split(":", 1)[1])
+                        for line in head.split("\r\n")
+                        if line.lower().startswith("content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                if method == "GET":  # the controller's namespace list: nothing routed elsewhere
+                    body = b'{"kind": "NamespaceList", "items": [], "metadata": {}}'
+                    await _respond(writer, 200, body)
+                    continue
+                name = path.split("?", 1)[0].rsplit("/", 1)[-1]
+                answer = self.answers.setdefault(name, asyncio.get_running_loop().create_future())
+                async with self.arrived:
+                    self.requests.append((method, path))
+                    self.arrived.notify_all()
+                code = await answer
+                body = json.dumps(
+                    gated_pod(name) if code == 200 else {"kind": "Status", "code": code, "message": f"held {code}"}
+                ).encode()
+                await _respond(writer, code, body)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def wait_for(self, n: int) -> None:
+        async with self.arrived:
+            await self.arrived.wait_for(lambda: len(self.requests) >= n)
+
+    def answer(self, name: str, code: int) -> None:
+        self.answers.setdefault(name, asyncio.get_running_loop().create_future()).set_result(code)
+
+
+@pytest.fixture
+async def held() -> AsyncIterator[tuple[HeldApi, Any]]:
+    api = HeldApi()
+    server = await asyncio.start_server(api._serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = k8s.ApiClient(configuration=k8s.Configuration(host=f"http://127.0.0.1:{port}"))
+    yield api, client
+    for fut in api.answers.values():
+        if not fut.done():
+            fut.set_result(503)
+    await client.close()
+    server.close()
+
+
+def controller(client: Any) -> tuple[QosController, TrackingSnapshot]:
+    snap = TrackingSnapshot(CONFIG, ACCOUNT_ANNOTATION)
+    snap.replace_nodes([node("n1")], "1", now=0.0)
+    snap.replace_pods([gated_pod("a"), gated_pod("b")], "1", now=0.0)
+    return QosController(client, snap, CONFIG, ControllerMetrics(CollectorRegistry()), clock=lambda: 100.0), snap
+
+
+async def test_a_pass_does_not_wait_for_its_release_patches(held: tuple[HeldApi, Any]) -> None:
+    """While the API server holds both release PATCHes, the pass has returned, and the next pass neither
+    releases the two pods again nor offers their space: they count on the node they were pinned to."""
+    api, client = held
+    ctl, _ = controller(client)
+    first = asyncio.create_task(ctl.reconcile())
+    await api.wait_for(2)  # both PATCHes are at the server, unanswered
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert first.done(), "the pass waited for its PATCHes"
+    assert sorted(r.pod for r in first.result().releases) == ["default/a", "default/b"]
+    assert {m for m, _ in api.requests} == {"PATCH"}
+
+    second = await ctl.reconcile()
+    assert second.releases == ()
+    world = ctl.world(100.0)
+    assert world.gated == []
+    (n1,) = world.nodes
+    assert sorted(p.key for p in n1.pods) == ["default/a", "default/b"]
+    api.answer("a", 200)
+    api.answer("b", 200)
+    await ctl.settle()
+
+
+async def test_a_refused_release_is_decided_again_and_an_applied_one_is_not(held: tuple[HeldApi, Any]) -> None:
+    api, client = held
+    ctl, _ = controller(client)
+    await ctl.reconcile()
+    await api.wait_for(2)
+    api.answer("a", 200)
+    api.answer("b", 422)
+    await ctl.settle()
+    # the watch has not shown a's PATCH yet (the snapshot still has both gated): a stays in flight, b is free
+    again = await ctl.reconcile()
+    assert [r.pod for r in again.releases] == ["default/b"]
+    api.answers.pop("b")
+    await api.wait_for(3)
+    api.answer("b", 200)
+    await ctl.settle()
+
+
+async def test_a_stopped_controller_leaves_no_release_running(held: tuple[HeldApi, Any]) -> None:
+    """Losing the lease cancels run(): PATCHes still queued or in flight are cancelled with it."""
+    api, client = held
+    ctl, snap = controller(client)
+    snap.replace_pods([gated_pod(f"p{i}") for i in range(40)], "2", now=0.0)  # more than the 16 at a time
+    snap.replace_nodes([node(f"n{i}") for i in range(10)], "2", now=0.0)
+    runner = asyncio.create_task(ctl.run())
+    await api.wait_for(16)
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await runner
+    assert not ctl._applying
+    sent = len(api.requests)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(api.requests) == sent == 16, api.requests
