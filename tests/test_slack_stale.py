@@ -33,7 +33,8 @@ STALE = 1800.0
 
 @dataclass
 class Fake:
-    down: bool = False
+    down: bool = False  # every query fails
+    instant: str = "ok"  # the instant query alone: "ok", "down" (503) or "empty" (no series: scrapes stopped)
     patches: list[Any] = field(default_factory=list)
 
 
@@ -77,10 +78,12 @@ def _app(fake: Fake) -> web.Application:
         return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
 
     async def query(request: web.Request) -> web.Response:
-        if fake.down:
+        if fake.down or fake.instant == "down":
             return web.Response(status=503, text="Service Unavailable")
         v = usage(request.query["query"])
         result = [{"metric": {"namespace": "ns", "pod": "svc", "container": "c"}, "value": [time.time(), str(v)]}]
+        if fake.instant == "empty":
+            result = []
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
     app = web.Application()
@@ -109,6 +112,57 @@ def _published_cpu(fake: Fake) -> str:
     values = [op["value"] for op in ops if op["path"].endswith(BATCH_CPU.replace("/", "~1"))]
     assert values, ops
     return str(values[-1])
+
+
+def _model(now: float) -> Any:
+    return fit_model(
+        CFG,
+        {
+            "fixture/quarter": ServiceProfile(np.full(CFG.slots, 0.25), np.full(CFG.slots, 0.25), DAY_SECONDS),
+            "fixture/three-quarters": ServiceProfile(np.full(CFG.slots, 0.75), np.full(CFG.slots, 0.75), DAY_SECONDS),
+        },
+        now=now,
+    )
+
+
+@pytest.mark.parametrize("instant", ["down", "empty"])
+async def test_slack_is_withdrawn_when_only_the_instant_reading_is_stale(
+    server: tuple[Fake, str], tmp_path: Path, instant: str
+) -> None:
+    """The range query keeps answering (old samples stay in its window long after the scrapes stop), but the
+    instant reading the safety check needs fails or no longer has the service: past stale_seconds the slack
+    is withdrawn all the same, and lent again once the instant reading measures the service."""
+    from extender.kube.usage import PrometheusUsage
+
+    fake, url = server
+    now = [time.time()]
+    settings = SlackSettings(
+        model_path=tmp_path / "model.json", config=CFG, history_seconds=600.0, classify_seconds=600.0,
+        step_seconds=30.0, stale_seconds=STALE,
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    api = k8s.ApiClient(configuration=k8s.Configuration(host=url))
+    try:
+        async with aiohttp.ClientSession() as session:
+            ctl = SlackController(
+                settings, k8s.CoreV1Api(api), PrometheusUsage(url, session), model=_model(now[0]),
+                clock=lambda: now[0], metrics=SlackMetrics(registry),
+            )  # fmt: skip
+            assert (await ctl.step())["n1"] == Amount(1500, 3 * GI)
+            fake.instant = instant
+            now[0] += STALE - 1  # a missed reading, not stale yet: the service counts as its prediction
+            assert (await ctl.step())["n1"] == Amount(1500, 3 * GI)
+            assert registry.get_sample_value("qos_extender_slack_withdrawn") == 0
+            now[0] += 2  # STALE + 1 s since the instant reading last measured the service
+            assert (await ctl.step())["n1"] == Amount(0, 0)
+            assert _published_cpu(fake) == "0"
+            assert registry.get_sample_value("qos_extender_slack_withdrawn") == 1
+            fake.instant = "ok"
+            now[0] += 30
+            assert (await ctl.step())["n1"] == Amount(1500, 3 * GI)
+            assert registry.get_sample_value("qos_extender_slack_withdrawn") == 0
+    finally:
+        await api.close()
 
 
 async def test_slack_is_withdrawn_after_the_staleness_and_lent_again(server: tuple[Fake, str], tmp_path: Path) -> None:

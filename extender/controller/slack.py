@@ -350,8 +350,8 @@ class SlackSettings:
     evict: evict batch pods that no longer fit in the real slack (False: only count the misses).
     miss_tolerance: a service leaving less idle than predicted by more than this fraction of its request is a
        prediction miss (metric; the node then publishes no more than its real slack).
-    stale_seconds: when the usage could not be read for longer than this, every node publishes 0
-       (:func:`extender.core.slack.usage_stale`).
+    stale_seconds: a service whose usage no instant reading measured for longer than this lends nothing; when
+       the range query failed that long every node publishes 0 (:func:`extender.core.slack.usage_stale`).
     """
 
     model_path: Path
@@ -434,7 +434,7 @@ class SlackMetrics:
         )
         self.withdrawn = Gauge(
             "qos_extender_slack_withdrawn",
-            "1 while the slack is withdrawn (every node publishes 0): usage unread for longer than stale_seconds.",
+            "1 while slack is withdrawn: some service's usage (or every node's) unread for longer than stale_seconds.",
             registry=r,
         )
         self.classified_services = Gauge(
@@ -495,7 +495,12 @@ class SlackController:
         self.metrics = metrics if metrics is not None else SlackMetrics()
         self._component = event_component
         self.evicted: list[str] = []  # every pod this controller evicted, in order (tests, logs)
-        self.usage_read_at = clock()  # the last successful read of the usage (start counts: nothing lent yet)
+        # The staleness clocks run on the instant reading (``PrometheusUsage.current``), the one the safety check
+        # needs, not on the range query: a range over the classify window still returns samples for an hour
+        # after the scrapes stopped, and the profiles alone cannot tell a service grew under its batch tenants.
+        self.usage_read_at = clock()  # the last instant reading that answered (start counts: nothing lent yet)
+        self._started = self.usage_read_at
+        self.measured_at: dict[str, float] = {}  # service pod -> the last instant reading that measured it
 
     async def _cluster(self) -> _Cluster:
         kw: dict[str, Any] = {"_preload_content": False, "_request_timeout": self._timeout}
@@ -573,15 +578,29 @@ class SlackController:
         self.metrics.model(self.model)
         return how
 
-    async def _measured(self, services: Mapping[str, Resources]) -> dict[str, Amount] | None:
+    async def _measured(self, services: Mapping[str, Resources], now: float) -> dict[str, Amount] | None:
         """Each service's idle now (request minus measured usage); None when Prometheus cannot say (the
-        safety check then waits for the next refresh rather than act on nothing)."""
+        safety check then waits for the next refresh rather than act on nothing). Moves the staleness clocks:
+        ``usage_read_at`` when the reading answered, ``measured_at`` for each service it measured."""
         try:
             usage = pod_usage((await self._reader.current()).values())
         except UsageSourceError as exc:
             log.warning("current usage unavailable, no safety check this refresh", extra={"error": str(exc)})
             return None
-        return {k: measured_idle(services[k], cpu, mem) for k, (cpu, mem) in usage.items() if k in services}
+        self.usage_read_at = now
+        measured = {k: measured_idle(services[k], cpu, mem) for k, (cpu, mem) in usage.items() if k in services}
+        for k in measured:
+            self.measured_at[k] = now
+        for k in set(self.measured_at) - services.keys():
+            del self.measured_at[k]  # a service gone: its clock with it
+        return measured
+
+    def _fresh(self, idle: Mapping[str, Amount], now: float) -> dict[str, Amount]:
+        """``idle`` without the services whose usage no instant reading has shown for longer than
+        ``stale_seconds`` (their slack is withdrawn, :func:`extender.core.slack.usage_stale`): a service
+        missing from one reading counts as its prediction, one missing that long cannot be checked at all."""
+        stale = self.settings.stale_seconds
+        return {k: v for k, v in idle.items() if not usage_stale(self.measured_at.get(k, self._started), now, stale)}
 
     async def step(self) -> dict[str, Amount]:
         """One refresh; returns what each node was given (all 0 while there is no model)."""
@@ -615,8 +634,6 @@ class SlackController:
                 await self.publisher.publish(cluster.statuses, zeros)
                 self.metrics.published(zeros)
                 return zeros
-            self.usage_read_at = now
-            self.metrics.withdrawn.set(0)
             cfg = self.settings.config
             if due_for_recluster(self.model, now, cfg.recluster_seconds):
                 complete = {k: p for k, p in profiles.items() if is_complete(p.cpu) and is_complete(p.memory)}
@@ -630,9 +647,20 @@ class SlackController:
             amounts = {n.name: Amount(0, 0) for n in nodes}
         else:
             idle = predicted_idle(self.model, nodes, classes, now, self.settings.config.prediction_seconds)
+            measured = await self._measured(services, now) if services else None
+            fresh = self._fresh(idle, now)
+            withdrawn = len(fresh) < len(idle)
+            if withdrawn:
+                log.warning(
+                    "usage of some services unread by the instant query for longer than stale_seconds: "
+                    "their slack withdrawn",
+                    extra={"decision": {"stale": sorted(idle.keys() - fresh.keys()), "since": self.usage_read_at}},
+                )
+            self.metrics.withdrawn.set(1 if withdrawn else 0)
+            idle = fresh
             amounts = batch_capacity(nodes, idle)
-            if idle:
-                await self._safety(cluster, services, idle, amounts, now)
+            if idle and measured is not None:
+                await self._safety(cluster, services, idle, amounts, now, measured)
         await self.publisher.publish(cluster.statuses, amounts)
         self.metrics.published(amounts)
         return amounts
@@ -644,13 +672,11 @@ class SlackController:
         idle: Mapping[str, Amount],
         amounts: dict[str, Amount],
         now: float,
+        measured: Mapping[str, Amount],
     ) -> None:
         """Compare the lent slack with the measured one: count the misses, evict what no longer fits (the
         choice is :func:`extender.core.slack.choose_evictions`), and let a missed node publish only its real
         slack (``amounts`` is updated in place)."""
-        measured = await self._measured(services)
-        if measured is None:
-            return
         misses = set(prediction_misses(idle, measured, services, self.settings.miss_tolerance))
         self.metrics.prediction_misses.inc(len(misses))
         for node in cluster.nodes:
