@@ -2,7 +2,8 @@
 
 k8s scores a pending pod on all nodes at once (``packing.k8s_default_scores``, the engine's ``_K8sTable``), the
 fluid lower bound is answered from the LP's dual vertices (``autoscale.FluidBound``), and the utilisation
-integral is updated for the changed nodes only.
+integral is updated for the changed nodes only; the product's scan tests pending pods against the nodes at once
+and, at its node limit, skips the plans it could buy nothing with.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import random
 import numpy as np
 import pytest
 
-from extender.core import autoscale, packing
+from extender.core import autoscale, autoscale_scan, packing
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.sim import engine
-from extender.sim.engine import simulate
+from extender.sim.engine import SimConfig, simulate
+from extender.sim.product import ProductSettings
 from extender.sim.workloads import HTAS_FLAVOURS, RequestSpec, Workload, htas, rodriguez
 
 MiB = 2**20
@@ -105,3 +107,64 @@ def test_a_pod_no_flavour_can_host_ends_the_run_instead_of_ticking_for_ever() ->
     assert states == {"big": engine.State.PENDING, "small": engine.State.DONE}
     assert engine.STALL_SECONDS <= res.end <= engine.STALL_SECONDS + 3600.0
     assert simulate(w, "product").reqs[0].state is engine.State.DONE  # product buys a larger flavour
+
+
+def _grouped_node(r: random.Random, i: int) -> Node:
+    alloc = Resources(r.choice((1000, 2000, 4000)), r.choice((1024, 2048, 4096)) * MiB, r.choice((3, 5, 110)))
+    if r.random() < 0.1:
+        alloc = alloc + Resources(extended=(("example.com/gpu", r.choice((1, 2))),))
+    pods = tuple(
+        Pod(f"n{i}p{k}", Resources.request(r.choice((100, 250, 500)), r.choice((128, 256, 512)) * MiB, 1))
+        for k in range(r.randint(0, 6))
+    )
+    group = r.choice((NodeGroup.BATCH, NodeGroup.SERVICE))
+    return Node(f"node{i}", alloc, group=group, pods=pods, unschedulable=r.random() < 0.1)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_unschedulable_at_once_equals_the_per_node_loop(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Crowded groups (slots, cordons, extended resources, both kinds): the numpy check lists exactly the pods
+    the per-node ``packing.fits`` loop lists, in the same order."""
+    r = random.Random(seed)
+    nodes = [_grouped_node(r, i) for i in range(r.randint(0, 25))]
+    pending = []
+    for k in range(r.randint(0, 300)):
+        req = Resources.request(r.choice((100, 500, 1500, 3000, 5000)), r.choice((64, 512, 2048, 8192)) * MiB, 1)
+        if r.random() < 0.05:
+            req = req + Resources(extended=(("example.com/gpu", 1),))
+        kind = r.choice((WorkloadKind.BATCH, WorkloadKind.SERVICE))
+        pending.append(Pod(f"p{k}", req, kind=kind))
+    fast = autoscale_scan.unschedulable(pending, nodes)
+    monkeypatch.setattr(autoscale_scan, "_VECTORISED_UNSCHEDULABLE", False)
+    slow = autoscale_scan.unschedulable(pending, nodes)
+    assert [p.key for p in fast] == [p.key for p in slow]
+    if len(pending) > 50 and len(nodes) > 5:
+        assert 0 < len(slow) < len(pending)  # the test sees both answers
+
+
+@pytest.mark.parametrize("pattern", ["growing", "cycle"])
+def test_product_at_max_nodes_skips_unbuyable_plans_with_the_same_decisions(
+    pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At its node limit the product's scan skips the plans it could buy nothing with, and tests pending pods
+    against the nodes at once: the run takes the same decisions as with the plans computed and the loop."""
+    w = htas(pattern)
+    cfg = SimConfig(product=ProductSettings(max_nodes=3))
+    plans = 0
+    plan_batch = autoscale.plan_batch
+
+    def counted(*args: object, **kwargs: object) -> autoscale.ScalePlan:
+        nonlocal plans
+        plans += 1
+        return plan_batch(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(autoscale, "plan_batch", counted)
+    fast = simulate(w, "product", cfg)
+    fast_plans, plans = plans, 0
+    monkeypatch.setattr(engine, "_SKIP_UNBUYABLE_PLANS", False)
+    monkeypatch.setattr(autoscale_scan, "_VECTORISED_UNSCHEDULABLE", False)
+    slow = simulate(w, "product", cfg)
+    assert fast_plans < plans  # the limit was reached and plans were skipped
+    assert fast.cost_usd == slow.cost_usd
+    assert fast.counters == slow.counters
+    assert [(q.e, q.p, q.node, q.done_at) for q in fast.reqs] == [(q.e, q.p, q.node, q.done_at) for q in slow.reqs]

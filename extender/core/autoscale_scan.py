@@ -32,6 +32,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from extender.core import autoscale, packing, reschedule
 from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 
@@ -189,8 +192,67 @@ def frees_in_time(pod: Pod, nodes: Sequence[Node], now: float, within: float) ->
 def unschedulable(
     pending: Sequence[Pod], nodes: Sequence[Node], accepts: Callable[[Node, NodeGroup], bool] = in_group
 ) -> list[Pod]:
-    """Pending pods that fit no schedulable node of their group now: the demand a scale-up is for."""
-    return [pod for pod in pending if not any(accepts(n, group_of(pod)) and packing.fits(n, pod) for n in nodes)]
+    """Pending pods that fit no schedulable node of their group now: the demand a scale-up is for.
+
+    With the default ``accepts`` the pods asking cpu and memory only are tested against every node of their
+    group at once (``_fits_any``): a full cluster with thousands of pending pods made the per-node loop the
+    sidecar scan's dearest step. The loop (``_VECTORISED_UNSCHEDULABLE = False``) is the reference
+    (tests/test_sim_fast_paths.py compares them)."""
+    if not _VECTORISED_UNSCHEDULABLE or accepts is not in_group:
+        return [pod for pod in pending if not any(accepts(n, group_of(pod)) and packing.fits(n, pod) for n in nodes)]
+    free: dict[NodeGroup, list[tuple[int, int]]] = {g: [] for g in NodeGroup}
+    for n in nodes:
+        if not n.unschedulable and len(n.pods) + 1 <= n.allocatable.pods:
+            f = n.free
+            free[n.group].append((f.cpu_milli, f.memory_bytes))
+    tables = {g: _FreeTable(rows) for g, rows in free.items()}
+    batch: dict[NodeGroup, list[int]] = {g: [] for g in NodeGroup}
+    flags = [False] * len(pending)
+    for i, pod in enumerate(pending):
+        group = group_of(pod)
+        table = tables[group]
+        req = pod.requests
+        if req.extended or not table.exact or max(abs(req.cpu_milli), abs(req.memory_bytes)) >= _TABLE_LIMIT:
+            flags[i] = not any(in_group(n, group) and packing.fits(n, pod) for n in nodes)
+        elif req.cpu_milli > table.max_cpu or req.memory_bytes > table.max_mem:
+            flags[i] = True  # more than the roomiest node of the group has of one of them: fits none
+        else:
+            batch[group].append(i)
+    for group, idx in batch.items():
+        if idx:
+            cpu = np.array([pending[i].requests.cpu_milli for i in idx], dtype=np.int64)
+            mem = np.array([pending[i].requests.memory_bytes for i in idx], dtype=np.int64)
+            for i, fits in zip(idx, tables[group].fits_any(cpu, mem).tolist(), strict=True):
+                flags[i] = not fits
+    return [pod for pod, flag in zip(pending, flags, strict=True) if flag]
+
+
+# Pending pods are tested against their group's nodes as numpy columns (False: the per-node loop).
+_VECTORISED_UNSCHEDULABLE = True
+# int64 columns stay exact below this; larger quantities (bad input) take the per-node loop.
+_TABLE_LIMIT = 2**62
+
+
+class _FreeTable:
+    """The free cpu and memory of the nodes of one group that can take one more pod (schedulable, a slot)."""
+
+    def __init__(self, rows: list[tuple[int, int]]) -> None:
+        self.exact = all(abs(c) < _TABLE_LIMIT and abs(m) < _TABLE_LIMIT for c, m in rows)
+        self.max_cpu = max((c for c, _ in rows), default=-1)
+        self.max_mem = max((m for _, m in rows), default=-1)
+        if self.exact:
+            arr = np.array(rows, dtype=np.int64).reshape(len(rows), 2)
+            self.cpu = arr[:, 0].copy()
+            self.mem = arr[:, 1].copy()
+
+    def fits_any(self, cpu: npt.NDArray[np.int64], mem: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Per pod (cpu[i], mem[i]): does some node have at least that much free of both?"""
+        out = np.zeros(cpu.size, dtype=bool)
+        step = max(1, 2_000_000 // max(1, self.cpu.size))
+        for lo in range(0, cpu.size, step):
+            c, m = cpu[lo : lo + step, np.newaxis], mem[lo : lo + step, np.newaxis]
+            out[lo : lo + step] = ((c <= self.cpu[np.newaxis, :]) & (m <= self.mem[np.newaxis, :])).any(axis=1)
+        return out
 
 
 def scan(
@@ -207,6 +269,7 @@ def scan(
     leaving: frozenset[str] = frozenset(),
     waited: Mapping[str, float] | None = None,
     lag_seconds: float = 0.0,
+    plan_without_budget: bool = True,
 ) -> ScanResult:
     """One autoscaling scan (module docstring). Updates ``state``'s clocks; the ledger changes only through
     ``state.provisioned`` / ``state.arrived``, which the caller calls for what it actually requested.
@@ -218,7 +281,10 @@ def scan(
     ``counts``: which pods keep a node from being idle (DaemonSet pods do not). ``leaving``: nodes being
     deleted, left out of consolidation. ``waited``: pod key -> seconds it has been pending, and ``lag_seconds``
     the expected node lag: with ``settings.slo``, a batch pod that cannot wait for the next cycle plus the lag
-    (``slo_urgent``) makes the batch plan due now.
+    (``slo_urgent``) makes the batch plan due now. ``plan_without_budget`` False: with no budget left a group's
+    plan is not computed (nothing can be bought; the clocks advance as they would): ``plans`` lacks it and
+    ``limited`` is set. The simulator, which reads only the purchases, passes False; the sidecar reports the
+    plans it could not buy.
     """
     flavours = settings.flavours
     waiting = unschedulable(pending, nodes, accepts)
@@ -228,6 +294,14 @@ def scan(
     uncovered: dict[NodeGroup, int] = {}
     limited = False
     left = budget
+
+    def unplanned() -> bool:
+        """No budget left and no plan wanted: the plan is skipped (it could buy nothing)."""
+        nonlocal limited
+        if left > 0 or plan_without_budget:
+            return False
+        limited = True
+        return True
 
     def buy(group: NodeGroup, pods: int, plan: autoscale.ScalePlan) -> None:
         nonlocal left, limited
@@ -241,7 +315,7 @@ def scan(
 
     services = state.ledgers[NodeGroup.SERVICE].uncovered(by_group[NodeGroup.SERVICE])
     uncovered[NodeGroup.SERVICE] = len(services)
-    if services:
+    if services and not unplanned():
         buy(NodeGroup.SERVICE, len(services), autoscale.plan_pods(services, flavours, settings.weights))
     batch = state.ledgers[NodeGroup.BATCH].uncovered(by_group[NodeGroup.BATCH])
     uncovered[NodeGroup.BATCH] = len(batch)
@@ -266,11 +340,12 @@ def scan(
             )
         if due or burst or urgent:
             state.last_batch_plan = now
-            batch_nodes = [n for n in nodes if n.group is NodeGroup.BATCH]
-            plan = autoscale.plan_batch(
-                batch, batch_nodes, flavours, settings.weights, now, settings.batch_cycle_seconds
-            )
-            buy(NodeGroup.BATCH, len(batch), plan)
+            if not unplanned():
+                batch_nodes = [n for n in nodes if n.group is NodeGroup.BATCH]
+                plan = autoscale.plan_batch(
+                    batch, batch_nodes, flavours, settings.weights, now, settings.batch_cycle_seconds
+                )
+                buy(NodeGroup.BATCH, len(batch), plan)
 
     # scale-down: empty nodes after the idle period
     names = {n.name for n in nodes}

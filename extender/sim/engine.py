@@ -943,6 +943,7 @@ class Simulator:
             lag_seconds=autoscale.measured_lag(
                 self.lag_samples, p.lag_default_seconds, window=p.lag_window, quantile=p.lag_quantile
             ),
+            plan_without_budget=not _SKIP_UNBUYABLE_PLANS,
         )
         for purchase in result.purchases:
             self._provision(purchase.flavour, purchase.group, purchase.pods)
@@ -1064,6 +1065,9 @@ class SimResult:
 # nodes; False scores node by node with ``packing.k8s_default_score`` (the reference that
 # tests/test_sim_fast_paths.py compares it with).
 _VECTORISED_K8S = True
+# product: at max_nodes the sidecar's scan skips the plans nothing can be bought for (the run reads only the
+# purchases); False computes them (the reference: tests/test_sim_fast_paths.py).
+_SKIP_UNBUYABLE_PLANS = True
 
 
 def _non_zero_pair(requests: Resources) -> tuple[int, int]:
