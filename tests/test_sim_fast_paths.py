@@ -117,7 +117,7 @@ def _grouped_node(r: random.Random, i: int) -> Node:
         Pod(f"n{i}p{k}", Resources.request(r.choice((100, 250, 500)), r.choice((128, 256, 512)) * MiB, 1))
         for k in range(r.randint(0, 6))
     )
-    group = r.choice((NodeGroup.BATCH, NodeGroup.SERVICE))
+    group = r.choice((NodeGroup.BATCH, NodeGroup.SERVICE, None))  # a node of no group takes no pod
     return Node(f"node{i}", alloc, group=group, pods=pods, unschedulable=r.random() < 0.1)
 
 

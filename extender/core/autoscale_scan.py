@@ -202,7 +202,7 @@ def unschedulable(
         return [pod for pod in pending if not any(accepts(n, group_of(pod)) and packing.fits(n, pod) for n in nodes)]
     free: dict[NodeGroup, list[tuple[int, int]]] = {g: [] for g in NodeGroup}
     for n in nodes:
-        if not n.unschedulable and len(n.pods) + 1 <= n.allocatable.pods:
+        if n.group is not None and not n.unschedulable and len(n.pods) + 1 <= n.allocatable.pods:
             f = n.free
             free[n.group].append((f.cpu_milli, f.memory_bytes))
     tables = {g: _FreeTable(rows) for g, rows in free.items()}
