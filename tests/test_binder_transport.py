@@ -1,0 +1,63 @@
+"""The API client the binder, the controller and the watches share: what it sends, from a real HTTP server's
+view (asyncio streams standing in for the API server)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from extender.config import KubernetesConfig
+from extender.kube.client import environment_proxy, new_api_client, read_json
+
+
+async def test_requests_never_carry_netrc_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp with trust_env reads ~/.netrc on every request (in a thread) and sends its password as Basic
+    auth: the API server must never get it, and the file is not read per request."""
+    heads: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append((await reader.readuntil(b"\r\n\r\n")).decode())
+        body = b'{"kind": "NamespaceList", "items": [], "metadata": {}}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login someone password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    api = await new_api_client(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    try:
+        await read_json(await k8s.CoreV1Api(api).list_namespace(_preload_content=False))
+    finally:
+        await api.close()
+        server.close()
+    assert len(heads) == 1 and heads[0].startswith("GET /api/v1/namespaces")
+    assert "authorization" not in heads[0].lower()
+
+
+def test_the_environment_proxy_is_resolved_once_like_client_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    assert environment_proxy("https://10.0.0.1:6443") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert environment_proxy("https://10.0.0.1:6443") == "http://proxy.invalid:3128"
+    assert environment_proxy("http://10.0.0.1:8080") is None  # only HTTPS_PROXY set
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1,.cluster.local")
+    assert environment_proxy("https://10.0.0.1:6443") is None
+    assert environment_proxy("https://api.cluster.local:6443") is None
+    assert environment_proxy("https://10.0.0.2:6443") == "http://proxy.invalid:3128"
