@@ -4,6 +4,7 @@ decisions and the same random stream (the rng state after the pass), on random c
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,7 @@ from extender.controller import decide as decide_mod
 from extender.controller.accounting import Account, RequestState
 from extender.controller.decide import Decision, GatedPod, Settings, World, decide
 from extender.core import qos
-from extender.core.model import DEFAULT_CLASSES, Node, Pod, Resources, WorkloadKind
+from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources, WorkloadKind
 
 CLASSES = ("gold", "silver", "bronze")
 PRIORITY = {"gold": 1000, "silver": 500, "bronze": 100}
@@ -290,3 +291,81 @@ def test_profile_score_on_free_hosts_only_takes_the_full_option_lists_decisions_
             releases += len(lazy[0].releases)
     assert releases > 100
     assert lazy_calls < full_calls / 2  # the lazy path skipped the preemption walks (it fired)
+
+
+def _thresholds(seed: int) -> World:
+    """The crowded world with running requests near the anti-thrashing quantum and the overhead cap: whether a
+    victim is protected turns on the current run and Eq. 8's overhead the pass computes for it."""
+    world = _crowded(seed)
+    r = random.Random(seed)
+    accounts = dict(world.accounts)
+    for rid in world.running.values():
+        acc = accounts[rid]
+        e = r.choice((0.0, 100.0, 1000.0))
+        accounts[rid] = replace(
+            acc,
+            e=e,
+            preemptions=r.choice((0, 1, 2)),
+            overhead=r.choice((0.0, e * 0.5, e * 0.5 + 1.0, e * 0.4)),
+            run_started=world.now - r.choice((100.0, 119.0, 121.0, 200.0, 16.0, 15.9)),
+        )
+    return replace(world, accounts=accounts)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_q_from_accounts_without_instances_takes_the_same_decisions_and_draws(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q, current run and overhead cap computed from the accounts (Instances built only for the hosts tested
+    and the victims) against every Instance built first, on random, crowded and mixed worlds, with a
+    compression factor (the arithmetic scales e, p and overheads) and with the controller's own settings."""
+    policy = qos.QosPolicy(
+        classes=DEFAULT_CLASSES,
+        alpha_seconds=2.0,
+        min_run_quantum_seconds=qos.RECOMMENDED_QUANTUM_SECONDS,
+        q_hysteresis_seconds=qos.RECOMMENDED_HYSTERESIS_SECONDS,
+    )
+    built = 0
+    instance = decide_mod._instance
+
+    def counted(*args: object) -> qos.Instance:
+        nonlocal built
+        built += 1
+        return instance(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decide_mod, "_instance", counted)
+    lazy_built = eager_built = 0
+    for world in (_world(seed, priorities=seed % 2 == 0), _crowded(seed), _mixed(seed), _thresholds(seed)):
+        for settings in (Settings(), Settings(host_score="profile", compression=7.5)):
+            built = 0
+            lazy = _run(world, policy, settings, seed, vectorised=True)
+            lazy_built += built
+            monkeypatch.setattr(decide_mod, "_LAZY_INSTANCES", False)
+            built = 0
+            eager = _run(world, policy, settings, seed, vectorised=True)
+            eager_built += built
+            slow = _run(world, policy, settings, seed, vectorised=False)
+            monkeypatch.setattr(decide_mod, "_LAZY_INSTANCES", True)
+            assert lazy == eager == slow
+    assert lazy_built < eager_built
+
+
+@pytest.mark.parametrize("field", ["e", "p", "overhead", "preemptions"])
+@pytest.mark.parametrize("who", ["running", "gated"])
+def test_a_bad_account_raises_the_instances_error_without_instances_too(
+    field: str, who: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = _crowded(3)
+    rid = next(iter(world.running.values())) if who == "running" else world.gated[0].request
+    bad = {"e": float("nan"), "p": -1.0, "overhead": float("inf"), "preemptions": -2}[field]
+    accounts = dict(world.accounts)
+    accounts[rid] = replace(accounts[rid], **{field: bad})
+    broken = replace(world, accounts=accounts)
+    policy = qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0)
+    errors = []
+    for lazy in (True, False):
+        monkeypatch.setattr(decide_mod, "_LAZY_INSTANCES", lazy)
+        with pytest.raises(InvalidInputError) as err:
+            decide(broken, policy, Settings(), random.Random(1))
+        errors.append(str(err.value))
+    assert errors[0] == errors[1]

@@ -17,8 +17,9 @@ margins, quantum and hysteresis. Q values in effects are therefore in workload s
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -130,6 +131,99 @@ def _instance(pod: Pod, acc: Account | None, now: float, c: float) -> qos.Instan
     )
 
 
+def _facts(pod: Pod, acc: Account | None, now: float, c: float, policy: qos.QosPolicy) -> _Facts | None:
+    """(Q, current run, over the overhead cap) of the Instance ``_instance`` would build, by the same arithmetic
+    (``qos.instance_q``, ``qos._over_cap``) without building it: one per request per pass was a third of a
+    pass on a crowded cluster. None when a value would fail the Instance's checks or take ``qos.q_metric``'s
+    path: the caller builds the Instance, which raises the same clear error or computes the same Q."""
+    cls = policy.cls(pod.class_name)
+    if acc is None:
+        return 0.0, 0.0, cls.overhead_cap * (1.0 + 1e-9) + 1e-12 < 0.0
+    e, p = acc.ep(now)
+    run = acc.current_run(now) * c
+    es, ps, ov = e * c, p * c, acc.overhead * c
+    n = acc.preemptions
+    if not (
+        type(es) is float
+        and type(ps) is float
+        and type(ov) is float
+        and type(run) is float
+        and 0.0 <= es < math.inf
+        and 0.0 <= ps < math.inf
+        and 0.0 <= ov < math.inf
+        and 0.0 <= run < math.inf
+        and type(n) is int
+        and n >= 0
+    ):
+        return None
+    q = 0.0 if not (e + p) > 0 or es + ps == 0 else es / cls.slo - (es + ps) - policy.alpha_seconds
+    if n == 0 or ov == 0:
+        overhead = 0.0
+    elif es == 0:
+        overhead = math.inf
+    else:
+        overhead = ov / es
+    return q, run, overhead > cls.overhead_cap * (1.0 + 1e-9) + 1e-12
+
+
+_Facts = tuple[float, float, bool]
+
+
+class _Running(Mapping[str, qos.Instance]):
+    """The preemption candidates (pod key -> Instance), each Instance built on first use: the pass needs
+    every candidate's Q, current run and overhead cap (``facts``, computed without an Instance), but the
+    Instance itself only for the nodes ``qos.feasibility`` walks and for the victims."""
+
+    def __init__(self, now: float, c: float) -> None:
+        self.now, self.c = now, c
+        self._src: dict[str, tuple[Pod, Account | None]] = {}
+        self._built: dict[str, qos.Instance] = {}
+        self.facts: dict[str, _Facts] = {}
+
+    def add(self, key: str, pod: Pod, acc: Account | None, policy: qos.QosPolicy) -> float:
+        """Record a candidate; returns its Q."""
+        self._src[key] = (pod, acc)
+        facts = _facts(pod, acc, self.now, self.c, policy) if _LAZY_INSTANCES else None
+        if facts is None:
+            inst = self._built[key] = _instance(pod, acc, self.now, self.c)
+            facts = (
+                qos.instance_q(inst, policy),
+                inst.current_run_seconds,
+                qos._over_cap(inst, policy.cls(pod.class_name)),
+            )
+        self.facts[key] = facts
+        return facts[0]
+
+    def __getitem__(self, key: str) -> qos.Instance:
+        inst = self._built.get(key)
+        if inst is None:
+            pod, acc = self._src[key]
+            inst = self._built[key] = _instance(pod, acc, self.now, self.c)
+        return inst
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._src
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+    def pods(self) -> Iterator[Pod]:
+        return (pod for pod, _ in self._src.values())
+
+    def pod(self, key: str) -> Pod:
+        return self._src[key][0]
+
+    def pop(self, key: str) -> qos.Instance:
+        inst = self[key]
+        del self._src[key]
+        self._built.pop(key, None)
+        self.facts.pop(key, None)
+        return inst
+
+
 def preemption_reason(victim: qos.Instance, q_v: float, pending: qos.Instance, policy: qos.QosPolicy) -> str:
     """Which rule of §3.3.1 allowed the preemption (for the metric and the Event): the base rule when the
     victim is at or above its safety margin, else relaxation (i) or (ii)."""
@@ -157,6 +251,9 @@ _DOMINANCE = True
 # scored on the free hosts only (their scores are the same with or without the others); False computes every
 # preemption option first (the reference).
 _LAZY_PROFILE = True
+# The pass computes each request's Q, current run and overhead cap from its Account, building its Instance
+# only when the hosts are tested for it or it is a victim; False builds every Instance first (the reference).
+_LAZY_INSTANCES = True
 
 
 def _skip_draws(rng: random.Random, n: int) -> None:
@@ -195,7 +292,7 @@ class _Hosts:
     def __init__(
         self,
         nodes: Mapping[str, Node],
-        running: Mapping[str, qos.Instance],
+        running: _Running,
         q_of: Mapping[str, float],
         policy: qos.QosPolicy,
     ) -> None:
@@ -218,21 +315,21 @@ class _Hosts:
             self._set_free(i, node)
             on_node = {p.key: p for p in node.pods if p.key in running}
             for key, pod in on_node.items():
-                inst = running[key]
+                inst_pod = running.pod(key)
+                _q, current_run, over_cap = running.facts[key]
                 r = pod.requests
-                v_cls = policy.cls(inst.pod.class_name)
                 node_of.append(i)
                 keys.append(key)
                 cols.append(
                     (
-                        inst.pod.priority,
+                        inst_pod.priority,
                         r.cpu_milli,
                         r.memory_bytes,
                         r.pods,
                         q_of[key],
-                        self.class_id[v_cls.name],
-                        inst.current_run_seconds,
-                        qos._over_cap(inst, v_cls),
+                        self.class_id[policy.cls(inst_pod.class_name).name],
+                        current_run,
+                        over_cap,
                     )
                 )
         if any(sum(abs(c[k]) for c in cols) >= _TABLE_LIMIT for k in (1, 2, 3)):
@@ -361,37 +458,38 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
     now, c = world.now, settings.compression
     nodes: dict[str, Node] = {n.name: n for n in world.nodes}
     pods_by_key: dict[str, Pod] = {p.key: p for n in world.nodes for p in n.pods}
-    running: dict[str, qos.Instance] = {}
+    running = _Running(now, c)
     q_of: dict[str, float] = {}
     q_of_request: dict[str, float] = {}
     for key, request in world.running.items():
         pod = pods_by_key.get(key)
         if pod is None:
             continue
-        inst = _instance(pod, world.accounts.get(request), now, c)
-        running[key] = inst
-        q_of[key] = q_of_request[request] = qos.instance_q(inst, policy)
+        q_of[key] = q_of_request[request] = running.add(key, pod, world.accounts.get(request), policy)
 
     releases: list[Release] = []
     evictions: list[Evict] = []
-    pending: list[qos.Instance] = []
+    # (Q, importance, key): qos.queue_order's key, with Q computed once; the Instance is built when the pod's
+    # hosts are tested (a pod refused by dominance never needs one)
+    pending: list[tuple[float, int, str, GatedPod, Account | None]] = []
     gated_by_key: dict[str, GatedPod] = {}
     for g in world.gated:
         if g.pod.key in gated_by_key:
             continue  # a duplicate in the input is a shell bug; never release twice
         waited = max(0.0, now - g.gated_since)
-        inst = _instance(g.pod, world.accounts.get(g.request), now, c)
-        q = qos.instance_q(inst, policy)
+        acc = world.accounts.get(g.request)
+        known = _facts(g.pod, acc, now, c, policy) if _LAZY_INSTANCES else None
+        q = qos.instance_q(_instance(g.pod, acc, now, c), policy) if known is None else known[0]
         q_of_request.setdefault(g.request, q)
         if waited > settings.max_gate_seconds:
             releases.append(Release(g.pod.key, g.pod.uid, g.request, None, q, waited, timeout=True))
             continue
         gated_by_key[g.pod.key] = g
-        pending.append(inst)
+        pending.append((q, policy.cls(g.pod.class_name).importance, g.pod.key, g, acc))
         q_of[g.pod.key] = q
 
-    order = qos.queue_order(pending, policy)
-    top_priority = max((r.pod.priority for r in running.values()), default=0)
+    order = sorted(pending, key=lambda t: t[:3])
+    top_priority = max((pod.priority for pod in running.pods()), default=0)
     # kube-scheduler's preemption only evicts strictly lower priorities: below this nobody can be handed over
     # (a cheap exact guard; the priority check per node is the pass's dearest step on large clusters)
     lowest_priority = min((p.priority for n in world.nodes for p in n.pods), default=None)
@@ -403,11 +501,13 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
     refused: dict[tuple[object, ...], list[tuple[int, int, int, float, int]]] = {}
     refused_version = hosts.version
     selected_of: dict[tuple[tuple[tuple[str, str], ...], frozenset[str] | None], npt.NDArray[np.intp]] = {}
-    for inst in order:
-        g = gated_by_key[inst.pod.key]
+    for _q, _importance, _key, g, acc in order:
+        pod = g.pod
+        inst = _instance(pod, acc, now, c) if not _LAZY_INSTANCES else None
         # QoS preemption is among equals and below: a pod of higher priority is never a QoS victim.
-        if inst.pod.priority < top_priority:
-            eligible = {k: r for k, r in running.items() if r.pod.priority <= inst.pod.priority}
+        eligible: Mapping[str, qos.Instance]
+        if pod.priority < top_priority:
+            eligible = {k: r for k, r in running.items() if r.pod.priority <= pod.priority}
         else:
             eligible = running
         selector = (tuple(sorted(g.node_selector.items())), g.eligible_nodes)
@@ -422,29 +522,30 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                 dtype=np.intp,
             )
         feasible: list[qos.Feasibility]
-        req = inst.pod.requests
+        req = pod.requests
         if (
             not _VECTORISED
             or not hosts.exact
             or req.extended
-            or inst.pod.key in running
+            or pod.key in running
             or max(req.cpu_milli, req.memory_bytes, req.pods) >= _TABLE_LIMIT
         ):
             # the table tracks cpu, memory and pod slots only, and assumes the pending pod is no candidate
+            inst = inst or _instance(pod, acc, now, c)
             options = [qos.feasibility(inst, nodes[hosts.names[i]], eligible, policy, rng, q_of) for i in picked]
             feasible = [o for o in options if o.feasible]
         else:
-            threshold = inst.pod.priority if inst.pod.priority < top_priority else None
+            threshold = pod.priority if pod.priority < top_priority else None
             # rank_hosts takes a free host whenever there is one, so the preemption options are only needed when
             # none is free. The prioritize verb's score of a free host does not depend on the non-fitting nodes
             # scored beside it (score_nodes ranks the fitting nodes only, by keys whose order no other node
             # changes); the co-located ranking is left exact (tests/test_decide_vectorised.py compares both).
             lazy = settings.host_score != "profile" or (_LAZY_PROFILE and slack.slack_demand(req) is None)
-            q_p = q_of[inst.pod.key]
+            q_p = q_of[pod.key]
             if refused_version != hosts.version:
                 refused.clear()
                 refused_version = hosts.version
-            proofs = refused.setdefault((selector, inst.pod.class_name, threshold), [])
+            proofs = refused.setdefault((selector, pod.class_name, threshold), [])
             dominated = next(
                 (
                     draws
@@ -457,6 +558,7 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                 _skip_draws(rng, dominated)
                 feasible = []
             else:
+                inst = inst or _instance(pod, acc, now, c)
                 feasible = hosts.options(inst, q_p, picked, threshold, nodes, eligible, rng, q_of, lazy)
                 if hosts.proof is not None:
                     proofs.append((req.cpu_milli, req.memory_bytes, req.pods, q_p, hosts.proof))
@@ -465,25 +567,23 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             # (which it does, with the preempt verb narrowing its victims), hand the pod over unpinned.
             if (
                 lowest_priority is not None
-                and lowest_priority < inst.pod.priority
-                and any(
-                    qos.priority_feasibility(inst.pod, nodes[hosts.names[i]], policy).feasible for i in picked.tolist()
-                )
+                and lowest_priority < pod.priority
+                and any(qos.priority_feasibility(pod, nodes[hosts.names[i]], policy).feasible for i in picked.tolist())
             ):
                 releases.append(
                     Release(
-                        inst.pod.key,
-                        inst.pod.uid,
+                        pod.key,
+                        pod.uid,
                         g.request,
                         None,
-                        q_of[inst.pod.key],
+                        q_of[pod.key],
                         max(0.0, now - g.gated_since),
                         priority=True,
                     )
                 )
             continue
         scores: dict[str, float]
-        demand = slack.slack_demand(inst.pod.requests)
+        demand = slack.slack_demand(pod.requests)
         if settings.host_score == "profile" and demand is not None:
             # a co-located pod: pinned where the prioritize verb puts it, LRP on the published prediction
             ranked = slack.colocated_scores(
@@ -492,15 +592,16 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             scores = {name: float(v) for name, v in ranked.items()}
         elif settings.host_score == "profile":
             ranked = packing.score_nodes(
-                settings.profile, [nodes[o.node] for o in feasible], inst.pod, now, settings.cycle_seconds
+                settings.profile, [nodes[o.node] for o in feasible], pod, now, settings.cycle_seconds
             )
             scores = {name: float(v) for name, v in ranked.items()}
         else:
-            scores = {o.node: packing.k8s_default_score(nodes[o.node], inst.pod) for o in feasible}
+            scores = {o.node: packing.k8s_default_score(nodes[o.node], pod) for o in feasible}
         best = qos.rank_hosts(feasible, scores)
         if best is None:
             continue
-        q_p = q_of[inst.pod.key]
+        assert inst is not None  # feasible options come from testing the hosts, which built it
+        q_p = q_of[pod.key]
         for key in best.victims:
             victim = running.pop(key)
             q_v = q_of.pop(key)
@@ -509,22 +610,22 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                     key,
                     victim.pod.uid,
                     world.running[key],
-                    inst.pod.key,
+                    pod.key,
                     best.node,
                     q_v,
                     q_p,
                     preemption_reason(victim, q_v, inst, policy),
                 )
             )
-        placed = replace(inst.pod, started_at=None, node_name=best.node)
+        placed = replace(pod, started_at=None, node_name=best.node)
         nodes[best.node] = nodes[best.node].without_pods(best.victims).with_pod(placed)
         hosts.placed(best.node, nodes[best.node], best.victims)
         if lowest_priority is None or placed.priority < lowest_priority:
             lowest_priority = placed.priority
         releases.append(
             Release(
-                inst.pod.key,
-                inst.pod.uid,
+                pod.key,
+                pod.uid,
                 g.request,
                 best.node if settings.pin else None,
                 q_p,
@@ -532,4 +633,4 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                 tuple(best.victims),
             )
         )
-    return Decision(tuple(evictions), tuple(releases), q_of_request, tuple(i.pod.key for i in order))
+    return Decision(tuple(evictions), tuple(releases), q_of_request, tuple(t[2] for t in order))
