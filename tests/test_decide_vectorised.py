@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -357,9 +358,9 @@ def test_a_bad_account_raises_the_instances_error_without_instances_too(
 ) -> None:
     world = _crowded(3)
     rid = next(iter(world.running.values())) if who == "running" else world.gated[0].request
-    bad = {"e": float("nan"), "p": -1.0, "overhead": float("inf"), "preemptions": -2}[field]
+    bad: dict[str, Any] = {"e": float("nan"), "p": -1.0, "overhead": float("inf"), "preemptions": -2}
     accounts = dict(world.accounts)
-    accounts[rid] = replace(accounts[rid], **{field: bad})
+    accounts[rid] = replace(accounts[rid], **{field: bad[field]})
     broken = replace(world, accounts=accounts)
     policy = qos.QosPolicy(classes=DEFAULT_CLASSES, alpha_seconds=2.0)
     errors = []
