@@ -45,6 +45,9 @@
 #                                deployed-for-real e2e, hack/deploy-local.sh); use with QOS_MANIFESTS_DIR=none
 #   QOS_NODE_LIFECYCLE=1         0: run kube-controller-manager with --controllers=*,-nodelifecycle
 #   QOS_KWOK_USAGE=1             0: kwok emulates no usage (1: hack/kwok-usage.yaml, scraped by Prometheus)
+#   QOS_KWOK_NODE_LEASE_SECONDS=40   kwok's node Lease duration (renewed every quarter of it, per node: 500
+#                                writes/s at 5,000 nodes); 0: no node Leases at all (the scale benches), which
+#                                needs QOS_NODE_LIFECYCLE=0 (nothing then marks a node without heartbeats NotReady)
 #   QOS_ETCD_FSYNC=0             1: let etcd fsync (default runs it with --unsafe-no-fsync: throwaway state)
 #   QOS_SCHEDULER_QPS=50 QOS_SCHEDULER_BURST=100   scheduler client rate limit (raise for throughput runs)
 #   ports: QOS_ETCD_PORT=23790 QOS_ETCD_PEER_PORT=23800 QOS_APISERVER_PORT=6443 QOS_SCHEDULER_PORT=10259
@@ -78,6 +81,11 @@ QOS_EXTENDER_LOOPBACK_PORT="${QOS_EXTENDER_LOOPBACK_PORT:-}"
 [[ -z "${QOS_EXTENDER_LOOPBACK_PORT}" || "${QOS_EXTENDER_LOOPBACK_PORT}" =~ ^[0-9]+$ ]] \
   || die "QOS_EXTENDER_LOOPBACK_PORT must be a port number, got ${QOS_EXTENDER_LOOPBACK_PORT}"
 QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
+QOS_KWOK_NODE_LEASE_SECONDS="${QOS_KWOK_NODE_LEASE_SECONDS:-40}"
+[[ "${QOS_KWOK_NODE_LEASE_SECONDS}" =~ ^[0-9]+$ ]] \
+  || die "QOS_KWOK_NODE_LEASE_SECONDS must be a number of seconds, got ${QOS_KWOK_NODE_LEASE_SECONDS}"
+[[ "${QOS_KWOK_NODE_LEASE_SECONDS}" != 0 || "${QOS_NODE_LIFECYCLE}" != 1 ]] \
+  || die "QOS_KWOK_NODE_LEASE_SECONDS=0 needs QOS_NODE_LIFECYCLE=0: without Leases the node lifecycle controller marks every node NotReady"
 QOS_HOST_QOS_PROFILE="${QOS_HOST_QOS_PROFILE:-1}"
 QOS_SCHEDULER_QPS="${QOS_SCHEDULER_QPS:-50}"
 QOS_SCHEDULER_BURST="${QOS_SCHEDULER_BURST:-100}"
@@ -593,13 +601,13 @@ start_component kube-scheduler "${SCHEDULER_PORT}" "${CONF}/kube-scheduler.yaml"
 
 KWOK_CONFIGS=("${KWOK_STAGES}")
 if [[ "${QOS_KWOK_USAGE:-1}" == 1 ]]; then KWOK_CONFIGS+=("${HACK_DIR}/kwok-usage.yaml"); fi
-cat "${KWOK_CONFIGS[@]}" > "${CONF}/kwok.fingerprint"
+{ cat "${KWOK_CONFIGS[@]}"; echo "node-lease-duration-seconds=${QOS_KWOK_NODE_LEASE_SECONDS}"; } > "${CONF}/kwok.fingerprint"
 start_component kwok "${KWOK_PORT}" "${CONF}/kwok.fingerprint" "${BIN_DIR}/kwok" \
   --kubeconfig="${KCFG}/kwok.kubeconfig" \
   "${KWOK_CONFIGS[@]/#/--config=}" \
   --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-  --node-lease-duration-seconds=40 \
+  --node-lease-duration-seconds="${QOS_KWOK_NODE_LEASE_SECONDS}" \
   --server-address="${HOST}:${KWOK_PORT}" \
   --node-ip="${HOST}" \
   --cidr=10.244.0.0/16
@@ -706,7 +714,19 @@ for spec in "${NODE_SPECS[@]}"; do
     fi
   done
 done
-if ((${#CREATED[@]})); then
+if ((${#CREATED[@]} > 500)); then
+  # kubectl wait checks the named nodes one at a time (~3 a second on a loaded machine: ~25 min at 5,000 nodes,
+  # the "slow kwok" of earlier scale runs): list them all at once instead, until every created node is Ready.
+  deadline=$((SECONDS + 60 + ${#CREATED[@]} / 2))
+  while :; do
+    missing=$(comm -23 <(printf '%s\n' "${CREATED[@]}" | sort) <("${KUBECTL[@]}" get nodes -l type=kwok \
+      -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
+      2>/dev/null | awk '$2 == "True" {print $1}' | sort) | wc -l)
+    ((missing == 0)) && break
+    ((SECONDS < deadline)) || die "${missing} kwok nodes did not become Ready; see ${LOGS}/kwok.log"
+    sleep 2
+  done
+elif ((${#CREATED[@]})); then
   # kwok makes ~10-50 nodes Ready per second here (less on a loaded machine): scale the wait with the count.
   "${KUBECTL[@]}" wait --for=condition=Ready --timeout="$((60 + ${#CREATED[@]} / 2))s" "${CREATED[@]/#/node/}" >&2 \
     || die "kwok nodes did not become Ready; see ${LOGS}/kwok.log"
