@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from extender.controller.accounting import Account
 from extender.core import packing, qos, slack
-from extender.core.model import Node, Pod
+from extender.core.model import Node, Pod, Resources
 
 __all__ = ["Decision", "Evict", "GatedPod", "Release", "Settings", "World", "decide", "preemption_reason"]
 
@@ -309,45 +309,40 @@ class _Hosts:
         self.cls_margin = np.array([policy.classes[c].safety_margin_seconds for c in class_names], dtype=np.float64)
         node_of: list[int] = []
         keys: list[str] = []
-        cols: list[tuple[int, int, int, int, float, int, float, bool]] = []
+        reqs: list[Resources] = []
+        free_rows: list[tuple[int, int, int]] = []
         for i, name in enumerate(self.names):
             node = nodes[name]
-            self._set_free(i, node)
+            f = node.free
+            free_rows.append((f.cpu_milli, f.memory_bytes, f.pods))
             on_node = {p.key: p for p in node.pods if p.key in running}
-            for key, pod in on_node.items():
-                inst_pod = running.pod(key)
-                _q, current_run, over_cap = running.facts[key]
-                r = pod.requests
-                node_of.append(i)
-                keys.append(key)
-                cols.append(
-                    (
-                        inst_pod.priority,
-                        r.cpu_milli,
-                        r.memory_bytes,
-                        r.pods,
-                        q_of[key],
-                        self.class_id[policy.cls(inst_pod.class_name).name],
-                        current_run,
-                        over_cap,
-                    )
-                )
-        if any(sum(abs(c[k]) for c in cols) >= _TABLE_LIMIT for k in (1, 2, 3)):
+            node_of.extend([i] * len(on_node))
+            keys.extend(on_node)
+            reqs.extend(p.requests for p in on_node.values())
+        for i, values in enumerate(free_rows):
+            if max(map(abs, values)) >= _TABLE_LIMIT:
+                self.exact = False
+            else:
+                self.free[:, i] = values
+        facts = [running.facts[k] for k in keys]
+        inst_pods = [running.pod(k) for k in keys]
+        class_of = {name: self.class_id[policy.cls(name).name] for name in {p.class_name for p in inst_pods}}
+        space = [[r.cpu_milli for r in reqs], [r.memory_bytes for r in reqs], [r.pods for r in reqs]]
+        if any(sum(map(abs, column)) >= _TABLE_LIMIT for column in space):
             self.exact = False
-            cols = [(c[0], 0, 0, 0, *c[4:]) for c in cols]  # the table is not used: keep it constructible
+            space = [[0] * len(reqs)] * 3  # the table is not used: keep it constructible
         self.node_of = np.array(node_of, dtype=np.intp)
         self.keys = keys
         self.rows_of_key: dict[str, list[int]] = {}
         for j, key in enumerate(keys):
             self.rows_of_key.setdefault(key, []).append(j)
-        self.priority = np.array([c[0] for c in cols], dtype=np.int64)
-        self.space = np.array([[c[1] for c in cols], [c[2] for c in cols], [c[3] for c in cols]], dtype=np.int64)
-        self.space = self.space.reshape(3, len(cols))
-        self.q = np.array([c[4] for c in cols], dtype=np.float64)
-        self.cls = np.array([c[5] for c in cols], dtype=np.intp)
-        self.current_run = np.array([c[6] for c in cols], dtype=np.float64)
-        self.over_cap = np.array([c[7] for c in cols], dtype=bool)
-        self.alive = np.ones(len(cols), dtype=bool)
+        self.priority = np.array([p.priority for p in inst_pods], dtype=np.int64)
+        self.space = np.array(space, dtype=np.int64).reshape(3, len(keys))
+        self.q = np.array([q_of[k] for k in keys], dtype=np.float64)
+        self.cls = np.array([class_of[p.class_name] for p in inst_pods], dtype=np.intp)
+        self.current_run = np.array([f[1] for f in facts], dtype=np.float64)
+        self.over_cap = np.array([f[2] for f in facts], dtype=bool)
+        self.alive = np.ones(len(keys), dtype=bool)
         # candidate rows are grouped by node, in node order: per-node sums are differences of cumulative sums
         self.bounds = np.searchsorted(self.node_of, np.arange(n + 1), side="left")
         self.version = 0  # bumped by every placement: what options() proved holds until then
