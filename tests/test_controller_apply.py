@@ -7,9 +7,10 @@ until the test answers it; the controller, its snapshot and its client are the r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -116,6 +117,11 @@ async def held() -> AsyncIterator[tuple[HeldApi, Any]]:
     server.close()
 
 
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():
+        await asyncio.sleep(0.01)
+
+
 def controller(client: Any) -> tuple[QosController, TrackingSnapshot]:
     snap = TrackingSnapshot(CONFIG, ACCOUNT_ANNOTATION)
     snap.replace_nodes([node("n1")], "1", now=0.0)
@@ -180,3 +186,36 @@ async def test_a_stopped_controller_leaves_no_release_running(held: tuple[HeldAp
     for _ in range(20):
         await asyncio.sleep(0)
     assert len(api.requests) == sent == 16, api.requests
+
+
+async def test_the_next_pass_waits_for_the_backlog_not_for_the_slowest_patch(held: tuple[HeldApi, Any]) -> None:
+    """40 releases, 16 PATCHes at a time: while more than 16 are still to be applied, a pod admitted meanwhile
+    waits (deciding again would only queue it behind them); once the backlog is down to the 16 in flight, the
+    next pass releases it although those 16 are still unanswered."""
+    api, client = held
+    ctl, snap = controller(client)
+    snap.replace_nodes([node(f"n{i}") for i in range(12)], "2", now=0.0)
+    snap.replace_pods([gated_pod(f"p{i:02d}") for i in range(40)], "2", now=0.0)
+    runner = asyncio.create_task(ctl.run())
+    try:
+        await api.wait_for(16)
+        assert ctl.passes == 1
+        snap.apply_pod("ADDED", gated_pod("late"))  # wakes the controller
+        for i in range(24):  # answer the PATCHes one by one: the queued ones follow
+            await api.wait_for(16 + i)
+            first_unanswered = next(n for n, f in api.answers.items() if not f.done())
+            api.answer(first_unanswered, 200)
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert ctl.passes == 1, "a pass ran while the backlog was above the PATCHes in flight"
+        # 24 answered -> 16 in flight: the next pass runs and releases the late pod (a controller that waited for
+        # all 40 PATCHes never does: fail after 30 s instead of hanging)
+        await asyncio.wait_for(_until(lambda: ctl.passes == 2), 30)
+        assert len(api.requests) == 40  # the late pod's PATCH waits for one of the 16 slots
+        api.answer(next(n for n, f in api.answers.items() if not f.done()), 200)
+        await api.wait_for(41)
+        assert api.requests[-1][1].endswith("/late")
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner

@@ -137,6 +137,8 @@ class QosController:
         self._wake = asyncio.Event()
         self._sem = asyncio.Semaphore(_CONCURRENCY)
         self._applying: set[asyncio.Task[None]] = set()  # releases (and their evictions) still being applied
+        self._backlog_low = asyncio.Event()  # set while at most _CONCURRENCY releases are being applied
+        self._backlog_low.set()
         self._writer_wake = asyncio.Event()
         self._write_sem = asyncio.Semaphore(8)
         self.passes = 0
@@ -253,6 +255,10 @@ class QosController:
                     raise
                 except Exception:
                     log.exception("controller pass failed")
+                # Deciding again while hundreds of PATCHes still queue releases nothing sooner (they would queue
+                # behind them) and costs the event loop a pass: wait until the backlog is down to what is in
+                # flight. The last few slow PATCHes do not hold the next pass.
+                await self._backlog_low.wait()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.watchdog)
                 await asyncio.sleep(max(_DEBOUNCE_SECONDS, _PASS_SPACING_FACTOR * self._last_pass_seconds))
@@ -264,6 +270,11 @@ class QosController:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _applied(self, task: asyncio.Task[None]) -> None:
+        self._applying.discard(task)
+        if len(self._applying) <= _CONCURRENCY:
+            self._backlog_low.set()
 
     async def settle(self) -> None:
         """Wait until every release and eviction issued so far has been applied (or failed)."""
@@ -387,7 +398,9 @@ class QosController:
             self._released[rel.pod] = (rel.node, in_flight)
             task = asyncio.create_task(self._apply(rel, by_pod.get(rel.pod, []), now), name=f"release {rel.pod}")
             self._applying.add(task)
-            task.add_done_callback(self._applying.discard)
+            task.add_done_callback(self._applied)
+        if len(self._applying) > _CONCURRENCY:
+            self._backlog_low.clear()
         if decision.releases or decision.evictions:
             log.info(
                 "controller pass",
