@@ -46,8 +46,10 @@
 #   QOS_NODE_LIFECYCLE=1         0: run kube-controller-manager with --controllers=*,-nodelifecycle
 #   QOS_KWOK_USAGE=1             0: kwok emulates no usage (1: hack/kwok-usage.yaml, scraped by Prometheus)
 #   QOS_KWOK_NODE_LEASE_SECONDS=40   kwok's node Lease duration (renewed every quarter of it, per node: 500
-#                                writes/s at 5,000 nodes); 0: no node Leases at all (the scale benches), which
-#                                needs QOS_NODE_LIFECYCLE=0 (nothing then marks a node without heartbeats NotReady)
+#                                writes/s at 5,000 nodes); 0: no node Leases at all (the scale benches): the node
+#                                lifecycle controller then judges nodes by kwok's status heartbeats (every 10-20
+#                                min) and runs with --node-monitor-grace-period=1h. Keep the controller on: it
+#                                removes the not-ready taint every new node is admitted with.
 #   QOS_ETCD_FSYNC=0             1: let etcd fsync (default runs it with --unsafe-no-fsync: throwaway state)
 #   QOS_SCHEDULER_QPS=50 QOS_SCHEDULER_BURST=100   scheduler client rate limit (raise for throughput runs)
 #   ports: QOS_ETCD_PORT=23790 QOS_ETCD_PEER_PORT=23800 QOS_APISERVER_PORT=6443 QOS_SCHEDULER_PORT=10259
@@ -84,8 +86,6 @@ QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
 QOS_KWOK_NODE_LEASE_SECONDS="${QOS_KWOK_NODE_LEASE_SECONDS:-40}"
 [[ "${QOS_KWOK_NODE_LEASE_SECONDS}" =~ ^[0-9]+$ ]] \
   || die "QOS_KWOK_NODE_LEASE_SECONDS must be a number of seconds, got ${QOS_KWOK_NODE_LEASE_SECONDS}"
-[[ "${QOS_KWOK_NODE_LEASE_SECONDS}" != 0 || "${QOS_NODE_LIFECYCLE}" != 1 ]] \
-  || die "QOS_KWOK_NODE_LEASE_SECONDS=0 needs QOS_NODE_LIFECYCLE=0: without Leases the node lifecycle controller marks every node NotReady"
 QOS_HOST_QOS_PROFILE="${QOS_HOST_QOS_PROFILE:-1}"
 QOS_SCHEDULER_QPS="${QOS_SCHEDULER_QPS:-50}"
 QOS_SCHEDULER_BURST="${QOS_SCHEDULER_BURST:-100}"
@@ -567,7 +567,9 @@ fi
 
 KCM_CONTROLLERS='*'
 if [[ "${QOS_NODE_LIFECYCLE}" != 1 ]]; then KCM_CONTROLLERS='*,-nodelifecycle'; fi
-echo "${KCM_CONTROLLERS}" > "${CONF}/kube-controller-manager.controllers"
+KCM_EXTRA=()
+if [[ "${QOS_KWOK_NODE_LEASE_SECONDS}" == 0 ]]; then KCM_EXTRA+=(--node-monitor-grace-period=1h); fi
+echo "${KCM_CONTROLLERS} ${KCM_EXTRA[*]}" > "${CONF}/kube-controller-manager.controllers"
 start_component kube-controller-manager "${CONTROLLER_MANAGER_PORT}" "${CONF}/kube-controller-manager.controllers" \
   "${BIN_DIR}/kube-controller-manager" \
   --kubeconfig="${KCFG}/kube-controller-manager.kubeconfig" \
@@ -584,6 +586,7 @@ start_component kube-controller-manager "${CONTROLLER_MANAGER_PORT}" "${CONF}/ku
   --cluster-signing-cert-file="${CA}" \
   --cluster-signing-key-file="${CERTS}/ca.key" \
   --controllers="${KCM_CONTROLLERS}" \
+  "${KCM_EXTRA[@]}" \
   --leader-elect=false \
   --kube-api-qps=100 --kube-api-burst=200 \
   --profiling=false
@@ -716,12 +719,14 @@ for spec in "${NODE_SPECS[@]}"; do
 done
 if ((${#CREATED[@]} > 500)); then
   # kubectl wait checks the named nodes one at a time (~3 a second on a loaded machine: ~25 min at 5,000 nodes,
-  # the "slow kwok" of earlier scale runs): list them all at once instead, until every created node is Ready.
+  # the "slow kwok" of earlier scale runs): list them all at once instead, until every created node is Ready
+  # and the node lifecycle controller has lifted the not-ready taint nodes are admitted with (~30 nodes/s at
+  # its 100 QPS: a bench started before that finds most nodes unschedulable).
   deadline=$((SECONDS + 60 + ${#CREATED[@]} / 2))
+  jp='{range .items[*]}{.metadata.name}{" "}{.status.conditions[?(@.type=="Ready")].status}{" "}{.spec.taints[*].key}{"\n"}{end}'
   while :; do
-    missing=$(comm -23 <(printf '%s\n' "${CREATED[@]}" | sort) <("${KUBECTL[@]}" get nodes -l type=kwok \
-      -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
-      2>/dev/null | awk '$2 == "True" {print $1}' | sort) | wc -l)
+    missing=$(comm -23 <(printf '%s\n' "${CREATED[@]}" | sort) <("${KUBECTL[@]}" get nodes -l type=kwok -o jsonpath="${jp}" \
+      2>/dev/null | awk '$2 == "True" && !/node\.kubernetes\.io\/not-ready/ {print $1}' | sort) | wc -l)
     ((missing == 0)) && break
     ((SECONDS < deadline)) || die "${missing} kwok nodes did not become Ready; see ${LOGS}/kwok.log"
     sleep 2

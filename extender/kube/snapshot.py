@@ -219,6 +219,10 @@ class NodeTable:
             return self._index
         return None
 
+    def forget_index(self) -> None:
+        """Drop the remembered row index (the next list is mapped name by name)."""
+        self._index_key, self._index = None, None
+
     def remember_index(self, key: str, index: RowIndex) -> None:
         """Keep ``index`` for the name list whose NUL-joined form is ``key`` (one entry: the last list)."""
         self._index_key, self._index_layout, self._index = key, self.layout, index
