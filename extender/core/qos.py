@@ -116,6 +116,7 @@ class QosPolicy:
     q_hysteresis_seconds: float = 0.0
     overhead_cap: bool = True
     relax_by_importance: bool = True
+    _levels: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
         _finite_nonneg("alpha_seconds", self.alpha_seconds)
@@ -130,6 +131,8 @@ class QosPolicy:
                 raise InvalidInputError(f"class registered as {key!r} is named {cls.name!r}")
         # A read-only private copy: a caller mutating its dict later must not change decisions retroactively.
         object.__setattr__(self, "classes", MappingProxyType(dict(self.classes)))
+        # asked for every preemption option of every pass: computed once (the classes are frozen above)
+        object.__setattr__(self, "_levels", tuple(sorted({c.importance for c in self.classes.values()})))
 
     def cls(self, name: str) -> ServiceClass:
         """The class called ``name``; an unknown class is an input error, never a silent default, because
@@ -142,7 +145,7 @@ class QosPolicy:
 
     def importance_levels(self) -> tuple[int, ...]:
         """Distinct importance values, most important (smallest number) first: the s^1..s^m slots of Eq. 9."""
-        return tuple(sorted({c.importance for c in self.classes.values()}))
+        return self._levels
 
 
 # ---------------------------------------------------------------------------------------------- instance
@@ -442,17 +445,24 @@ def feasibility(
             return q_of[inst.pod.key]
         return instance_q(inst, policy)
 
-    keyed = [(-q(inst), rng.random(), inst) for inst in candidates]
-    keyed.sort(key=lambda t: (t[0], t[1]))
+    # (-Q, draw, position): sorting these tuples is the stable sort by (-Q, draw) (the position breaks the
+    # remaining ties as the input order did), without a key function
+    draw = rng.random
+    keyed = [(-q(inst), draw(), i) for i, inst in enumerate(candidates)]
+    keyed.sort()
     q_pending = q(pending)
     victims: list[Instance] = []
-    for neg_q, _, inst in keyed:
+    victim_q: list[float] = []
+    for neg_q, _, i in keyed:
+        inst = candidates[i]
         if not _may_preempt(inst, -neg_q, pending, q_pending, policy):
             continue
         victims.append(inst)
+        victim_q.append(-neg_q)
         free = free + on_node[inst.pod.key].requests
         if request.fits_in(free):
-            return Feasibility(node.name, True, tuple(v.pod.key for v in victims), preemption_cost(victims, policy), "")
+            cost = _preemption_cost(victims, victim_q, policy)
+            return Feasibility(node.name, True, tuple(v.pod.key for v in victims), cost, "")
     if not victims:
         return _infeasible(node, _shortfall_reason(request, free, "and no instance eligible for preemption"))
     return _infeasible(node, _shortfall_reason(request, free, "even after preempting every eligible instance"))
@@ -472,6 +482,11 @@ def preemption_cost(victims: Sequence[Instance], policy: QosPolicy) -> tuple[flo
     equal importance share a slot, because the paper ranks classes only by importance.
     An empty victim list gives () (no preemption needed).
     """
+    return _preemption_cost(victims, [instance_q(inst, policy) for inst in victims], policy)
+
+
+def _preemption_cost(victims: Sequence[Instance], q: Sequence[float], policy: QosPolicy) -> tuple[float, ...]:
+    """``preemption_cost`` with each victim's Q already computed (``feasibility`` has it from its walk)."""
     if not victims:
         return ()
     levels = policy.importance_levels()
@@ -479,9 +494,9 @@ def preemption_cost(victims: Sequence[Instance], policy: QosPolicy) -> tuple[flo
     has_minus = [False] * len(levels)
     plus = 0.0
     has_plus = False
-    for inst in victims:
+    for inst, q_v in zip(victims, q, strict=True):
         cls = policy.cls(inst.pod.class_name)
-        d = instance_q(inst, policy) - cls.safety_margin_seconds
+        d = q_v - cls.safety_margin_seconds
         if d >= 0:
             plus += d
             has_plus = True
