@@ -158,11 +158,8 @@ def _facts(pod: Pod, acc: Account | None, now: float, c: float, policy: qos.QosP
         return None
     q = 0.0 if not (e + p) > 0 or es + ps == 0 else es / cls.slo - (es + ps) - policy.alpha_seconds
     if n == 0 or ov == 0:
-        overhead = 0.0
-    elif es == 0:
-        overhead = math.inf
-    else:
-        overhead = ov / es
+        return q, run, False  # no overhead: under any cap (a class's cap 1 - slo is >= 0)
+    overhead = math.inf if es == 0 else ov / es
     return q, run, overhead > cls.overhead_cap * (1.0 + 1e-9) + 1e-12
 
 
@@ -333,9 +330,7 @@ class _Hosts:
             space = [[0] * len(reqs)] * 3  # the table is not used: keep it constructible
         self.node_of = np.array(node_of, dtype=np.intp)
         self.keys = keys
-        self.rows_of_key: dict[str, list[int]] = {}
-        for j, key in enumerate(keys):
-            self.rows_of_key.setdefault(key, []).append(j)
+        self._rows_of_key: dict[str, list[int]] | None = None  # built at the first eviction
         self.priority = np.array([p.priority for p in inst_pods], dtype=np.int64)
         self.space = np.array(space, dtype=np.int64).reshape(3, len(keys))
         self.q = np.array([q_of[k] for k in keys], dtype=np.float64)
@@ -347,6 +342,14 @@ class _Hosts:
         self.bounds = np.searchsorted(self.node_of, np.arange(n + 1), side="left")
         self.version = 0  # bumped by every placement: what options() proved holds until then
         self.proof: int | None = None  # set by options(): the draws of a pod it proved fits nowhere, else None
+
+    def rows_of_key(self) -> dict[str, list[int]]:
+        """Candidate rows per pod key (a key on two nodes has two rows)."""
+        if self._rows_of_key is None:
+            self._rows_of_key = {}
+            for j, key in enumerate(self.keys):
+                self._rows_of_key.setdefault(key, []).append(j)
+        return self._rows_of_key
 
     def _set_free(self, i: int, node: Node) -> None:
         free = node.free
@@ -361,7 +364,7 @@ class _Hosts:
         self._set_free(self.index[name], node)
         self.version += 1
         for key in victims:
-            for j in self.rows_of_key.get(key, ()):
+            for j in self.rows_of_key().get(key, ()):
                 self.alive[j] = False
 
     def _per_node(self, mask: npt.NDArray[np.bool_], values: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
