@@ -59,9 +59,13 @@ def _report_progress(policy: str, every_cpu_seconds: float) -> None:
         cpu = time.process_time()
         if cpu - last[0] >= every_cpu_seconds:
             last[0] = cpu
+            held = [*sim.nodes.values(), *sim.provisioning.values()]
+            cores = sum(n.allocatable.cpu_milli for n in held) / 1000
+            asked = sum(sim._requests[rid].cpu_milli for rid in sim._pending_ids) / 1000
             print(
                 f"  {policy}: simulated {sim.now / 3600:.2f} h, {sim.c.events} events, {sim._done} of "
-                f"{len(sim.reqs)} requests done, {len(sim.nodes)} nodes, {cpu:.0f} CPU s",
+                f"{len(sim.reqs)} requests done, {len(sim.nodes)} nodes ({len(held)} with those on order, "
+                f"{cores:.0f} cores), {len(sim._pending_ids)} pending asking {asked:.0f} cores, {cpu:.0f} CPU s",
                 flush=True,
             )
 
