@@ -343,7 +343,8 @@ class QosController:
             if info.gated and not info.deleting and key not in self._released and key in snap.pods
             for p in (snap.pods[key].pod,)
         ]
-        return World(nodes, running, gated, self.accounts, now)
+        # a copy: decide runs in a thread while releases on the event loop advance accounts
+        return World(nodes, running, gated, dict(self.accounts), now)
 
     async def reconcile(self, rebuild: bool = False) -> Decision:
         started = time.perf_counter()
@@ -372,7 +373,11 @@ class QosController:
         if self._dirty:
             self._writer_wake.set()
         if any(i.gated and not i.deleting for i in mine.values()) or self.last_decision is None:
-            decision = decide(self.world(now, mine), self.policy, self.settings, self.rng)
+            # decide is pure and takes seconds with a thousand pods gated on 500 nodes: in a thread, so the verbs,
+            # the watch and the releases in flight keep being served (the GIL is handed over every few ms) instead
+            # of a frozen loop timing out every bind in flight. One pass at a time uses self.rng.
+            world = self.world(now, mine)
+            decision = await asyncio.to_thread(decide, world, self.policy, self.settings, self.rng)
         else:
             # Nothing gated: decide would release and evict nothing (it only places gated pods), and it draws
             # no random numbers without pending pods. Skip its O(pods) setup; the last Q values stay for the
