@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from extender.config import ExtenderConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION
+from extender.controller.loop import _CONCURRENCY as C
 from extender.controller.loop import QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
@@ -184,10 +185,11 @@ async def test_a_stopped_controller_leaves_no_release_running(held: tuple[HeldAp
     """Losing the lease cancels run(): PATCHes still queued or in flight are cancelled with it."""
     api, client = held
     ctl, snap = controller(client)
-    snap.replace_pods([gated_pod(f"p{i}") for i in range(40)], "2", now=0.0)  # more than the 16 at a time
-    snap.replace_nodes([node(f"n{i}") for i in range(10)], "2", now=0.0)
+    n = C + 24  # more than go at a time
+    snap.replace_pods([gated_pod(f"p{i}") for i in range(n)], "2", now=0.0)
+    snap.replace_nodes([node(f"n{i}") for i in range(n // 4 + 1)], "2", now=0.0)
     runner = asyncio.create_task(ctl.run())
-    await api.wait_for(16)
+    await api.wait_for(C)
     runner.cancel()
     with pytest.raises(asyncio.CancelledError):
         await runner
@@ -195,35 +197,36 @@ async def test_a_stopped_controller_leaves_no_release_running(held: tuple[HeldAp
     sent = len(api.requests)
     for _ in range(20):
         await asyncio.sleep(0)
-    assert len(api.requests) == sent == 16, api.requests
+    assert len(api.requests) == sent == C, api.requests
 
 
 async def test_the_next_pass_waits_for_the_backlog_not_for_the_slowest_patch(held: tuple[HeldApi, Any]) -> None:
-    """40 releases, 16 PATCHes at a time: while more than 16 are still to be applied, a pod admitted meanwhile
-    waits (deciding again would only queue it behind them); once the backlog is down to the 16 in flight, the
-    next pass releases it although those 16 are still unanswered."""
+    """C + 24 releases, C PATCHes at a time: while more than C are still to be applied (and little is applied
+    while a pass decides), a pod admitted meanwhile waits (deciding again would only queue it behind them); once
+    the backlog is down to the C in flight, the next pass releases it although those C are still unanswered."""
     api, client = held
     ctl, snap = controller(client)
-    snap.replace_nodes([node(f"n{i}") for i in range(12)], "2", now=0.0)
-    snap.replace_pods([gated_pod(f"p{i:02d}") for i in range(40)], "2", now=0.0)
+    n = C + 24
+    snap.replace_nodes([node(f"n{i}") for i in range(n // 4 + 2)], "2", now=0.0)
+    snap.replace_pods([gated_pod(f"p{i:02d}") for i in range(n)], "2", now=0.0)
     runner = asyncio.create_task(ctl.run())
     try:
-        await api.wait_for(16)
+        await api.wait_for(C)
         assert ctl.passes == 1
         snap.apply_pod("ADDED", gated_pod("late"))  # wakes the controller
         for i in range(24):  # answer the PATCHes one by one: the queued ones follow
-            await api.wait_for(16 + i)
+            await api.wait_for(C + i)
             first_unanswered = next(n for n, f in api.answers.items() if not f.done())
             api.answer(first_unanswered, 200)
             for _ in range(5):
                 await asyncio.sleep(0)
             assert ctl.passes == 1, "a pass ran while the backlog was above the PATCHes in flight"
-        # 24 answered -> 16 in flight: the next pass runs and releases the late pod (a controller that waited for
-        # all 40 PATCHes never does: fail after 30 s instead of hanging)
+        # 24 answered -> C in flight: the next pass runs and releases the late pod (a controller that waited for
+        # all PATCHes never does: fail after 30 s instead of hanging)
         await asyncio.wait_for(_until(lambda: ctl.passes == 2), 30)
-        assert len(api.requests) == 40  # the late pod's PATCH waits for one of the 16 slots
+        assert len(api.requests) == n  # the late pod's PATCH waits for one of the C slots
         api.answer(next(n for n, f in api.answers.items() if not f.done()), 200)
-        await api.wait_for(41)
+        await api.wait_for(n + 1)
         assert api.requests[-1][1].endswith("/late")
     finally:
         runner.cancel()
@@ -257,3 +260,16 @@ async def test_the_event_loop_keeps_serving_while_a_pass_decides(held: tuple[Hel
     api.answer_all(200)
     await ctl.settle()
     assert len(api.requests) == 80
+
+
+async def test_the_next_pass_may_start_with_what_is_applied_while_it_decides(held: tuple[HeldApi, Any]) -> None:
+    """100 releases applied in the last 5 s (20/s) and a 4 s decide: the next pass may start with 80 still queued
+    (they are applied while it decides); releases from long ago do not count; never fewer than C."""
+    _, client = held
+    ctl, _ = controller(client)
+    ctl._decide_seconds = 4.0
+    now = 1000.0
+    ctl._applied_at.extend([now - 60.0] * 50 + [now - 4.0 + i * 0.04 for i in range(100)])
+    assert ctl._backlog_limit(now) == max(C, 80)
+    ctl._decide_seconds = 0.01
+    assert ctl._backlog_limit(now) == C

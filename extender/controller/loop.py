@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +61,8 @@ _DEBOUNCE_SECONDS = 0.05  # coalesce a burst of watch events into one pass
 # (at 2,000 pods x 500 nodes back-to-back passes held the loop ~90 % busy and binds timed out behind them).
 _PASS_SPACING_FACTOR = 2.0
 _SAMPLE_SECONDS = 1.0  # SLI gauges are scraped every few seconds: recompute them at most this often
-_CONCURRENCY = 16
+_CONCURRENCY = 32  # release PATCHes (with their evictions) in flight at once
+_RATE_WINDOW_SECONDS = 5.0  # the release rate that sizes the backlog the next pass may start with
 _NAMESPACE_REFRESH_SECONDS = 5.0  # how soon a namespace (re)labelled for an instance takes effect for ungated pods
 
 
@@ -137,8 +139,10 @@ class QosController:
         self._wake = asyncio.Event()
         self._sem = asyncio.Semaphore(_CONCURRENCY)
         self._applying: set[asyncio.Task[None]] = set()  # releases (and their evictions) still being applied
-        self._backlog_low = asyncio.Event()  # set while at most _CONCURRENCY releases are being applied
+        self._backlog_low = asyncio.Event()  # set while the releases left fit in the next pass (_backlog_limit)
         self._backlog_low.set()
+        self._applied_at: deque[float] = deque(maxlen=4096)  # monotonic times releases finished
+        self._decide_seconds = 0.0  # the last pass's decide (in its thread)
         self._writer_wake = asyncio.Event()
         self._write_sem = asyncio.Semaphore(8)
         self.passes = 0
@@ -256,12 +260,15 @@ class QosController:
                 except Exception:
                     log.exception("controller pass failed")
                 # Deciding again while hundreds of PATCHes still queue releases nothing sooner (they would queue
-                # behind them) and costs the event loop a pass: wait until the backlog is down to what is in
-                # flight. The last few slow PATCHes do not hold the next pass.
+                # behind them) and costs a pass: wait until the releases left are about what the PATCHes apply
+                # while the next pass decides (_backlog_limit), so its releases follow without a gap. The last few
+                # slow PATCHes never hold the next pass.
                 await self._backlog_low.wait()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.watchdog)
-                await asyncio.sleep(max(_DEBOUNCE_SECONDS, _PASS_SPACING_FACTOR * self._last_pass_seconds))
+                # spacing by the time the pass held the event loop (decide runs in a thread and does not)
+                on_loop = max(0.0, self._last_pass_seconds - self._decide_seconds)
+                await asyncio.sleep(max(_DEBOUNCE_SECONDS, _PASS_SPACING_FACTOR * on_loop))
                 self._wake.clear()
         finally:
             # No PATCH or eviction may leave a controller that stopped (lost the lease, shutting down): all are
@@ -271,9 +278,20 @@ class QosController:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _backlog_limit(self, now: float) -> int:
+        """How many releases may still be queued when the next pass starts: as many as are applied while a
+        pass decides (the rate of the last ``_RATE_WINDOW_SECONDS`` x the last decide's duration), and at least
+        the PATCHes in flight."""
+        while self._applied_at and self._applied_at[0] < now - _RATE_WINDOW_SECONDS:
+            self._applied_at.popleft()
+        rate = len(self._applied_at) / _RATE_WINDOW_SECONDS
+        return max(_CONCURRENCY, int(rate * self._decide_seconds))
+
     def _applied(self, task: asyncio.Task[None]) -> None:
         self._applying.discard(task)
-        if len(self._applying) <= _CONCURRENCY:
+        now = time.monotonic()
+        self._applied_at.append(now)
+        if len(self._applying) <= self._backlog_limit(now):
             self._backlog_low.set()
 
     async def settle(self) -> None:
@@ -377,12 +395,15 @@ class QosController:
             # the watch and the releases in flight keep being served (the GIL is handed over every few ms) instead
             # of a frozen loop timing out every bind in flight. One pass at a time uses self.rng.
             world = self.world(now, mine)
+            t_decide = time.perf_counter()
             decision = await asyncio.to_thread(decide, world, self.policy, self.settings, self.rng)
+            self._decide_seconds = time.perf_counter() - t_decide
         else:
             # Nothing gated: decide would release and evict nothing (it only places gated pods), and it draws
             # no random numbers without pending pods. Skip its O(pods) setup; the last Q values stay for the
             # gauges until the next pass that has work.
             decision = Decision((), (), self.last_decision.q_of_request, ())
+            self._decide_seconds = 0.0
         self.last_decision = decision
         self.passes += 1
         self.metrics.passes.inc()
@@ -404,7 +425,7 @@ class QosController:
             task = asyncio.create_task(self._apply(rel, by_pod.get(rel.pod, []), now), name=f"release {rel.pod}")
             self._applying.add(task)
             task.add_done_callback(self._applied)
-        if len(self._applying) > _CONCURRENCY:
+        if len(self._applying) > self._backlog_limit(time.monotonic()):
             self._backlog_low.clear()
         if decision.releases or decision.evictions:
             log.info(
@@ -412,6 +433,7 @@ class QosController:
                 extra={
                     "decision": {
                         "seconds": round(self._last_pass_seconds, 4),
+                        "decide_seconds": round(self._decide_seconds, 4),
                         "gated": len(decision.releases) + sum(1 for i in mine.values() if i.gated),
                         "releases": len(decision.releases),
                         "evictions": len(decision.evictions),
