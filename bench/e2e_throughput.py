@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import urllib3
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -74,7 +76,7 @@ def bound_count(kube: Kube, ns: str) -> int | None:
     caller polls again rather than losing the run)."""
     try:
         items = kube.get(f"/api/v1/namespaces/{ns}/pods", fieldSelector="spec.nodeName!=")["items"]
-    except (OSError, KubeError) as exc:  # urllib3's timeouts are OSErrors
+    except (OSError, KubeError, urllib3.exceptions.HTTPError) as exc:  # a read timeout is urllib3's own
         print(f"  {ns}: poll failed ({type(exc).__name__}), retrying", file=sys.stderr)
         return None
     return len(items)
@@ -112,6 +114,10 @@ def api_writes(kube: Kube) -> dict[str, float]:
 
 
 UNORDERED = {"qos.kube-qos-extender.io/controller": "unordered"}
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is gone (410): watch again without one."""
 
 
 class Timeline:
@@ -153,6 +159,8 @@ class Timeline:
                         if line.strip():
                             rv = self._event(json.loads(line), now) or rv
                 resp.release_conn()
+            except _Expired:
+                rv = ""
             except Exception as exc:  # a loaded API server: reconnect from the last resourceVersion
                 print(f"  timeline {self.ns}: watch broke ({type(exc).__name__}), resuming", file=sys.stderr)
                 time.sleep(0.2)
@@ -160,8 +168,8 @@ class Timeline:
     def _event(self, ev: dict[str, Any], now: float) -> str:
         obj = ev.get("object") or {}
         meta = obj.get("metadata") or {}
-        if ev.get("type") == "ERROR":
-            return ""
+        if ev.get("type") == "ERROR":  # e.g. 410 Gone: watch again from now (its ADDED events list every pod)
+            raise _Expired(str(obj.get("message", "")))
         name = meta.get("name", "")
         spec = obj.get("spec") or {}
         self.created.setdefault(name, now)
@@ -246,22 +254,27 @@ def phase(
     # the QoS controller releases while the scheduler is paused: how much of the queue was still gated
     try:
         gated = sum(1 for p in kube.pods(ns) if p["spec"].get("schedulingGates"))
-    except (OSError, KubeError):
+    except (OSError, KubeError, urllib3.exceptions.HTTPError):
         gated = -1  # not known: the API server did not answer in time
+    # Bound pods are counted from the timeline's watch, not by listing the namespace every 0.2 s: that list
+    # (up to 2,000 pods serialised 5 times a second) loaded the API server it measures, the more the longer a
+    # phase ran. One list at the end checks the watch's count.
     last = done = 0
     while True:
-        polled = bound_count(kube, ns)
-        done = done if polled is None else polled
+        done = len(timeline.bound)
         if done >= n:
             break
         if time.monotonic() - t0 > timeout:
             print(f"  {ns}: only {done}/{n} bound after {timeout:.0f} s", file=sys.stderr)
             break
         last = done
-        time.sleep(0.2)
+        time.sleep(0.05)
     elapsed = time.monotonic() - t0
     time.sleep(0.5)  # the watch's last events
     timeline.stop()
+    listed = bound_count(kube, ns)
+    if listed is not None and listed != min(done, n):
+        print(f"  {ns}: the watch counted {done} bound, a list {listed}", file=sys.stderr)
     tl = timeline.summary(t0)
     cpu_end = {c: cpu_seconds(state, c) for c in COMPONENTS}
     cpu = {c: cpu_end[c] - cpu0[c] for c in COMPONENTS}
