@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from extender.controller.accounting import Account
 from extender.core import packing, qos, slack
-from extender.core.model import Node, Pod, Resources
+from extender.core.model import Node, Pod, Resources, WorkloadKind
 
 __all__ = ["Decision", "Evict", "GatedPod", "Release", "Settings", "World", "decide", "preemption_reason"]
 
@@ -251,6 +251,13 @@ _LAZY_PROFILE = True
 # The pass computes each request's Q, current run and overhead cap from its Account, building its Instance
 # only when the hosts are tested for it or it is a victim; False builds every Instance first (the reference).
 _LAZY_INSTANCES = True
+# When a gated pod fits some node without preemption, the pass picks the host from node columns (the scores of
+# ``k8s_default_scores`` / ``least_allocated_scores`` / the BFD key, best then smallest name, as ``rank_hosts``
+# does) instead of building one Feasibility and one per-node score per free host (5,000 of each per gated pod
+# at 5,000 nodes); False scores every free host (the reference: tests/test_decide_fast_hosts.py).
+_FAST_HOSTS = True
+# Node quantities below this keep the vectorised scores exact (x 100 in int64, float64 fractions).
+_SCORE_LIMIT = 2**52
 
 
 def _skip_draws(rng: random.Random, n: int) -> None:
@@ -321,6 +328,15 @@ class _Hosts:
                 self.exact = False
             else:
                 self.free[:, i] = values
+        # the columns the free-host scores read (kept per node, updated by placed())
+        self.scorable = True  # False: some quantity is too large for the vectorised scores; callers score per node
+        self.alloc = np.zeros((2, n), dtype=np.int64)
+        self.requested = np.zeros((2, n), dtype=np.int64)
+        self.non_zero = np.zeros((2, n), dtype=np.int64)
+        self.n_pods = np.zeros(n, dtype=np.int64)
+        self.alloc_pods = np.zeros(n, dtype=np.int64)
+        for i, name in enumerate(self.names):
+            self._set_score_columns(i, nodes[name])
         facts = [running.facts[k] for k in keys]
         inst_pods = [running.pod(k) for k in keys]
         class_of = {name: self.class_id[policy.cls(name).name] for name in {p.class_name for p in inst_pods}}
@@ -351,6 +367,23 @@ class _Hosts:
                 self._rows_of_key.setdefault(key, []).append(j)
         return self._rows_of_key
 
+    def _set_score_columns(self, i: int, node: Node) -> None:
+        alloc, req = node.allocatable, node.requested
+        nz_cpu = nz_mem = 0
+        for p in node.pods:
+            c, m = packing._non_zero(p.requests)
+            nz_cpu += c
+            nz_mem += m
+        values = (alloc.cpu_milli, alloc.memory_bytes, req.cpu_milli, req.memory_bytes, nz_cpu, nz_mem, alloc.pods)
+        if max(abs(v) for v in values) >= _SCORE_LIMIT:
+            self.scorable = False
+            return
+        self.alloc[:, i] = values[0:2]
+        self.requested[:, i] = values[2:4]
+        self.non_zero[:, i] = values[4:6]
+        self.n_pods[i] = len(node.pods)
+        self.alloc_pods[i] = alloc.pods
+
     def _set_free(self, i: int, node: Node) -> None:
         free = node.free
         values = (free.cpu_milli, free.memory_bytes, free.pods)
@@ -362,6 +395,7 @@ class _Hosts:
     def placed(self, name: str, node: Node, victims: Sequence[str]) -> None:
         """``node`` (called ``name``) now holds the placed pod and no longer ``victims``."""
         self._set_free(self.index[name], node)
+        self._set_score_columns(self.index[name], node)
         self.version += 1
         for key in victims:
             for j in self.rows_of_key().get(key, ()):
@@ -397,6 +431,71 @@ class _Hosts:
             relaxed = (p_cls.importance < v_imp) | ((p_cls.importance == v_imp) & q_beats)
         result: npt.NDArray[np.bool_] = ok & np.where(base, q_beats, relaxed)
         return result
+
+    def free_hosts(
+        self, req: Resources, selected: npt.NDArray[np.intp], threshold: int | None, rng: random.Random
+    ) -> npt.NDArray[np.intp] | None:
+        """The nodes of ``selected`` the pod fits without preemption (in node order), consuming the draws
+        ``options`` would with ``lazy``; None when there is none, and then nothing is drawn (call ``options``)."""
+        need = np.array([[req.cpu_milli], [req.memory_bytes], [req.pods]], dtype=np.int64)
+        free = self.free[:, selected]
+        fits: npt.NDArray[np.bool_] = np.asarray((need <= free).all(axis=0))
+        schedulable = ~self.unschedulable[selected]
+        ok = schedulable & fits
+        if not bool(ok.any()):
+            return None
+        candidate = self.alive if threshold is None else self.alive & (self.priority <= threshold)
+        count = self._per_node(candidate[np.newaxis, :], np.ones((1, len(self.keys)), dtype=np.int64))[0]
+        self.proof = None
+        _skip_draws(rng, int(np.where(schedulable & ~fits, count[selected], 0).sum()))
+        return selected[ok]
+
+    def choose_free(self, idx: npt.NDArray[np.intp], pod: Pod, settings: Settings, now: float) -> str | None:
+        """The node ``rank_hosts`` picks among the free hosts ``idx`` (each a Feasibility without victims) with
+        the pass's allocation score: the best score, then the smallest name. The score is computed on the node
+        columns; only its argmax matters. None where this does not model the score exactly (batch pods under
+        ``cost``, co-located pods, a bad profile or clock, huge quantities): the caller scores per node."""
+        if not self.scorable or idx.size == 0:
+            return None
+        req = pod.requests
+        best: npt.NDArray[np.bool_]
+        if settings.host_score != "profile":
+            scores = packing.k8s_default_scores(self.alloc[:, idx], self.non_zero[:, idx], self.requested[:, idx], pod)
+            best = scores == scores.max()
+        else:
+            cycle = settings.cycle_seconds
+            if (
+                settings.profile not in packing.PROFILES
+                or slack.slack_demand(req) is not None
+                or isinstance(now, bool)
+                or not isinstance(now, (int, float))
+                or not math.isfinite(now)
+                or isinstance(cycle, bool)
+                or not isinstance(cycle, (int, float))
+                or not math.isfinite(cycle)
+                or cycle <= 0
+            ):
+                return None
+            spread = settings.profile == "spread" and pod.kind is not WorkloadKind.BATCH
+            if not spread and pod.kind is WorkloadKind.BATCH:
+                return None  # time-bin BFD: per node
+            # packing.fits on these (schedulable, fitting) hosts: the slot count of the bound pods too
+            ok = self.n_pods[idx] + 1 <= self.alloc_pods[idx]
+            if not bool(ok.any()):
+                best = np.ones(idx.size, dtype=bool)  # every host scores 0
+            elif spread:
+                least = packing.least_allocated_scores(self.alloc[:, idx], self.non_zero[:, idx], pod)
+                top = least[ok].max()
+                best = ok & (least == top)
+            else:
+                mem = self.free[1, idx] - req.memory_bytes
+                cpu = self.free[0, idx] - req.cpu_milli
+                m_top = mem[ok].min()
+                best = ok & (mem == m_top)
+                c_top = cpu[best].min()
+                best &= cpu == c_top
+        winners: list[int] = idx[best].tolist()
+        return min(self.names[i] for i in winners)
 
     def options(
         self,
@@ -520,6 +619,7 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                 dtype=np.intp,
             )
         feasible: list[qos.Feasibility]
+        fast_best: qos.Feasibility | None = None
         req = pod.requests
         if (
             not _VECTORISED
@@ -557,7 +657,15 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
                 feasible = []
             else:
                 inst = inst or _instance(pod, acc, now, c)
-                feasible = hosts.options(inst, q_p, picked, threshold, nodes, eligible, rng, q_of, lazy)
+                free_idx = hosts.free_hosts(req, picked, threshold, rng) if _FAST_HOSTS and lazy else None
+                chosen = hosts.choose_free(free_idx, pod, settings, now) if free_idx is not None else None
+                if chosen is not None:
+                    fast_best = qos.Feasibility(chosen, True, (), (), "")
+                    feasible = [fast_best]
+                elif free_idx is not None:
+                    feasible = [qos.Feasibility(hosts.names[i], True, (), (), "") for i in free_idx.tolist()]
+                else:
+                    feasible = hosts.options(inst, q_p, picked, threshold, nodes, eligible, rng, q_of, lazy)
                 if hosts.proof is not None:
                     proofs.append((req.cpu_milli, req.memory_bytes, req.pods, q_p, hosts.proof))
         if not feasible:
@@ -582,7 +690,9 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             continue
         scores: dict[str, float]
         demand = slack.slack_demand(pod.requests)
-        if settings.host_score == "profile" and demand is not None:
+        if fast_best is not None:
+            scores = {}  # the host is chosen already (the only option)
+        elif settings.host_score == "profile" and demand is not None:
             # a co-located pod: pinned where the prioritize verb puts it, LRP on the published prediction
             ranked = slack.colocated_scores(
                 [(o.node, nodes[o.node].allocatable, nodes[o.node].requested) for o in feasible], demand
