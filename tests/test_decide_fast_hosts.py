@@ -49,7 +49,7 @@ def _world(seed: int) -> World:
                     node_name=name,
                     priority=PRIORITY[cls] if priorities else 0,
                     kind=WorkloadKind.BATCH if batch else WorkloadKind.SERVICE,
-                    runtime_seconds=r.choice((60.0, 1300.0)) if batch else None,
+                    runtime_seconds=r.choice((60.0, 1300.0, 3000.0)) if batch else None,
                     started_at=now - 100.0,
                 )
             )
@@ -79,7 +79,7 @@ def _world(seed: int) -> World:
             class_name=cls,
             priority=PRIORITY[cls] if priorities else 0,
             kind=WorkloadKind.BATCH if batch else WorkloadKind.SERVICE,
-            runtime_seconds=r.choice((30.0, 4000.0)) if batch else None,
+            runtime_seconds=r.choice((30.0, 700.0, 4000.0)) if batch else None,
         )
         accounts[key] = Account(r.uniform(0, 2000), r.uniform(0, 4000), RequestState.PENDING, now, 0.0, cls)
         selector = {"zone": r.choice("ab")} if r.random() < 0.2 else {}

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from extender.controller.accounting import Account
 from extender.core import packing, qos, slack
-from extender.core.model import Node, Pod, Resources, WorkloadKind
+from extender.core.model import InvalidInputError, Node, Pod, Resources, WorkloadKind
 
 __all__ = ["Decision", "Evict", "GatedPod", "Release", "Settings", "World", "decide", "preemption_reason"]
 
@@ -221,6 +221,29 @@ class _Running(Mapping[str, qos.Instance]):
         return inst
 
 
+class _AtOrBelow(Mapping[str, qos.Instance]):
+    """The candidates of ``running`` whose pod priority is at most ``priority``: what the pass used to copy
+    into a dict per gated pod (building every candidate's Instance, a sixth of a pass at 5,000 nodes), as a
+    view; ``qos.feasibility`` only looks keys up."""
+
+    def __init__(self, running: _Running, priority: int) -> None:
+        self.running, self.priority = running, priority
+
+    def __getitem__(self, key: str) -> qos.Instance:
+        if key not in self:
+            raise KeyError(key)
+        return self.running[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.running and self.running.pod(key).priority <= self.priority  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self.running if self.running.pod(k).priority <= self.priority)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def preemption_reason(victim: qos.Instance, q_v: float, pending: qos.Instance, policy: qos.QosPolicy) -> str:
     """Which rule of §3.3.1 allowed the preemption (for the metric and the Event): the base rule when the
     victim is at or above its safety margin, else relaxation (i) or (ii)."""
@@ -258,6 +281,8 @@ _LAZY_INSTANCES = True
 _FAST_HOSTS = True
 # Node quantities below this keep the vectorised scores exact (x 100 in int64, float64 fractions).
 _SCORE_LIMIT = 2**52
+# Time bins at or above this (a runtime of 2**40 cycles: bad input) are ranked per node.
+_BIN_LIMIT = 2**40
 
 
 def _skip_draws(rng: random.Random, n: int) -> None:
@@ -337,6 +362,11 @@ class _Hosts:
         self.alloc_pods = np.zeros(n, dtype=np.int64)
         for i, name in enumerate(self.names):
             self._set_score_columns(i, nodes[name])
+        self._nodes = nodes
+        # per node: its time bin (packing.time_bin of its remaining runtime) at (now, cycle), -1 where time_bin
+        # refuses the value; built at the first batch pod ranked under "cost"
+        self._bins: npt.NDArray[np.int64] | None = None
+        self._bin_args: tuple[float, float] = (0.0, 1.0)
         facts = [running.facts[k] for k in keys]
         inst_pods = [running.pod(k) for k in keys]
         class_of = {name: self.class_id[policy.cls(name).name] for name in {p.class_name for p in inst_pods}}
@@ -384,6 +414,20 @@ class _Hosts:
         self.n_pods[i] = len(node.pods)
         self.alloc_pods[i] = alloc.pods
 
+    def _bin(self, node: Node) -> int:
+        now, cycle = self._bin_args
+        try:
+            b = packing.time_bin(node.remaining_runtime(now), cycle)
+        except InvalidInputError:
+            return -1
+        return b if b < _BIN_LIMIT else -1
+
+    def bins(self, now: float, cycle: float) -> npt.NDArray[np.int64]:
+        if self._bins is None or self._bin_args != (now, cycle):
+            self._bin_args = (now, cycle)
+            self._bins = np.array([self._bin(self._nodes[name]) for name in self.names], dtype=np.int64)
+        return self._bins
+
     def _set_free(self, i: int, node: Node) -> None:
         free = node.free
         values = (free.cpu_milli, free.memory_bytes, free.pods)
@@ -396,6 +440,8 @@ class _Hosts:
         """``node`` (called ``name``) now holds the placed pod and no longer ``victims``."""
         self._set_free(self.index[name], node)
         self._set_score_columns(self.index[name], node)
+        if self._bins is not None:
+            self._bins[self.index[name]] = self._bin(node)
         self.version += 1
         for key in victims:
             for j in self.rows_of_key().get(key, ()):
@@ -477,8 +523,18 @@ class _Hosts:
             ):
                 return None
             spread = settings.profile == "spread" and pod.kind is not WorkloadKind.BATCH
+            position: npt.NDArray[np.int64] | None = None
             if not spread and pod.kind is WorkloadKind.BATCH:
-                return None  # time-bin BFD: per node
+                # time-bin BFD: the pod's own bin first, then greater bins ascending, then lesser descending
+                # (packing.time_bin_order); only the order of the positions matters for the best host
+                try:
+                    own = packing.time_bin(pod.remaining_runtime(now), cycle)
+                except InvalidInputError:
+                    return None
+                bins = self.bins(float(now), float(cycle))[idx]
+                if own >= _BIN_LIMIT or bool((bins < 0).any()):
+                    return None  # per node: the same bins, or the same error
+                position = np.where(bins == own, 0, np.where(bins > own, bins - own, 2 * _BIN_LIMIT + own - bins))
             # packing.fits on these (schedulable, fitting) hosts: the slot count of the bound pods too
             ok = self.n_pods[idx] + 1 <= self.alloc_pods[idx]
             if not bool(ok.any()):
@@ -490,6 +546,8 @@ class _Hosts:
             else:
                 mem = self.free[1, idx] - req.memory_bytes
                 cpu = self.free[0, idx] - req.cpu_milli
+                if position is not None:
+                    ok &= position == position[ok].min()
                 m_top = mem[ok].min()
                 best = ok & (mem == m_top)
                 c_top = cpu[best].min()
@@ -604,7 +662,11 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
         # QoS preemption is among equals and below: a pod of higher priority is never a QoS victim.
         eligible: Mapping[str, qos.Instance]
         if pod.priority < top_priority:
-            eligible = {k: r for k, r in running.items() if r.pod.priority <= pod.priority}
+            eligible = (
+                _AtOrBelow(running, pod.priority)
+                if _FAST_HOSTS
+                else {k: r for k, r in running.items() if r.pod.priority <= pod.priority}
+            )
         else:
             eligible = running
         selector = (tuple(sorted(g.node_selector.items())), g.eligible_nodes)
