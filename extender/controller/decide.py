@@ -367,6 +367,7 @@ class _Hosts:
         # refuses the value; built at the first batch pod ranked under "cost"
         self._bins: npt.NDArray[np.int64] | None = None
         self._bin_args: tuple[float, float] = (0.0, 1.0)
+        self._name_rank: npt.NDArray[np.int64] | None = None
         facts = [running.facts[k] for k in keys]
         inst_pods = [running.pod(k) for k in keys]
         class_of = {name: self.class_id[policy.cls(name).name] for name in {p.class_name for p in inst_pods}}
@@ -552,8 +553,11 @@ class _Hosts:
                 best = ok & (mem == m_top)
                 c_top = cpu[best].min()
                 best &= cpu == c_top
-        winners: list[int] = idx[best].tolist()
-        return min(self.names[i] for i in winners)
+        winners = idx[best]
+        if self._name_rank is None:  # rank_hosts breaks ties by the smallest name (str order)
+            self._name_rank = np.empty(len(self.names), dtype=np.int64)
+            self._name_rank[sorted(range(len(self.names)), key=self.names.__getitem__)] = np.arange(len(self.names))
+        return self.names[int(winners[np.argmin(self._name_rank[winners])])]
 
     def options(
         self,
