@@ -224,24 +224,30 @@ class _Running(Mapping[str, qos.Instance]):
 class _AtOrBelow(Mapping[str, qos.Instance]):
     """The candidates of ``running`` whose pod priority is at most ``priority``: what the pass used to copy
     into a dict per gated pod (building every candidate's Instance, a sixth of a pass at 5,000 nodes), as a
-    view; ``qos.feasibility`` only looks keys up."""
+    view whose key set is built at the first look-up (most pods take a free host and never look)."""
 
     def __init__(self, running: _Running, priority: int) -> None:
         self.running, self.priority = running, priority
+        self._keys: set[str] | None = None
+
+    def keys_set(self) -> set[str]:
+        if self._keys is None:
+            self._keys = {k for k in self.running if self.running.pod(k).priority <= self.priority}
+        return self._keys
 
     def __getitem__(self, key: str) -> qos.Instance:
-        if key not in self:
+        if key not in self.keys_set():
             raise KeyError(key)
         return self.running[key]
 
     def __contains__(self, key: object) -> bool:
-        return key in self.running and self.running.pod(key).priority <= self.priority  # type: ignore[arg-type]
+        return key in self.keys_set()
 
     def __iter__(self) -> Iterator[str]:
-        return (k for k in self.running if self.running.pod(k).priority <= self.priority)
+        return (k for k in self.running if k in self.keys_set())
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return len(self.keys_set())
 
 
 def preemption_reason(victim: qos.Instance, q_v: float, pending: qos.Instance, policy: qos.QosPolicy) -> str:
