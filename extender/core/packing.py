@@ -216,15 +216,11 @@ def k8s_default_scores(
     actual requests (without the pod). Same integer floor divisions, the same float64 fractions and the same
     truncation as the scalar functions, so every score is equal (tests/test_sim_fast_paths.py compares them).
     """
-    pod_nz = np.array(_non_zero(pod.requests), dtype=np.int64)[:, np.newaxis]
-    nz = non_zero_requested + pod_nz
+    least = least_allocated_scores(alloc, non_zero_requested, pod)
+    if pod.requests.cpu_milli == 0 and pod.requests.memory_bytes == 0:
+        return least
     valid = alloc != 0
     safe = np.where(valid, alloc, 1)
-    per = np.where(valid & (nz <= alloc), (alloc - nz) * MAX_NODE_SCORE // safe, 0)
-    weights = valid.sum(axis=0)
-    least = np.where(weights > 0, per.sum(axis=0) // np.maximum(weights, 1), 0)
-    if pod.requests.cpu_milli == 0 and pod.requests.memory_bytes == 0:
-        return np.asarray(least, dtype=np.int64)
     own = np.array([pod.requests.cpu_milli, pod.requests.memory_bytes], dtype=np.int64)[:, np.newaxis]
     fractions = np.minimum(1.0, (requested + own).astype(np.float64) / safe.astype(np.float64))
     std = np.where(valid.all(axis=0), np.abs((fractions[0] - fractions[1]) / 2), 0.0)
