@@ -23,7 +23,9 @@ What the simulator does not need and the cluster does: pods only count when the 
 Unschedulable and they fit no existing node of their group; a pod no flavour can hold gets one Event and is
 never planned; a pod that was bought for ``max_attempts_per_pod`` times and is still unschedulable (node
 affinity, taints: things the planner does not model) gets one Event and is no longer planned; each scan buys
-at most ``max_nodes_per_cycle`` nodes and never more than ``max_nodes`` provisioned in total.
+at most ``max_nodes_per_cycle`` nodes and never more than ``max_nodes`` provisioned in total; when the cheapest
+plan would exceed ``max_nodes`` the scan re-plans with larger flavours (``GroupPlan.reshaped``, a metric, and the
+TriggeredScaleUp Event says so), while ``max_nodes_per_cycle`` only delays the cheapest plan's nodes.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class GroupPlan:
     flavour_counts: Mapping[str, int]
     cost_per_hour: float
     unservable: tuple[str, ...]
+    reshaped: bool = False  # max_nodes made the planner buy larger flavours than the cheapest plan's
 
 
 @dataclass(slots=True)
@@ -227,10 +230,8 @@ class AutoscalerLoop:
         by_group = {g: [p for p in waiting if group_of(p) is g] for g in (NodeGroup.SERVICE, NodeGroup.BATCH)}
         d.unschedulable = {g: len(pods) for g, pods in by_group.items()}
         candidates = [p for pods in by_group.values() for p in self._plannable(d, snap, pods)]
-        budget = min(
-            self.s.max_nodes_per_cycle,
-            self.s.max_nodes - len(self.ledger.entries) - sum(1 for v in views if self.owned(v)),
-        )
+        # two limits of different kinds: per scan (delays buying) and in total (the planner re-plans within it)
+        cap = self.s.max_nodes - len(self.ledger.entries) - sum(1 for v in views if self.owned(v))
         names_ok = frozenset(self.s.scheduler_names)
         batch_pending = any(
             e.pod.kind is WorkloadKind.BATCH
@@ -247,7 +248,8 @@ class AutoscalerLoop:
             candidates,
             now,
             batch_pending=batch_pending,
-            budget=budget,
+            budget=self.s.max_nodes_per_cycle,
+            cap=max(0, cap),
             accepts=accepts,
             counts=lambda p: not _is_daemon(p),
             leaving=frozenset(self.deleting),
@@ -348,10 +350,12 @@ class AutoscalerLoop:
         for p in purchases:
             counts[p.flavour.name] = counts.get(p.flavour.name, 0) + 1
         cost = math.fsum(p.flavour.price_per_hour for p in purchases)
-        d.plans.append(GroupPlan(group, up.pods, dict(sorted(counts.items())), cost, plan.unservable))
+        d.plans.append(GroupPlan(group, up.pods, dict(sorted(counts.items())), cost, plan.unservable, up.reshaped))
         if self.s.dry_run:
             return
         summary = ", ".join(f"{n}x{name}" for name, n in sorted(counts.items()))
+        if up.reshaped:
+            summary += f" (larger flavours than the cheapest plan: autoscaler.limits.max_nodes {self.s.max_nodes})"
         for p in purchases:
             flavour, keys = p.flavour, p.pods
             name = f"{self.s.node_name_prefix}-{group.value}-{_slug(flavour.name)}-{self._suffix()}"

@@ -92,6 +92,12 @@ class AutoscalerMetrics:
         self.limited = Counter(
             _P + "limited_scans", "Scans whose plan was cut by max_nodes_per_cycle / max_nodes.", registry=r
         )
+        self.reshaped = Counter(
+            _P + "cap_reshaped_plans",
+            "Plans re-made with larger flavours because the cheapest one needed more nodes than max_nodes allows.",
+            ["group"],
+            registry=r,
+        )
         self.scan_duration = Histogram(
             _P + "scan_duration_seconds", "Time of one planning scan.", buckets=_FAST, registry=r
         )
@@ -132,6 +138,8 @@ class AutoscalerMetrics:
             self.unschedulable.labels(group.value).set(d.unschedulable.get(group, 0))
             self.uncovered.labels(group.value).set(d.uncovered.get(group, 0))
         for plan in d.plans:
+            if plan.reshaped:
+                self.reshaped.labels(plan.group.value).inc()
             if not plan.flavour_counts:
                 continue
             self.plan_cost.labels(plan.group.value).set(plan.cost_per_hour)

@@ -43,6 +43,7 @@ __all__ = [
     "ProvisioningLedger",
     "ScalePlan",
     "ScoreWeights",
+    "capacity_order",
     "cost_efficiency",
     "fluid_lower_bound_per_hour",
     "forecast_shortage",
@@ -165,11 +166,16 @@ class ScalePlan:
     """New nodes to request, each with the pod keys it was bought for, plus the pods no flavour can host.
 
     ``unservable`` pods are reported instead of planned so that a pod larger than every flavour never
-    causes a node to be bought for it, again and again, every cycle.
+    causes a node to be bought for it, again and again, every cycle. ``deferred`` pods are servable but left
+    out by a node cap (``plan_pods(max_nodes=...)``): the next scans plan them again, once nodes leave.
     """
 
     nodes: tuple[tuple[Flavour, tuple[str, ...]], ...] = ()
     unservable: tuple[str, ...] = ()
+    # servable pods the plan leaves for a later scan because the node cap (``max_nodes``) allowed no more nodes
+    deferred: tuple[str, ...] = ()
+    # the cap changed the flavour mix: the nodes are not the cheapest plan's first ``max_nodes`` (``plan_pods``)
+    reshaped: bool = False
 
     @property
     def cost_per_hour(self) -> float:
@@ -423,7 +429,22 @@ def _homogeneous_pack(
     return nodes
 
 
-def plan_pods(pending: Sequence[Pod], flavours: Sequence[Flavour], weights: ScoreWeights) -> ScalePlan:
+def _cheapest(
+    servable: Sequence[Pod], flavours: Sequence[Flavour], weights: ScoreWeights
+) -> list[tuple[Flavour, tuple[str, ...]]]:
+    """The cheapest of the heterogeneous greedy plan and FFD into each single flavour that hosts every pod."""
+    best = _greedy_pack(servable, flavours, weights)
+    for flavour in flavours:
+        if all(p.requests.fits_in(flavour.capacity) for p in servable):
+            candidate = _homogeneous_pack(servable, flavours, flavour)
+            if _plan_cost(candidate) < _plan_cost(best):
+                best = candidate
+    return best
+
+
+def plan_pods(
+    pending: Sequence[Pod], flavours: Sequence[Flavour], weights: ScoreWeights, *, max_nodes: int | None = None
+) -> ScalePlan:
     """Plan new nodes for the actual pending pods: the pod-level version of paper 000 Alg. 3.
 
     Pods are packed first-fit-decreasing into new nodes (cpu, memory, pod slots and extended resources all
@@ -432,21 +453,104 @@ def plan_pods(pending: Sequence[Pod], flavours: Sequence[Flavour], weights: Scor
     each single flavour that can host every pod and the cheapest plan wins (ties: fewer nodes, then the
     heterogeneous plan). Guarantees, used by the tests:
 
-    * every pending key is in exactly one node or in ``unservable``; no node is over-committed;
+    * every pending key is in exactly one node, in ``unservable`` or in ``deferred``; no node is over-committed;
     * a pod that fits no flavour is unservable, never a node;
-    * cost <= FFD into any single flavour that hosts every pod (it is one of the candidates);
-    * cost >= fluid_lower_bound_per_hour of the servable pods' total (any covering plan is LP-feasible).
+    * without a cap (or when the cheapest plan fits under it): nothing is deferred, cost <= FFD into any single
+      flavour that hosts every pod (it is one of the candidates), and cost >= fluid_lower_bound_per_hour of the
+      servable pods' total (any covering plan is LP-feasible);
+    * with ``max_nodes`` (the nodes a total node limit still allows): at most that many nodes, covering at least
+      as much demand as the cheapest plan's first ``max_nodes`` nodes (``_within_cap``).
     """
     _check_plan_inputs(flavours, weights)
     _check_pods(pending, "pending")
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0):
+        raise InvalidInputError(f"max_nodes must be a non-negative integer or None, got {max_nodes!r}")
     servable, unservable = _split_servable(pending, flavours)
-    best = _greedy_pack(servable, flavours, weights)
-    for flavour in flavours:
-        if all(p.requests.fits_in(flavour.capacity) for p in servable):
-            candidate = _homogeneous_pack(servable, flavours, flavour)
-            if _plan_cost(candidate) < _plan_cost(best):
-                best = candidate
-    return ScalePlan(tuple(best), unservable)
+    if max_nodes == 0:  # nothing can be bought: no plan worth computing
+        return ScalePlan((), unservable, tuple(p.key for p in servable))
+    best = _cheapest(servable, flavours, weights)
+    if max_nodes is None or len(best) <= max_nodes:
+        return ScalePlan(tuple(best), unservable)
+    return _within_cap(servable, flavours, weights, best, max_nodes, unservable)
+
+
+def capacity_order(flavours: Sequence[Flavour], weights: ScoreWeights) -> list[Flavour]:
+    """The catalogue from the smallest flavour to the largest, by the share of the catalogue's largest cpu and
+    largest memory one node holds, weighted as nc weighs them (the planner's own measure of how much demand a
+    node absorbs); ties to the cheaper flavour, then the name."""
+    max_cpu = max(f.capacity.cpu_milli for f in flavours)
+    max_mem = max(f.capacity.memory_bytes for f in flavours)
+    wc, wm = Fraction(weights.cpu), Fraction(weights.memory)
+
+    def size(f: Flavour) -> Fraction:
+        return wc * Fraction(f.capacity.cpu_milli, max_cpu) + wm * Fraction(f.capacity.memory_bytes, max_mem)
+
+    return sorted(flavours, key=lambda f: (size(f), f.price_per_hour, f.name))
+
+
+def _within_cap(
+    servable: Sequence[Pod],
+    flavours: Sequence[Flavour],
+    weights: ScoreWeights,
+    cheapest: list[tuple[Flavour, tuple[str, ...]]],
+    max_nodes: int,
+    unservable: tuple[str, ...],
+) -> ScalePlan:
+    """The cheapest plan needs more nodes than the cap allows: re-plan for capacity per node.
+
+    Why: the planner buys the flavour cheapest per unit of demand, which on small pods is the smallest flavour;
+    under a node-count limit that fills the cap with little capacity (the Alibaba trace at the shipped 200
+    nodes: 229 cores held while 1,000+ were asked for, and the queue never drained). A platform engineer who
+    sets ``max_nodes`` expects capacity to be bought within it, not node count spent.
+
+    How: the catalogue is ordered by capacity (``capacity_order``) and the smallest flavours are dropped one at
+    a time; each catalogue left is planned by the uncapped planner (so among the flavours kept, the cheapest per
+    unit still wins), and of each plan the ``max_nodes`` nodes holding the most demand are kept. The candidate
+    covering the most pending demand (nc's weighted share of the pending cpu and memory, exact in rationals;
+    then the most pods) wins, the cheapest among equals (then fewer nodes, then the larger catalogue). The
+    full catalogue is a candidate, so the result covers at least what the cheapest plan's first ``max_nodes``
+    nodes cover. A node-count-constrained best fit would be an integer program (bin packing with a cardinality
+    bound); this costs at most one uncapped plan per flavour, and only in the scans where the cap binds.
+    """
+    requests = {p.key: p.requests for p in servable}
+    demand = Resources.total(requests.values())
+    wc = Fraction(weights.cpu) if demand.cpu_milli > 0 else Fraction(0)
+    wm = Fraction(weights.memory) if demand.memory_bytes > 0 else Fraction(0)
+    dc, dm = max(demand.cpu_milli, 1), max(demand.memory_bytes, 1)
+
+    def covered(keys: tuple[str, ...]) -> Fraction:
+        cpu = sum(requests[k].cpu_milli for k in keys)
+        mem = sum(requests[k].memory_bytes for k in keys)
+        return wc * Fraction(cpu, dc) + wm * Fraction(mem, dm)
+
+    best_key: tuple[Fraction, int, float, int, int] | None = None
+    chosen: list[tuple[Flavour, tuple[str, ...]]] = []
+    order = capacity_order(flavours, weights)
+    for k in range(len(order)):
+        catalogue = order[k:]
+        if k == 0:
+            plan = cheapest
+        else:
+            hosted = [p for p in servable if any(p.requests.fits_in(f.capacity) for f in catalogue)]
+            if not hosted:
+                break  # smaller catalogues host still fewer pods
+            plan = _cheapest(hosted, catalogue, weights)
+        worth = [covered(keys) for _, keys in plan]
+        ranked = sorted(range(len(plan)), key=lambda i: (-worth[i], -len(plan[i][1]), i))[:max_nodes]
+        nodes = [plan[i] for i in ranked]
+        key = (
+            -sum((worth[i] for i in ranked), Fraction(0)),
+            -sum(len(keys) for _, keys in nodes),
+            _plan_cost(nodes)[0],
+            len(nodes),
+            k,
+        )
+        if best_key is None or key < best_key:
+            best_key, chosen = key, nodes
+    planned = {key for _, keys in chosen for key in keys}
+    deferred = tuple(p.key for p in servable if p.key not in planned)
+    reshaped = Counter(f.name for f, _ in chosen) != Counter(f.name for f, _ in cheapest[:max_nodes])
+    return ScalePlan(tuple(chosen), unservable, deferred, reshaped)
 
 
 # ----------------------------------------------------------------------------------------- 0-bin (Alg 4)
@@ -523,6 +627,8 @@ def plan_batch(
     weights: ScoreWeights,
     now: float,
     cycle_seconds: float,
+    *,
+    max_nodes: int | None = None,
 ) -> ScalePlan:
     """Paper 000 Alg. 4 for the batch group, with the 0-bin deduction done per node, not in aggregate.
 
@@ -530,7 +636,7 @@ def plan_batch(
     if that covers everything (lines 7-9). Summed capacity can "cover" pods that fit on no single node, so
     instead the pending pods are placed FFD into each 0-bin node's room (nodes by name); those that fit
     are left to wait for the release and appear nowhere in the plan. The rest are planned with plan_pods
-    (the pod-level stand-in for lines 10-15).
+    (the pod-level stand-in for lines 10-15), under ``max_nodes`` if given (the nodes a total limit allows).
     """
     _check_plan_inputs(flavours, weights)
     _check_pods(pending, "pending")
@@ -541,7 +647,7 @@ def plan_batch(
         if (room := _zero_bin_room(node, now, cycle_seconds)) is not None
     ]
     rest = [pod for pod in _ffd_order(pending, flavours) if not any(r.take(pod.requests) for r in rooms)]
-    return plan_pods(rest, flavours, weights)
+    return plan_pods(rest, flavours, weights, max_nodes=max_nodes)
 
 
 # ----------------------------------------------------------------------------- provisioning (paper 003)

@@ -16,7 +16,11 @@ What one scan decides:
   not fit the largest flavour's memory) or at once when a batch pod would otherwise miss its SLO (it could not
   wait for the next cycle plus the node lag: ``slo_urgent``): ``plan_batch`` (0-bin capacity deducted first,
   paper 000 Alg. 4);
-* at most ``budget`` nodes per scan (service group first): the caller's limits;
+* at most ``budget`` nodes per scan and ``cap`` nodes in all (service group first): the caller's limits. They
+  differ in kind: a per-scan limit only delays buying, so the plan's first ``budget`` nodes are bought and the
+  mix is the cheapest plan's; a total limit that the cheapest plan would exceed makes the planner re-plan for
+  capacity per node (``autoscale.plan_pods(max_nodes=...)``: larger flavours), so the cap holds capacity
+  instead of being spent on the smallest, cheapest-per-unit flavours;
 * scale-down: nodes with no pods (``counts`` decides which pods count) since the first scan that saw them
   empty, for ``idle_seconds`` (paper 004); batch nodes under ``underutil_threshold`` for
   ``underutil_sustain_seconds``, once no batch pod has been pending for ``batch_queue_quiet_seconds``, with
@@ -137,6 +141,11 @@ class GroupScaleUp:
     pods: int
     plan: autoscale.ScalePlan
     bought: int  # nodes of the plan within the budget (the first ones)
+
+    @property
+    def reshaped(self) -> bool:
+        """The node cap changed the plan's flavour mix (``ScalePlan.reshaped``)."""
+        return self.plan.reshaped
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +273,7 @@ def scan(
     *,
     batch_pending: bool | None = None,
     budget: float = math.inf,
+    cap: float = math.inf,
     accepts: Callable[[Node, NodeGroup], bool] = in_group,
     counts: Callable[[Pod], bool] = _counts,
     leaving: frozenset[str] = frozenset(),
@@ -277,15 +287,21 @@ def scan(
     ``nodes``: every node with its pods (cordoned ones marked unschedulable). ``pending``: the pods waiting for
     a node (the caller's notion of "the scheduler could not place it"); those that fit a node of their group
     are dropped here. ``batch_pending``: whether a batch pod is waiting at all (default: one is in
-    ``pending``). ``budget``: nodes this scan may buy. ``accepts``: which nodes take which group's pods.
-    ``counts``: which pods keep a node from being idle (DaemonSet pods do not). ``leaving``: nodes being
-    deleted, left out of consolidation. ``waited``: pod key -> seconds it has been pending, and ``lag_seconds``
-    the expected node lag: with ``settings.slo``, a batch pod that cannot wait for the next cycle plus the lag
-    (``slo_urgent``) makes the batch plan due now. ``plan_without_budget`` False: with no budget left a group's
-    plan is not computed (nothing can be bought; the clocks advance as they would): ``plans`` lacks it and
-    ``limited`` is set. The simulator, which reads only the purchases, passes False; the sidecar reports the
+    ``pending``). ``budget``: nodes this scan may buy (a per-scan limit: it never changes which flavours are
+    planned). ``cap``: nodes the total limit still allows (the limit minus the nodes owned and on order): a
+    group's plan that would need more is re-planned within it (module docstring). ``accepts``: which nodes
+    take which group's pods. ``counts``: which pods keep a node from being idle (DaemonSet pods do not).
+    ``leaving``: nodes being deleted, left out of consolidation. ``waited``: pod key -> seconds it has been
+    pending, and ``lag_seconds`` the expected node lag: with ``settings.slo``, a batch pod that cannot wait for
+    the next cycle plus the lag (``slo_urgent``) makes the batch plan due now. ``plan_without_budget`` False:
+    with no budget or cap left a group's plan is not computed (nothing can be bought; the clocks advance as
+    they would): ``plans`` lacks it and ``limited`` is set. The simulator, which reads only the purchases,
+    passes False; the sidecar reports the
     plans it could not buy.
     """
+    for name, limit in (("budget", budget), ("cap", cap)):
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or math.isnan(limit):
+            raise InvalidInputError(f"scan {name} must be a number of nodes (inf: no limit), got {limit!r}")
     flavours = settings.flavours
     waiting = unschedulable(pending, nodes, accepts)
     by_group = {g: [p for p in waiting if group_of(p) is g] for g in NodeGroup}
@@ -294,29 +310,39 @@ def scan(
     uncovered: dict[NodeGroup, int] = {}
     limited = False
     left = budget
+    room = cap
 
     def unplanned() -> bool:
         """No budget left and no plan wanted: the plan is skipped (it could buy nothing)."""
         nonlocal limited
-        if left > 0 or plan_without_budget:
+        if min(left, room) > 0 or plan_without_budget:
             return False
         limited = True
         return True
 
+    def within() -> int | None:
+        """The cap on the next plan's node count (None: no total limit)."""
+        return None if room == math.inf else max(0, int(room))
+
     def buy(group: NodeGroup, pods: int, plan: autoscale.ScalePlan) -> None:
-        nonlocal left, limited
+        nonlocal left, room, limited
         nodes_ = list(plan.nodes)
-        allowed = max(0, int(min(left, len(nodes_))))
-        if allowed < len(nodes_):
+        allowed = max(0, int(min(left, room, len(nodes_))))
+        if allowed < len(nodes_) or plan.deferred:
             limited = True
         left -= allowed
+        room -= allowed
         plans.append(GroupScaleUp(group, pods, plan, allowed))
         purchases.extend(Purchase(group, f, keys) for f, keys in nodes_[:allowed])
 
     services = state.ledgers[NodeGroup.SERVICE].uncovered(by_group[NodeGroup.SERVICE])
     uncovered[NodeGroup.SERVICE] = len(services)
     if services and not unplanned():
-        buy(NodeGroup.SERVICE, len(services), autoscale.plan_pods(services, flavours, settings.weights))
+        buy(
+            NodeGroup.SERVICE,
+            len(services),
+            autoscale.plan_pods(services, flavours, settings.weights, max_nodes=within()),
+        )
     batch = state.ledgers[NodeGroup.BATCH].uncovered(by_group[NodeGroup.BATCH])
     uncovered[NodeGroup.BATCH] = len(batch)
     if batch:
@@ -343,7 +369,13 @@ def scan(
             if not unplanned():
                 batch_nodes = [n for n in nodes if n.group is NodeGroup.BATCH]
                 plan = autoscale.plan_batch(
-                    batch, batch_nodes, flavours, settings.weights, now, settings.batch_cycle_seconds
+                    batch,
+                    batch_nodes,
+                    flavours,
+                    settings.weights,
+                    now,
+                    settings.batch_cycle_seconds,
+                    max_nodes=within(),
                 )
                 buy(NodeGroup.BATCH, len(batch), plan)
 

@@ -916,8 +916,8 @@ class Simulator:
 
     def _product_scan(self) -> None:
         """The sidecar's step (``AutoscalerLoop.step`` around ``core.autoscale_scan.scan``) with the shipped
-        settings: a gated pod is demand once held ``gated_demand_seconds``; the budget is the limits
-        (``max_nodes_per_cycle``, ``max_nodes`` minus ours and those being provisioned); only nodes we
+        settings: a gated pod is demand once held ``gated_demand_seconds``; the limits are the scan's budget
+        (``max_nodes_per_cycle``) and its cap (``max_nodes`` minus ours and those being provisioned); only nodes we
         provisioned are deleted when idle (``scale_down_provisioned_only``); the hand-off goes to the
         consolidation flow (``_flow_start``), which empties one node at a time."""
         p = self.prod
@@ -928,7 +928,7 @@ class Simulator:
         demand = [self._pod(r) for r in waiting if self.now - r.since >= p.gated_demand_seconds]
         batch_pending = any(r.spec.kind is WorkloadKind.BATCH for r in waiting)
         owned = sum(1 for n in self.nodes.values() if n.owned)
-        budget = min(p.max_nodes_per_cycle, p.max_nodes - len(self.scan_state.provisioning) - owned)
+        cap = p.max_nodes - len(self.scan_state.provisioning) - owned  # the sidecar's two limits, as it passes them
         leaving = frozenset({self.flow_source} if self.flow_source else ())
         result = autoscale_scan.scan(
             self.scan_state,
@@ -937,7 +937,8 @@ class Simulator:
             demand,
             self.now,
             batch_pending=batch_pending,
-            budget=max(0, budget),
+            budget=p.max_nodes_per_cycle,
+            cap=max(0, cap),
             leaving=leaving,
             waited={self._pod(r).key: self.now - r.since for r in waiting},
             lag_seconds=autoscale.measured_lag(
