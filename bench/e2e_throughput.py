@@ -94,12 +94,20 @@ WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 
 
 def api_writes(kube: Kube) -> dict[str, float]:
-    """Mutating requests the API server has served so far, by "VERB resource[/subresource]"."""
+    """Mutating requests the API server has served so far, by "VERB resource[/subresource]"; and, keyed
+    "429 VERB resource" and "rejected LEVEL reason", the requests API priority and fairness turned away (a
+    phase that collapses into retries shows there first)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     resp = kube.http.request("GET", kube.server + "/metrics", headers={"Accept": "text/plain"})
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(resp.data.decode()):
+        if family.name == "apiserver_flowcontrol_rejected_requests":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    key = f"rejected {sample.labels.get('priority_level')} {sample.labels.get('reason')}"
+                    out[key] = out.get(key, 0.0) + sample.value
+            continue
         if family.name != "apiserver_request":
             continue
         for sample in family.samples:
@@ -109,7 +117,31 @@ def api_writes(kube: Kube) -> dict[str, float]:
             if sample.labels.get("subresource"):
                 res += "/" + sample.labels["subresource"]
             key = f"{sample.labels['verb']} {res}"
+            if sample.labels.get("code") == "429":
+                out["429 " + key] = out.get("429 " + key, 0.0) + sample.value
             out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def extender_outcomes(values: dict[str, str]) -> dict[str, float]:
+    """The extender's verb outcomes, bind retries and failures, and filter rejections so far (a bind answered
+    with an Error sends the pod back to kube-scheduler's queue: a FailedScheduling Event, a status PATCH and
+    another filter + bind later)."""
+    m = scrape_metrics(
+        values["EXTENDER_METRICS_URL"],
+        values["EXTENDER_CA"],
+        values["EXTENDER_CLIENT_CERT"],
+        values["EXTENDER_CLIENT_KEY"],
+    )
+    out: dict[str, float] = {}
+    for (name, labels), v in m.items():
+        d = dict(labels)
+        if name == "qos_extender_requests_total":
+            out[f"{d.get('verb')} {d.get('outcome')}"] = v
+        elif name in ("qos_extender_bind_retries_total", "qos_extender_bind_failures_total"):
+            out[name.removeprefix("qos_extender_").removesuffix("_total")] = v
+        elif name == "qos_extender_filtered_nodes_total":
+            out[f"filtered {d.get('reason')}"] = v
     return out
 
 
@@ -235,11 +267,19 @@ def urllib3_timeout() -> Any:
 
 
 def phase(
-    kube: Kube, state: Path, ns: str, n: int, qos: bool, timeout: float, labels: dict[str, str] | None = None
+    kube: Kube,
+    state: Path,
+    values: dict[str, str],
+    ns: str,
+    n: int,
+    qos: bool,
+    timeout: float,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     kube.ensure_namespace(ns, labels)
     sched_pid = int((state / "pids" / "kube-scheduler.pid").read_text())
     writes0 = api_writes(kube)
+    ext0 = extender_outcomes(values)
     cpu_start = {c: cpu_seconds(state, c) for c in COMPONENTS}
     timeline = Timeline(kube, ns)
     os.kill(sched_pid, signal.SIGSTOP)
@@ -279,7 +319,11 @@ def phase(
     cpu_end = {c: cpu_seconds(state, c) for c in COMPONENTS}
     cpu = {c: cpu_end[c] - cpu0[c] for c in COMPONENTS}
     writes1 = api_writes(kube)
-    writes = {k: v - writes0.get(k, 0.0) for k, v in writes1.items() if v - writes0.get(k, 0.0) > 0}
+    delta = {k: v - writes0.get(k, 0.0) for k, v in writes1.items() if v - writes0.get(k, 0.0) > 0}
+    refused = {k: v for k, v in delta.items() if k.startswith(("429 ", "rejected "))}
+    writes = {k: v for k, v in delta.items() if k not in refused}
+    ext1 = extender_outcomes(values)
+    ext = {k: v - ext0.get(k, 0.0) for k, v in ext1.items() if v - ext0.get(k, 0.0) > 0}
     rate = min(done, n) / elapsed
     print(
         f"  {ns:<16} {n} pods created in {create_s:.1f} s (scheduler paused); bound in {elapsed:.2f} s -> "
@@ -301,6 +345,12 @@ def phase(
         + ", ".join(f"{k} {v / n:.2f}" for k, v in top),
         flush=True,
     )
+    print(
+        "    refused by the API server: "
+        + (", ".join(f"{k} {v:.0f}" for k, v in sorted(refused.items(), key=lambda kv: -kv[1])) or "none"),
+        flush=True,
+    )
+    print("    extender: " + (", ".join(f"{k} {v:.0f}" for k, v in sorted(ext.items())) or "no calls"), flush=True)
     print(f"    released before the resume: {tl['released_before_resume']}; stage latencies:", flush=True)
     for stage, st in tl["stages"].items():
         if st:
@@ -327,6 +377,8 @@ def phase(
         "api_writes_per_pod": total_writes / n,
         "api_writes_per_pod_without_leases": pod_writes / n,
         "api_writes_per_pod_by_kind": {k: v / n for k, v in sorted(writes.items())},
+        "api_refused": refused,
+        "extender_outcomes": ext,
     }
 
 
@@ -406,7 +458,7 @@ def main() -> int:
                         stderr=subprocess.DEVNULL,
                     )
                 try:
-                    result = phase(kube, state, ns, args.pods, qos, args.timeout, labels)
+                    result = phase(kube, state, values, ns, args.pods, qos, args.timeout, labels)
                 finally:
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)

@@ -101,7 +101,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8888
     max_body_bytes: int = 64 * 1024 * 1024
-    request_timeout_seconds: float = 4.0
+    request_timeout_seconds: float = 12.0
     tls: TlsConfig = field(default_factory=TlsConfig)
     # A second, verbs-only listener on 127.0.0.1 without TLS (None: off): for the sidecar topology, where
     # kube-scheduler and the extender share the pod's network namespace and the loopback is private to them.
@@ -122,8 +122,8 @@ class KubernetesConfig:
 
 @dataclass(frozen=True, slots=True)
 class BindConfig:
-    timeout_seconds: float = 3.0
-    attempt_timeout_seconds: float = 2.5
+    timeout_seconds: float = 10.0
+    attempt_timeout_seconds: float = 10.0
     backoff_initial_seconds: float = 0.05
     ledger_ttl_seconds: float = 30.0
 
@@ -357,7 +357,7 @@ def _parse_server(raw: object, base: Path | None) -> ServerConfig:
         host=read_req_str(s, "host", path, "127.0.0.1"),
         port=read_int(s, "port", path, 8888, minimum=0, maximum=65535),
         max_body_bytes=read_int(s, "max_body_bytes", path, 64 * 1024 * 1024, minimum=1024, maximum=2**31),
-        request_timeout_seconds=read_number(s, "request_timeout_seconds", path, 4.0, minimum=0, exclusive_min=True),
+        request_timeout_seconds=read_number(s, "request_timeout_seconds", path, 12.0, minimum=0, exclusive_min=True),
         tls=tls,
         loopback_verbs_port=loopback,
     )
@@ -408,8 +408,12 @@ def _parse_bind(raw: object, server: ServerConfig) -> BindConfig:
     b = section(
         raw, path, {"timeout_seconds", "attempt_timeout_seconds", "backoff_initial_seconds", "ledger_ttl_seconds"}
     )
-    total = read_number(b, "timeout_seconds", path, 3.0, minimum=0, exclusive_min=True)
-    attempt = read_number(b, "attempt_timeout_seconds", path, 2.5, minimum=0, exclusive_min=True)
+    total = read_number(b, "timeout_seconds", path, 10.0, minimum=0, exclusive_min=True)
+    # Unset: one attempt may use the whole budget. A slow Binding POST is being applied by a loaded API server;
+    # cutting it and sending it again doubles that load and mostly ends in a 409 (issue 17).
+    if b.get("attempt_timeout_seconds") is None:
+        b = {k: v for k, v in b.items() if k != "attempt_timeout_seconds"}  # null: the whole budget
+    attempt = read_number(b, "attempt_timeout_seconds", path, total, minimum=0, exclusive_min=True)
     if attempt > total:
         raise _fail(f"{path}.attempt_timeout_seconds", f"must be <= bind.timeout_seconds ({total})")
     if total >= server.request_timeout_seconds:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from extender.config import BindConfig
+from extender.config import BindConfig, parse_config
 from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs, BindError
 
@@ -21,8 +21,8 @@ CONFIG = BindConfig(timeout_seconds=2.0, attempt_timeout_seconds=0.2, backoff_in
 
 
 class ScriptedApi:
-    """Answers the n-th request with ``script[n]`` (the last entry repeats): "hang" never answers, an int is
-    a Status of that code."""
+    """Answers the n-th request with ``script[n]`` (the last entry repeats): "hang" never answers, "slow:S"
+    answers 201 after S seconds, an int is a Status of that code."""
 
     def __init__(self, script: Sequence[str | int]) -> None:
         self.script = list(script)
@@ -42,6 +42,9 @@ class ScriptedApi:
             if step == "hang":
                 await asyncio.sleep(30)
                 return
+            if isinstance(step, str) and step.startswith("slow:"):  # a loaded API server: applied, but late
+                await asyncio.sleep(float(step.split(":", 1)[1]))
+                step = 201
             code = int(step)
             body = json.dumps({"kind": "Status", "code": code, "message": f"scripted {code}"}).encode()
             writer.write(
@@ -103,3 +106,14 @@ async def test_pod_gone_after_an_in_doubt_attempt_is_definite(scripted: type[Scr
         assert api.requests == 2
         assert not info.value.in_doubt
         assert "not found" in str(info.value)
+
+
+async def test_a_slow_binding_is_awaited_not_sent_again(scripted: type[ScriptedApi]) -> None:
+    """A Binding POST the API server is slow to apply is awaited for the whole bind budget by default (no
+    attempt timeout configured): cutting it and sending it again doubled a loaded API server's work and, with a
+    3 s budget, failed 3,039 of 4,755 binds in a 2,000-pod burst (issue 17)."""
+    bind_config = parse_config({"bind": {"timeout_seconds": 2.0}}).bind
+    assert bind_config.attempt_timeout_seconds == 2.0
+    async with scripted(["slow:1.2", 409]) as api:
+        retries = await KubeBinder(api.api, bind_config).bind(ARGS)
+        assert (api.requests, retries) == (1, 0)

@@ -133,7 +133,7 @@ def _err(raw: Any, tmp_path: Path | None = None) -> str:
         ({"server": {"request_timeout_seconds": 0}}, "server.request_timeout_seconds: must be > 0"),
         ({"server": {"request_timeout_seconds": float("nan")}}, "must be a finite number"),
         ({"server": []}, "server: must be a mapping"),
-        ({"bind": {"timeout_seconds": 4.5}}, "bind.timeout_seconds: must be < server.request_timeout_seconds"),
+        ({"bind": {"timeout_seconds": 12.5}}, "bind.timeout_seconds: must be < server.request_timeout_seconds"),
         ({"bind": {"attempt_timeout_seconds": 5, "timeout_seconds": 3}}, "bind.attempt_timeout_seconds: must be <="),
         ({"scheduling": {"profile": "fast"}}, "scheduling.profile: must be one of cost, spread (got 'fast')"),
         ({"scheduling": {"scaling_cycle_seconds": -1}}, "scheduling.scaling_cycle_seconds: must be > 0"),

@@ -16,7 +16,7 @@ __all__ = ["VERBS", "Metrics"]
 VERBS = ("filter", "prioritize", "preempt", "bind")
 
 # Verb latency buckets: sub-millisecond (nodeCacheCapable, small clusters) up to the 5 s httpTimeout.
-_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Metrics:
