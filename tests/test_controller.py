@@ -24,7 +24,7 @@ from extender.controller.accounting import (
 )
 from extender.controller.decide import GatedPod, Settings, World, decide
 from extender.controller.observe import observe
-from extender.controller.patches import admission_patch, owner_instance, release_patch
+from extender.controller.patches import admission_patch, owner_instance, release_patch, route_known
 from extender.controller.state import PodInfo, pod_info
 from extender.core import qos
 from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources
@@ -468,6 +468,19 @@ def test_pods_belong_to_the_instance_named_in_their_annotation_else_their_namesp
     # created while no webhook answered: the namespace's instance, as the webhooks' namespaceSelectors route
     assert owner_instance(None, "bench", labelled) == "canary"
     assert owner_instance(None, "team-a", labelled) == "default"
+
+
+def test_an_unannotated_pod_waits_for_a_namespace_list_started_after_it() -> None:
+    """The namespace map is a periodic list: a pod created in a namespace labelled for another instance just
+    before the list would be routed to "default" (accounted and written by the wrong instance). It is routed
+    only once a list that started after its creation (whole-second creationTimestamp: 1 s margin) is in."""
+    assert route_known("canary", 100.0, None)  # the webhook's annotation needs no list
+    assert route_known("canary", 100.0, 50.0)
+    assert not route_known(None, 100.0, None)  # no list yet
+    assert not route_known(None, 100.0, 100.5)  # created in the same second as the list started
+    assert not route_known(None, 100.0, 101.0)
+    assert route_known(None, 100.0, 101.2)
+    assert route_known(None, None, 10.0)  # no creation time: the last list is all we will ever know
 
 
 def test_host_score_profile_packs_where_least_allocated_spreads() -> None:

@@ -41,7 +41,7 @@ from extender.controller.accounting import (
 from extender.controller.decide import Decision, Evict, GatedPod, Release, Settings, World, decide
 from extender.controller.metrics import ControllerMetrics, RequestSample
 from extender.controller.observe import observe
-from extender.controller.patches import INSTANCE_ANNOTATION, owner_instance, release_patch
+from extender.controller.patches import INSTANCE_ANNOTATION, owner_instance, release_patch, route_known
 from extender.controller.state import PodInfo, TrackingSnapshot
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod
 from extender.core.qos import availability
@@ -131,6 +131,7 @@ class QosController:
         self.batch = k8s.BatchV1Api(api_client)
         self.accounts: dict[str, Account] = {}
         self.namespace_instances: dict[str, str] = {}  # namespace -> instance, from the namespace label
+        self.namespaces_listed_at: float | None = None  # wall time the last successful namespace list started
         self.owner_created: dict[str, float] = {}
         self._written: dict[str, float] = {}
         self._dirty: set[str] = set()
@@ -169,11 +170,13 @@ class QosController:
     async def refresh_namespaces(self) -> None:
         """Which namespaces are routed to which controller instance (label qos.kube-qos-extender.io/controller),
         for the pods created while no webhook answered (``owner_instance``). A failed list keeps the last map."""
+        started = time.time()  # wall time, as creationTimestamps (route_known), whatever self.clock is
         try:
             items = await self._list(lambda **kw: self.core.list_namespace(label_selector=INSTANCE_ANNOTATION, **kw))
         except (ApiError, OSError, TimeoutError) as exc:
             log.warning("cannot list namespaces for controller instances", extra={"error": str(exc)})
             return
+        self.namespaces_listed_at = started
         self.namespace_instances = {
             (ns.get("metadata") or {}).get("name", ""): ((ns.get("metadata") or {}).get("labels") or {}).get(
                 INSTANCE_ANNOTATION, ""
@@ -191,11 +194,12 @@ class QosController:
 
     def mine(self) -> dict[str, PodInfo]:
         """The qos pods this instance manages (``owner_instance``): every other pod only occupies nodes."""
-        me, routes = self.cfg.instance, self.namespace_instances
+        me, routes, listed = self.cfg.instance, self.namespace_instances, self.namespaces_listed_at
         return {
             k: i
             for k, i in self.snapshot.qos_pods.items()
             if owner_instance(i.instance, k.split("/", 1)[0], routes) == me
+            and route_known(i.instance, i.created, listed)
         }
 
     async def load(self) -> None:

@@ -29,6 +29,20 @@ def owner_instance(annotated: str | None, namespace: str, namespace_instances: M
     return namespace_instances.get(namespace) or DEFAULT_INSTANCE
 
 
+def route_known(annotated: str | None, created: float | None, listed_at: float | None) -> bool:
+    """Whether ``owner_instance`` can be trusted for this pod yet. A pod the webhook annotated names its
+    instance. One without the annotation is routed by its namespace's label, which the controller reads by
+    listing namespaces every few seconds, while the API server applies a webhook's namespaceSelector at once:
+    a pod created in a namespace labelled for another instance just before it was listed would be taken for
+    this instance's (accounted, its account written) for up to one refresh. So such a pod waits until a list
+    started after its creation (creationTimestamp has whole seconds: one second of margin)."""
+    if annotated:
+        return True
+    if listed_at is None:
+        return False
+    return created is None or created + 1.0 < listed_at
+
+
 def escape(segment: str) -> str:
     """RFC 6901 escaping of one path segment: resource and gate names contain '/'."""
     return segment.replace("~", "~0").replace("/", "~1")
