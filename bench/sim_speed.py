@@ -15,7 +15,8 @@ the same number of events, no decisions), so a noisy shared machine moves both s
 ``--max-nodes N`` overrides the product's ``autoscaler.limits.max_nodes`` (shipped: 200) for this run only and is
 named in the output (``product_max_nodes``); k8s's cluster-autoscaler has no such limit here. Every run reports
 the most nodes it held at once (ready + on order) and their cores, so a cap can be compared with what the other
-policy actually used.
+policy actually used, and how many of its scale-up plans the node cap re-shaped into larger flavours
+(``cap_reshaped_plans`` of ``scale_up_plans``). The JSON names the commit measured (``-dirty``: extender/ differed).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import heapq
 import multiprocessing
 import os
 import resource
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from extender.core import autoscale
 from extender.sim import engine
 from extender.sim.engine import SimConfig, simulate
 from extender.sim.product import ProductSettings
@@ -72,6 +75,33 @@ def _report_progress(policy: str, every_cpu_seconds: float) -> None:
     engine.Simulator._on_tick = on_tick  # type: ignore[method-assign,assignment]
 
 
+def _count_reshaped_plans() -> dict[str, int]:
+    """Count, in this (forked) process, the scale-up plans the node cap re-shaped (``ScalePlan.reshaped``: larger
+    flavours than the cheapest plan because max_nodes binds) and the plans that bought under a cap at all."""
+    counts = {"plans": 0, "reshaped": 0}
+    plan_pods = autoscale.plan_pods
+
+    def counted(*args: Any, **kwargs: Any) -> autoscale.ScalePlan:
+        plan = plan_pods(*args, **kwargs)
+        counts["plans"] += 1
+        counts["reshaped"] += plan.reshaped
+        return plan
+
+    autoscale.plan_pods = counted
+    return counts
+
+
+def _commit() -> str:
+    """The code measured: HEAD, marked dirty when the working tree differs from it."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "extender"], cwd=here, capture_output=True)
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.returncode else "") if head.returncode == 0 else "unknown"
+
+
 def peak_nodes(res: engine.SimResult, cores_of: dict[str, float]) -> dict[str, float]:
     """The most nodes held at once (ready + on order) and the most cores they had, over the run's timeline."""
     nodes = cores = 0.0
@@ -89,6 +119,7 @@ def _one(
     if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[os.getpid() % len(cores)]})  # one core (two runs side by side: two cores)
+    reshaped = _count_reshaped_plans()
     workload = alibaba2017(trace, limit_tasks=tasks)
     settings = ProductSettings() if max_nodes is None else ProductSettings(max_nodes=max_nodes)
     cpu0 = time.process_time()
@@ -120,6 +151,8 @@ def _one(
             "nodes_added": run["nodes_added"],
             "requests_incomplete": run["requests_incomplete"],
             "product_max_nodes": settings.max_nodes if policy == "product" else None,
+            "scale_up_plans": reshaped["plans"],
+            "cap_reshaped_plans": reshaped["reshaped"],
             **peak_nodes(res, cores_of),
         }
     )
@@ -158,10 +191,11 @@ def main() -> None:
             f"max RSS={r['max_rss_mib']:.0f} MiB cost=${r['cost_usd']:.2f} ({r['cost_over_fluid']:.2f} x fluid) "
             f"bronze SLO ok={bronze.get('slo_fulfillment', float('nan')):.3f} "
             f"min={bronze.get('availability_min', float('nan')):.3f} "
-            f"peak nodes={r['peak_nodes']:.0f} ({r['peak_cores']:.0f} cores) incomplete={r['requests_incomplete']}"
+            f"peak nodes={r['peak_nodes']:.0f} ({r['peak_cores']:.0f} cores) incomplete={r['requests_incomplete']} "
+            f"plans re-shaped by the node cap={r['cap_reshaped_plans']} of {r['scale_up_plans']}"
         )
     if args.json:
-        doc = {"trace": args.trace, "tasks": args.tasks or "all", "pods": n, "runs": results}
+        doc = {"commit": _commit(), "trace": args.trace, "tasks": args.tasks or "all", "pods": n, "runs": results}
         Path(args.json).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
         print(f"wrote {args.json}")
 
