@@ -232,3 +232,21 @@ def test_the_sidecars_per_cycle_limit_keeps_the_cheapest_mix() -> None:
     assert [r.flavour.name for r in d.provision] == ["c1", "c1"] and d.limited
     assert not d.plans[0].reshaped
     assert all("max_nodes" not in n.message for n in d.notices)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9000), st.integers(0, 20 * GI), st.integers(0, 2)), max_size=60))
+def test_the_packers_running_totals_equal_a_recount_after_every_node(requests: list[tuple[int, int, int]]) -> None:
+    """The planner keeps the remaining count, cpu and memory and the active groups' minimums up to date as nodes
+    take pods (recomputing them per node made capped plans of thousands of pods slow); they must equal a recount."""
+    pending = [Pod(f"p{i:03d}", Resources(c, m, s)) for i, (c, m, s) in enumerate(requests)]
+    servable, _ = autoscale._split_servable(pending, CATALOGUE)
+    groups = autoscale._Groups(servable, CATALOGUE)
+    while groups.remaining() > 0:
+        groups.pop(groups.fill(C8.capacity))
+        active = [i for i in range(len(groups.left)) if groups.left[i] > 0]
+        assert groups.active == active
+        assert groups.remaining() == sum(groups.left)
+        assert groups.demand() == groups.used({i: groups.left[i] for i in active})
+        if active:
+            assert groups.mins == tuple(min(groups.shapes[i][d] for i in active) for d in range(3))

@@ -274,7 +274,7 @@ class _Groups:
     Within a group pods are taken in key order, so plans are deterministic.
     """
 
-    __slots__ = ("active", "keys", "left", "mins", "shapes")
+    __slots__ = ("active", "count", "cpu_left", "keys", "left", "mem_left", "mins", "shapes")
 
     def __init__(self, pods: Sequence[Pod], flavours: Sequence[Flavour]) -> None:
         by_request: dict[Resources, list[str]] = {}
@@ -286,6 +286,9 @@ class _Groups:
         ]
         self.keys = list(by_request.values())
         self.left = [len(keys) for keys in self.keys]
+        self.count = sum(self.left)
+        self.cpu_left = sum(shape[0] * n for shape, n in zip(self.shapes, self.left, strict=True))
+        self.mem_left = sum(shape[1] * n for shape, n in zip(self.shapes, self.left, strict=True))
         self.active = list(range(len(self.keys)))
         self.mins = (0, 0, 0)
         self._refresh()
@@ -330,7 +333,8 @@ class _Groups:
         return taken
 
     def demand(self) -> tuple[int, int]:
-        return self.used({i: self.left[i] for i in self.active})
+        """The cpu and memory the remaining pods ask (kept up to date by ``pop``)."""
+        return self.cpu_left, self.mem_left
 
     def used(self, taken: dict[int, int]) -> tuple[int, int]:
         cpu = sum(self.shapes[i][0] * n for i, n in taken.items())
@@ -338,16 +342,24 @@ class _Groups:
         return cpu, mem
 
     def remaining(self) -> int:
-        return sum(self.left[i] for i in self.active)
+        return self.count
 
     def pop(self, taken: dict[int, int]) -> tuple[str, ...]:
-        """Remove what a bought node takes; its pod keys."""
+        """Remove what a bought node takes; its pod keys. The active set and its minimums change only when a
+        group runs out, so they are recomputed only then (a plan of thousands of nodes over hundreds of
+        shapes spent most of its time recomputing the same minimums)."""
         keys: list[str] = []
+        exhausted = False
         for i, n in sorted(taken.items()):
             start = len(self.keys[i]) - self.left[i]
             keys.extend(self.keys[i][start : start + n])
             self.left[i] -= n
-        self._refresh()
+            self.count -= n
+            self.cpu_left -= self.shapes[i][0] * n
+            self.mem_left -= self.shapes[i][1] * n
+            exhausted = exhausted or self.left[i] == 0
+        if exhausted:
+            self._refresh()
         return tuple(keys)
 
     def rest(self) -> tuple[str, ...]:
@@ -429,14 +441,31 @@ def _homogeneous_pack(
     return nodes
 
 
+_Packs = dict[tuple[str, int, int, int, int], list[tuple[Flavour, tuple[str, ...]]]]
+
+
 def _cheapest(
-    servable: Sequence[Pod], flavours: Sequence[Flavour], weights: ScoreWeights
+    servable: Sequence[Pod], flavours: Sequence[Flavour], weights: ScoreWeights, packs: _Packs | None = None
 ) -> list[tuple[Flavour, tuple[str, ...]]]:
-    """The cheapest of the heterogeneous greedy plan and FFD into each single flavour that hosts every pod."""
+    """The cheapest of the heterogeneous greedy plan and FFD into each single flavour that hosts every pod.
+
+    ``packs`` (``_within_cap``'s nested catalogues and pod sets) remembers the single-flavour packs: one depends
+    only on the flavour, the pods (nested sets there: their number names them) and the FFD order's largest
+    capacity, which are its key."""
     best = _greedy_pack(servable, flavours, weights)
+    largest = (
+        max(f.capacity.cpu_milli for f in flavours),
+        max(f.capacity.memory_bytes for f in flavours),
+        max(f.capacity.pods for f in flavours),
+    )
     for flavour in flavours:
         if all(p.requests.fits_in(flavour.capacity) for p in servable):
-            candidate = _homogeneous_pack(servable, flavours, flavour)
+            key = (flavour.name, len(servable), *largest)
+            candidate = packs.get(key) if packs is not None else None
+            if candidate is None:
+                candidate = _homogeneous_pack(servable, flavours, flavour)
+                if packs is not None:
+                    packs[key] = candidate
             if _plan_cost(candidate) < _plan_cost(best):
                 best = candidate
     return best
@@ -468,10 +497,11 @@ def plan_pods(
     servable, unservable = _split_servable(pending, flavours)
     if max_nodes == 0:  # nothing can be bought: no plan worth computing
         return ScalePlan((), unservable, tuple(p.key for p in servable))
-    best = _cheapest(servable, flavours, weights)
+    packs: _Packs = {}
+    best = _cheapest(servable, flavours, weights, packs)
     if max_nodes is None or len(best) <= max_nodes:
         return ScalePlan(tuple(best), unservable)
-    return _within_cap(servable, flavours, weights, best, max_nodes, unservable)
+    return _within_cap(servable, flavours, weights, best, max_nodes, unservable, packs)
 
 
 def capacity_order(flavours: Sequence[Flavour], weights: ScoreWeights) -> list[Flavour]:
@@ -495,6 +525,7 @@ def _within_cap(
     cheapest: list[tuple[Flavour, tuple[str, ...]]],
     max_nodes: int,
     unservable: tuple[str, ...],
+    packs: _Packs,
 ) -> ScalePlan:
     """The cheapest plan needs more nodes than the cap allows: re-plan for capacity per node.
 
@@ -534,7 +565,7 @@ def _within_cap(
             hosted = [p for p in servable if any(p.requests.fits_in(f.capacity) for f in catalogue)]
             if not hosted:
                 break  # smaller catalogues host still fewer pods
-            plan = _cheapest(hosted, catalogue, weights)
+            plan = _cheapest(hosted, catalogue, weights, packs)
         worth = [covered(keys) for _, keys in plan]
         ranked = sorted(range(len(plan)), key=lambda i: (-worth[i], -len(plan[i][1]), i))[:max_nodes]
         nodes = [plan[i] for i in ranked]
