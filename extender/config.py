@@ -194,6 +194,7 @@ class ControllerConfig:
     persistence: str = "annotation"
     persist_interval_seconds: float = 60.0
     persist_min_interval_seconds: float = 2.0
+    release_concurrency: int = 48
     pin_node: bool = True
     instance: str = "default"
     host_score: str = "profile"
@@ -591,6 +592,7 @@ def _parse_controller(raw: object) -> ControllerConfig:
             "persistence",
             "persist_interval_seconds",
             "persist_min_interval_seconds",
+            "release_concurrency",
             "pin_node",
             "instance",
             "host_score",
@@ -614,6 +616,7 @@ def _parse_controller(raw: object) -> ControllerConfig:
         persistence=read_req_str(c, "persistence", path, "annotation", choices=PERSISTENCE_MODES),
         persist_interval_seconds=read_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),
         persist_min_interval_seconds=read_number(c, "persist_min_interval_seconds", path, 2.0, minimum=0),
+        release_concurrency=read_int(c, "release_concurrency", path, 48, minimum=1, maximum=1024),
         pin_node=read_bool(c, "pin_node", path, True),
         instance=_instance_name(c, path),
         host_score=read_req_str(c, "host_score", path, "profile", choices=HOST_SCORES),

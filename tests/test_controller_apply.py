@@ -19,13 +19,13 @@ from prometheus_client import CollectorRegistry
 
 from extender.config import ExtenderConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION
-from extender.controller.loop import _CONCURRENCY as C
 from extender.controller.loop import QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
 
 CONFIG = ExtenderConfig()
 CONFIG = dataclasses.replace(CONFIG, controller=dataclasses.replace(CONFIG.controller, persistence="memory"))
+C = CONFIG.controller.release_concurrency  # release PATCHes in flight at once
 
 
 def node(name: str) -> dict[str, Any]:
@@ -119,7 +119,9 @@ async def held() -> AsyncIterator[tuple[HeldApi, Any]]:
     api = HeldApi()
     server = await asyncio.start_server(api._serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    client = k8s.ApiClient(configuration=k8s.Configuration(host=f"http://127.0.0.1:{port}"))
+    configuration = k8s.Configuration(host=f"http://127.0.0.1:{port}")
+    configuration.connection_pool_maxsize = 128  # as new_api_client: room for release_concurrency PATCHes
+    client = k8s.ApiClient(configuration=configuration)
     yield api, client
     for fut in api.answers.values():
         if not fut.done():

@@ -61,7 +61,6 @@ _DEBOUNCE_SECONDS = 0.05  # coalesce a burst of watch events into one pass
 # (at 2,000 pods x 500 nodes back-to-back passes held the loop ~90 % busy and binds timed out behind them).
 _PASS_SPACING_FACTOR = 2.0
 _SAMPLE_SECONDS = 1.0  # SLI gauges are scraped every few seconds: recompute them at most this often
-_CONCURRENCY = 16  # release PATCHes in flight at once (32 in the 500-node bench: 6,837 Binding timeouts)
 _RATE_WINDOW_SECONDS = 5.0  # the release rate that sizes the backlog the next pass may start with
 _NAMESPACE_REFRESH_SECONDS = 5.0  # how soon a namespace (re)labelled for an instance takes effect for ungated pods
 
@@ -138,7 +137,8 @@ class QosController:
         self._evicting: dict[str, float] = {}
         self._released: dict[str, tuple[str | None, float]] = {}
         self._wake = asyncio.Event()
-        self._sem = asyncio.Semaphore(_CONCURRENCY)
+        self.concurrency = self.cfg.release_concurrency  # release PATCHes (and their evictions) in flight
+        self._sem = asyncio.Semaphore(self.concurrency)
         self._applying: set[asyncio.Task[None]] = set()  # releases (and their evictions) still being applied
         self._backlog_low = asyncio.Event()  # set while the releases left fit in the next pass (_backlog_limit)
         self._backlog_low.set()
@@ -199,7 +199,7 @@ class QosController:
             k: i
             for k, i in self.snapshot.qos_pods.items()
             if owner_instance(i.instance, k.split("/", 1)[0], routes) == me
-            and route_known(i.instance, i.created, listed)
+            and (i.gated or route_known(i.instance, i.created, listed))
         }
 
     async def load(self) -> None:
@@ -289,7 +289,7 @@ class QosController:
         while self._applied_at and self._applied_at[0] < now - _RATE_WINDOW_SECONDS:
             self._applied_at.popleft()
         rate = len(self._applied_at) / _RATE_WINDOW_SECONDS
-        return max(_CONCURRENCY, int(rate * self._decide_seconds))
+        return max(self.concurrency, int(rate * self._decide_seconds))
 
     def _applied(self, task: asyncio.Task[None]) -> None:
         self._applying.discard(task)
@@ -419,7 +419,7 @@ class QosController:
         by_pod: dict[str, list[Evict]] = {}
         for ev in decision.evictions:
             by_pod.setdefault(ev.for_pod, []).append(ev)
-        # The effects are applied in the background (``_CONCURRENCY`` at a time), not awaited: a pass that waited
+        # The effects are applied in the background (``release_concurrency`` at a time), not awaited: a pass that waited
         # for its slowest PATCH held every pod admitted meanwhile, and released in bursts. Each released pod is
         # in flight from now on: counted on its node, never decided again, until the watch shows it ungated or
         # its PATCH is refused (then the next pass decides it anew).

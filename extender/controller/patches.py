@@ -35,7 +35,8 @@ def route_known(annotated: str | None, created: float | None, listed_at: float |
     listing namespaces every few seconds, while the API server applies a webhook's namespaceSelector at once:
     a pod created in a namespace labelled for another instance just before it was listed would be taken for
     this instance's (accounted, its account written) for up to one refresh. So such a pod waits until a list
-    started after its creation (creationTimestamp has whole seconds: one second of margin)."""
+    started after its creation (creationTimestamp has whole seconds: one second of margin). A gated pod is not
+    held back: it carries our gate, so some webhook of ours admitted it and it waits for a release anyway."""
     if annotated:
         return True
     if listed_at is None:

@@ -48,7 +48,9 @@ async def new_api_client(kcfg: KubernetesConfig) -> Any:
     else:
         incluster: Any = k8s_config.load_incluster_config  # untyped in kubernetes_asyncio
         incluster(client_configuration=configuration)
-    configuration.connection_pool_maxsize = 64
+    # aiohttp's per-session connection limit; the controller alone may have controller.release_concurrency
+    # (48) PATCHes, 8 account writes and Events in flight next to the two watches' long-lived connections.
+    configuration.connection_pool_maxsize = 128
     if not configuration.proxy:
         configuration.proxy = environment_proxy(str(configuration.host))
     api = k8s.ApiClient(configuration=configuration)

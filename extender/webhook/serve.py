@@ -48,6 +48,7 @@ class Running:
     leadership: Leadership | None = None
     loopback: web.AppRunner | None = None  # server.loopback_verbs_port's plain-HTTP verbs listener
     loopback_port: int | None = None
+    bind_client: Any = None  # the binder's own connection pool (None: it shares api_client)
 
     @property
     def url(self) -> str:
@@ -64,6 +65,8 @@ class Running:
             await self.loopback.cleanup()
         await self.runner.cleanup()
         await self.api_client.close()
+        if self.bind_client is not None:
+            await self.bind_client.close()
 
 
 async def start(config: ExtenderConfig) -> Running:
@@ -87,7 +90,11 @@ async def start(config: ExtenderConfig) -> Running:
         node_reflector(api_client, snapshot, config.kubernetes, on_restart=on_restart),
         pod_reflector(api_client, snapshot, config.kubernetes, on_problems=on_problems, on_restart=on_restart),
     ]
-    binder = KubeBinder(api_client, config.bind)
+    # The Binding POSTs get their own connection pool: they are kube-scheduler's critical path, and in the shared
+    # pool they waited for connections behind a burst of the controller's release PATCHes
+    # (controller.release_concurrency), account writes, Events and the watches' long-lived connections.
+    bind_client = await new_api_client(config.kubernetes)
+    binder = KubeBinder(bind_client, config.bind)
     app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time)
     runner, port = await start_server(app, config)
     loopback: web.AppRunner | None = None
@@ -100,6 +107,7 @@ async def start(config: ExtenderConfig) -> Running:
         tasks.append(asyncio.create_task(events.run(), name="events"))
     running = Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks)
     running.loopback, running.loopback_port = loopback, loopback_port
+    running.bind_client = bind_client
     if isinstance(snapshot, TrackingSnapshot):
         ctl_events = (
             ControllerEvents(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
