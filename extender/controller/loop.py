@@ -646,12 +646,25 @@ class QosController:
             self.metrics.account_writes.labels("unsupported").inc()
             self._written[request] = self.clock()  # kept in memory only; do not retry every pass
             return
+        if owner.kind is None and request not in self.snapshot.qos_pods:
+            # A bare pod our watch no longer has (deleted): the annotation has nowhere to go, the PATCH would be a
+            # 404. The account stays for observe's absent grace (the pod may come back under the same name).
+            self.metrics.account_writes.labels("gone").inc()
+            self._written[request] = self.clock()
+            return
         try:
             await read_json(await fn(owner.name, owner.namespace, body, **kw))
         except ApiError as exc:
+            if exc.status == 404:
+                # The owner is gone, so is the request: forget its account. Kept, it was dirtied again by every
+                # pass (never written) for observe's absent grace: 55,335 PATCH 404s in one 500-node bench run.
+                self.metrics.account_writes.labels("gone").inc()
+                self.accounts.pop(request, None)
+                self._written.pop(request, None)
+                self._dirty.discard(request)
+                return
             self.metrics.account_writes.labels("error").inc()
-            if exc.status != 404:  # 404: the owner is gone, so is the request
-                self._dirty.add(request)
+            self._dirty.add(request)
             return
         except (OSError, TimeoutError):
             self.metrics.account_writes.labels("error").inc()

@@ -136,7 +136,8 @@ class ControllerMetrics:
         )
         self.account_writes = Counter(
             "qos_extender_controller_account_writes",
-            "Writes of SLI accounts to owner annotations, by outcome (ok, error, unsupported owner).",
+            "Writes of SLI accounts to owner annotations, by outcome (ok, error, unsupported owner, gone: the "
+            "owner was deleted, nothing written).",
             ["outcome"],
             registry=r,
         )
