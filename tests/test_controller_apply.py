@@ -299,3 +299,40 @@ async def test_an_account_whose_owner_is_gone_is_forgotten_not_written_again(hel
     await ctl._write("default/gone")
     assert len(api.requests) == 1
     assert "default/gone" in ctl._written  # not due again before persist_interval_seconds
+
+
+async def test_with_nothing_gated_watch_events_do_not_each_start_a_pass(held: tuple[HeldApi, Any]) -> None:
+    """Pods binding and starting (nothing of ours gated) only change accounts: passes then run at most once per
+    _ACCOUNTING_SECONDS instead of once per watch event (50 ms debounce), which took half the event loop the
+    verbs run on. A gated pod still gets its pass at once."""
+    api, client = held
+    registry = CollectorRegistry()
+    snap = TrackingSnapshot(CONFIG, ACCOUNT_ANNOTATION)
+    snap.replace_nodes([node("n1")], "1", now=0.0)
+    running = gated_pod("r")
+    running["spec"].pop("schedulingGates")
+    running["spec"]["nodeName"] = "n1"
+    running["status"] = {"phase": "Running"}
+    snap.replace_pods([running], "1", now=0.0)
+    ctl = QosController(client, snap, CONFIG, ControllerMetrics(registry), clock=lambda: 100.0)
+    runner = asyncio.create_task(ctl.run())
+
+    def passes() -> float:
+        return registry.get_sample_value("qos_extender_controller_pass_duration_seconds_count") or 0.0
+
+    try:
+        await _until(lambda: passes() >= 1)
+        first = passes()
+        for i in range(20):  # 20 watch events in ~0.4 s
+            running["metadata"]["resourceVersion"] = str(10 + i)
+            snap.apply_pod("MODIFIED", running)
+            await asyncio.sleep(0.02)
+        assert passes() - first <= 2
+        api.answer_all(200)
+        snap.apply_pod("ADDED", gated_pod("g"))
+        await api.wait_for(1)  # released by a pass that did not wait for the accounting period
+        assert [m for m, _ in api.requests] == ["PATCH"]
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner

@@ -120,6 +120,7 @@ class TrackingSnapshot(Snapshot):
         super().__init__(config)
         self.qos_pods: dict[str, PodInfo] = {}
         self.on_change: Callable[[], None] | None = None
+        self.on_gated: Callable[[], None] | None = None  # a pod carrying our gate was added or updated
         self._scheduler = config.controller.scheduler_name
         self._gate = config.controller.gate_name
         self._annotation = account_annotation
@@ -149,9 +150,12 @@ class TrackingSnapshot(Snapshot):
                 self._changed()
             return problems
         try:
-            self.qos_pods[key] = pod_info(obj, self._gate, self._annotation)
+            info = self.qos_pods[key] = pod_info(obj, self._gate, self._annotation)
         except Exception:  # malformed beyond what the base class tolerated: not ours to manage
             self.qos_pods.pop(key, None)
+        else:
+            if info.gated and self.on_gated is not None:
+                self.on_gated()
         self._changed()
         return problems
 
