@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from extender.autoscaler.config import AutoscalerSettings
-from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, AutoscalerLoop
+from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, RETIRING_LABEL, AutoscalerLoop
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ExtenderConfig
 from extender.core import autoscale
@@ -58,6 +58,7 @@ def _sidecar(sim: Simulator) -> AutoscalerLoop:
         lag_quantile=p.lag_quantile,
         max_nodes_per_cycle=p.max_nodes_per_cycle,
         max_nodes=p.max_nodes,
+        retire_drain_seconds=p.retire_drain_seconds,
         max_attempts_per_pod=10**6,
         scale_down_provisioned_only=p.scale_down_provisioned_only,
     )
@@ -105,6 +106,8 @@ def _cluster(sim: Simulator) -> AutoscalerSnapshot:
         }
         if n.owned:
             labels[PROVISIONED_BY_LABEL] = PROVISIONED_BY_VALUE
+        if n.name in sim.scan_state.retiring:  # the sidecar's record of a node it retired (cordon + label)
+            labels[RETIRING_LABEL] = "true"
         nodes.append(
             {
                 "metadata": {"name": n.name, "labels": labels, "creationTimestamp": _stamp(n.ready_at)},
@@ -133,7 +136,7 @@ def test_every_product_scan_under_a_binding_cap_is_the_sidecars_decision(
     cfg = SimConfig(product=ProductSettings(max_nodes=4, max_nodes_per_cycle=2))
     sidecar: dict[str, AutoscalerLoop] = {}
     original = Simulator._product_scan
-    totals = {"scans": 0, "bought": 0, "reshaped": 0, "deleted": 0}
+    totals = {"scans": 0, "bought": 0, "reshaped": 0, "deleted": 0, "retired": 0}
 
     def checked_scan(self: Simulator) -> None:
         loop = sidecar.setdefault("loop", _sidecar(self))
@@ -145,6 +148,7 @@ def test_every_product_scan_under_a_binding_cap_is_the_sidecars_decision(
         loop.lag_samples = list(self.lag_samples)
         loop.deleting = {self.flow_source: self.now} if self.flow_source else {}
         before_nodes, before_prov = set(self.nodes), set(self.provisioning)
+        before_retiring = set(self.scan_state.retiring)
         original(self)
         ledger = {e.node_name: (g, e) for g, e in self.scan_state.provisioning}
         bought: Bought = [
@@ -156,10 +160,14 @@ def test_every_product_scan_under_a_binding_cap_is_the_sidecars_decision(
         d = loop.step(cluster, self.now)
         expected: Bought = [(r.group, r.flavour.name, r.pods) for r in d.provision]
         assert (bought, deleted) == (expected, sorted(d.delete)), f"t={self.now}"
+        retired = sorted(set(self.scan_state.retiring) - before_retiring)
+        uncordoned = sorted((before_retiring - set(self.scan_state.retiring)) & set(self.nodes))
+        assert (retired, uncordoned) == (sorted(d.retire), sorted(d.unretire)), f"t={self.now}"
         totals["scans"] += 1
         totals["bought"] += len(bought)
         totals["reshaped"] += sum(1 for plan in d.plans if plan.reshaped and plan.flavour_counts)
         totals["deleted"] += len(deleted)
+        totals["retired"] += len(retired)
 
     monkeypatch.setattr(Simulator, "_product_scan", checked_scan)
     result = engine.simulate(w, "product", cfg)
@@ -167,3 +175,4 @@ def test_every_product_scan_under_a_binding_cap_is_the_sidecars_decision(
     assert totals["scans"] > 100
     assert totals["bought"] == result.counters.nodes_added > 0
     assert totals["reshaped"] > 0 and totals["deleted"] > 0
+    assert totals["retired"] > 0  # the cap also retired small nodes for larger ones, and both sides agreed

@@ -116,6 +116,8 @@ class AutoscalerSettings:
     lag_quantile: float = 0.9
     max_nodes_per_cycle: int = 50
     max_nodes: int = 200
+    # a node is cordoned for capacity (core.autoscale_scan.retire_for_cap) only if its pods end within this; 0: never
+    retire_drain_seconds: float = 3600.0
     max_attempts_per_pod: int = 3
     node_name_prefix: str = "qos-as"
     scale_down_provisioned_only: bool = True
@@ -298,7 +300,11 @@ def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | 
         raise ConfigError(f"{p}.score_weights: {exc}") from exc
     lag = section(a.get("lag"), f"{p}.lag", {"default_seconds", "window", "quantile"})
     quantile = read_number(lag, "quantile", f"{p}.lag", 0.9, minimum=0, maximum=1.0, exclusive_min=True)
-    limits = section(a.get("limits"), f"{p}.limits", {"max_nodes_per_cycle", "max_nodes", "max_attempts_per_pod"})
+    limits = section(
+        a.get("limits"),
+        f"{p}.limits",
+        {"max_nodes_per_cycle", "max_nodes", "max_attempts_per_pod", "retire_drain_seconds"},
+    )
     metrics = section(a.get("metrics"), f"{p}.metrics", {"host", "port"})
     kwok = section(a.get("kwok"), f"{p}.kwok", {"lag"})
     cycle = read_number(
@@ -327,6 +333,7 @@ def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | 
         lag_quantile=quantile,
         max_nodes_per_cycle=read_int(limits, "max_nodes_per_cycle", f"{p}.limits", 50, minimum=1, maximum=10_000),
         max_nodes=read_int(limits, "max_nodes", f"{p}.limits", 200, minimum=1, maximum=100_000),
+        retire_drain_seconds=read_number(limits, "retire_drain_seconds", f"{p}.limits", 3600.0, minimum=0),
         max_attempts_per_pod=read_int(limits, "max_attempts_per_pod", f"{p}.limits", 3, minimum=1, maximum=1000),
         node_name_prefix=prefix,
         scale_down_provisioned_only=read_bool(a, "scale_down_provisioned_only", p, True),

@@ -53,6 +53,9 @@ __all__ = [
 ]
 
 PROVISIONED_BY_LABEL = "qos.kube-qos-extender.io/provisioned-by"
+# on a node the sidecar cordoned for capacity (core.autoscale_scan.retire_for_cap): a restarted sidecar reads
+# which nodes are retiring from this label (the cluster is the record, not the sidecar's memory)
+RETIRING_LABEL = "qos.kube-qos-extender.io/retiring"
 PROVISIONED_BY_VALUE = "qos-autoscaler"
 
 
@@ -96,6 +99,8 @@ class Decisions:
     provision: list[ProvisionRequest] = field(default_factory=list)
     cancel: list[autoscale.Provisioning] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
+    retire: list[str] = field(default_factory=list)  # cordon + RETIRING_LABEL: drain for a larger node
+    unretire: list[str] = field(default_factory=list)  # uncordon + drop RETIRING_LABEL: the demand is gone
     notices: list[Notice] = field(default_factory=list)
     plans: list[GroupPlan] = field(default_factory=list)
     arrived: list[tuple[str, float]] = field(default_factory=list)
@@ -149,6 +154,7 @@ class AutoscalerLoop:
             underutil_sustain_seconds=settings.underutil_sustain_seconds,
             batch_queue_quiet_seconds=settings.batch_queue_quiet_seconds,
             slo=dict(slo or {}),  # class -> SLO: the scan's SLO trigger for batch pods held by the QoS gate
+            retire_drain_seconds=settings.retire_drain_seconds,
         )
         self.state = autoscale_scan.ScanState()  # ledgers by group, batch cycle, idle and under-utilisation clocks
         self._ungrouped: tuple[autoscale.Provisioning, ...] = ()  # adopted entries of no known group
@@ -241,6 +247,12 @@ class AutoscalerLoop:
             for k, e in snap.pods.items()
         )
         self.deleting = {n: t for n, t in self.deleting.items() if n in present}
+        # which nodes are retiring: those labelled so (ours, as the cluster has them), since when we saw it first
+        self.state.retiring = {
+            v.name: self.state.retiring.get(v.name, now)
+            for v in views
+            if v.labels.get(RETIRING_LABEL) == "true" and self.owned(v)
+        }
         result = autoscale_scan.scan(
             self.state,
             self.scan_settings,
@@ -255,6 +267,9 @@ class AutoscalerLoop:
             leaving=frozenset(self.deleting),
             waited={k: now - i.gated_since for k, i in snap.pending.items() if i.gated_since is not None},
             lag_seconds=self.lag_estimate(),
+            retirable=frozenset(
+                v.name for v in views if self.owned(v) and not v.unschedulable and v.name not in self.deleting
+            ),
         )
         d.uncovered = dict(result.uncovered)
         d.limited = result.limited
@@ -263,6 +278,7 @@ class AutoscalerLoop:
         d.lag_estimate = self.lag_estimate()
         batch_nodes = [v for v in views if v.group is NodeGroup.BATCH]
         d.forecast = self._forecast(by_group[NodeGroup.BATCH], batch_nodes, now, d.lag_estimate)
+        self._retire(d, result, present)
         self._scale_down(d, result, present, now)
         d.provisioning = len(self.ledger.entries)
         d.nodes_cost_per_hour = math.fsum(
@@ -382,6 +398,28 @@ class AutoscalerLoop:
         unique = list({p.key: p for p in running}.values())
         return autoscale.forecast_shortage(demand, unique, capacity, now, lag)
 
+    def _retire(self, d: Decisions, result: autoscale_scan.ScanResult, present: Mapping[str, Node]) -> None:
+        """Cordon the nodes the scan retires for capacity (and uncordon those it no longer needs), with an Event
+        on each; nothing in dry run (the scan's memory forgets them: the label is the record)."""
+        if self.s.dry_run:
+            return
+        largest = autoscale.capacity_order(self.flavours, self.s.weights)[-1]
+        for name in result.retire:
+            d.retire.append(name)
+            node = present[name]
+            message = (
+                f"autoscaler.limits.max_nodes {self.s.max_nodes} is spent and pods still wait: cordoned so its "
+                f"pods (all ending within {self.s.retire_drain_seconds:.0f}s) finish here and its slot holds a "
+                f"{largest.name} ({_describe(largest.capacity)}) instead of {node.flavour or 'this node'}"
+            )
+            self._say(d, Notice("Node", "", name, "", "RetiringForCapacity", message), key=str(d.now))
+        for name in result.unretire:
+            if name not in present:
+                continue
+            d.unretire.append(name)
+            message = "no pod waits for capacity under autoscaler.limits.max_nodes any more: uncordoned"
+            self._say(d, Notice("Node", "", name, "", "RetirementCancelled", message), key=str(d.now))
+
     def _scale_down(
         self, d: Decisions, result: autoscale_scan.ScanResult, present: Mapping[str, Node], now: float
     ) -> None:
@@ -394,7 +432,11 @@ class AutoscalerLoop:
             if not self.s.dry_run:
                 self.deleting[name] = now
                 d.delete.append(name)
-                message = f"no pods for {now - since:.0f}s (idle period {self.s.idle_seconds:.0f}s)"
+                message = (
+                    "retired for capacity and now empty"
+                    if name in self.state.retiring
+                    else f"no pods for {now - since:.0f}s (idle period {self.s.idle_seconds:.0f}s)"
+                )
                 self._say(d, Notice("Node", "", name, "", "ScaleDownEmpty", message), key=str(now))
         cands = result.consolidation_candidates
         d.consolidation = Consolidation(now, cands, result.consolidation_plans, result.underutilized)

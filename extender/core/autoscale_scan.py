@@ -24,7 +24,14 @@ What one scan decides:
 * scale-down: nodes with no pods (``counts`` decides which pods count) since the first scan that saw them
   empty, for ``idle_seconds`` (paper 004); batch nodes under ``underutil_threshold`` for
   ``underutil_sustain_seconds``, once no batch pod has been pending for ``batch_queue_quiet_seconds``, with
-  the migration plans that empty them (paper 000 §5.3): handed to the consolidation flow, never evicted here.
+  the migration plans that empty them (paper 000 §5.3): handed to the consolidation flow, never evicted here;
+* retirement for capacity (``retire_for_cap``): when the total cap is spent and demand is still left over, the
+  nodes holding a slot with less capacity than the catalogue's largest flavour, whose pods all finish on their
+  own soon, are cordoned (``retire``) so they drain by attrition; an empty retiring node is idle at once and its
+  slot goes to a larger node at the next scan. Without it a cap filled early by small, cheap-per-unit nodes
+  holds a fraction of the capacity the cap allows for good (the Alibaba trace at 200 nodes: 418-448 cores held
+  while 1,000+ were asked for, and the run never finished). Demand gone: the retiring nodes are uncordoned
+  (``unretire``).
 
 What stays with the callers: the ledger's bookkeeping of what was actually requested (``ScanState.provisioned``
 / ``arrived``), naming, the provider, Events, the sidecar's give-up and unservable notices, its dry run.
@@ -42,7 +49,17 @@ import numpy.typing as npt
 from extender.core import autoscale, packing, reschedule
 from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 
-__all__ = ["Purchase", "ScanResult", "ScanSettings", "ScanState", "group_of", "in_group", "scan", "slo_urgent"]
+__all__ = [
+    "Purchase",
+    "ScanResult",
+    "ScanSettings",
+    "ScanState",
+    "group_of",
+    "in_group",
+    "retire_for_cap",
+    "scan",
+    "slo_urgent",
+]
 
 
 def group_of(pod: Pod) -> NodeGroup:
@@ -73,13 +90,22 @@ class ScanSettings:
     # class name -> SLO (the extender config's classes): a batch pod of a class listed here is planned for at
     # once when waiting for the next batch cycle would break its SLO; empty: the cycle and bursts only.
     slo: Mapping[str, float] = field(default_factory=dict)
+    # retirement for capacity (``retire_for_cap``): a node is retired only if its pods all finish within this
+    # many seconds by their own runtimes; 0: never retire (paper 004's HTAS, which has no node cap)
+    retire_drain_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         autoscale.validate_catalogue(self.flavours)
         for name, value in self.slo.items():
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise InvalidInputError(f"slo of class {name!r} must be in (0, 1], got {value!r}")
-        for name in ("batch_cycle_seconds", "idle_seconds", "underutil_sustain_seconds", "batch_queue_quiet_seconds"):
+        for name in (
+            "batch_cycle_seconds",
+            "idle_seconds",
+            "underutil_sustain_seconds",
+            "batch_queue_quiet_seconds",
+            "retire_drain_seconds",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
                 raise InvalidInputError(f"{name} must be a non-negative number, got {value!r}")
@@ -98,6 +124,9 @@ class ScanState:
     last_batch_pending: float | None = None
     empty_since: dict[str, float] = field(default_factory=dict)
     underutil: reschedule.UnderutilState = field(default_factory=reschedule.UnderutilState)
+    # nodes cordoned for capacity (``retire_for_cap``) -> since when; the sidecar also labels them, so a restarted
+    # sidecar finds them again (``AutoscalerLoop.step``)
+    retiring: dict[str, float] = field(default_factory=dict)
 
     def provisioned(self, group: NodeGroup, entry: autoscale.Provisioning) -> None:
         """The caller requested this node: its pods are covered until it joins (paper 003 Alg. 7)."""
@@ -160,6 +189,8 @@ class ScanResult:
     underutilized: tuple[tuple[str, float], ...] = ()  # every batch node under the threshold, with since
     consolidation_candidates: tuple[str, ...] = ()
     consolidation_plans: tuple[reschedule.MigrationPlan, ...] = ()
+    retire: tuple[str, ...] = ()  # nodes to cordon now so they drain for larger ones (``retire_for_cap``)
+    unretire: tuple[str, ...] = ()  # retiring nodes to uncordon: the demand they drained for is gone
 
 
 def slo_urgent(pod: Pod, waited: float, slo: float, horizon: float, now: float) -> bool:
@@ -264,6 +295,85 @@ class _FreeTable:
         return out
 
 
+def retire_for_cap(
+    nodes: Sequence[Node],
+    short: Mapping[NodeGroup, Resources],
+    flavours: Sequence[Flavour],
+    weights: autoscale.ScoreWeights,
+    now: float,
+    *,
+    retirable: frozenset[str],
+    retiring: Mapping[str, float],
+    drain_seconds: float,
+    limit: float = math.inf,
+    accepts: Callable[[Node, NodeGroup], bool] = in_group,
+    counts: Callable[[Pod], bool] = _counts,
+) -> tuple[str, ...]:
+    """Which nodes to cordon so that, once their own pods finish, their slots under the node cap hold the
+    catalogue's largest flavour instead (module docstring: retirement for capacity).
+
+    ``short``: per group, the demand the cap left without a node this scan. Each retired node is expected to come
+    back as the largest flavour (``autoscale.capacity_order``'s last, what the cap-aware planner buys once the
+    cap binds), so it gains the difference in cpu and memory; nodes already retiring count first. Candidates are
+    the ``retirable`` nodes of the group (the caller's: ours, not being deleted or consolidated), schedulable,
+    smaller than the largest flavour, whose counted pods are all batch pods with a runtime that end within
+    ``drain_seconds`` (a service never ends: cordoning its node would hold the slot for good). They are taken
+    soonest-empty first (the slot is lost to new pods only until then), then smallest, then by name; at most
+    ``limit`` per scan. Pure and deterministic."""
+    if drain_seconds <= 0 or not short:
+        return ()
+    largest = autoscale.capacity_order(flavours, weights)[-1].capacity
+
+    def gain(n: Node) -> tuple[int, int]:
+        return (
+            max(0, largest.cpu_milli - n.allocatable.cpu_milli),
+            max(0, largest.memory_bytes - n.allocatable.memory_bytes),
+        )
+
+    def drain(n: Node) -> float | None:
+        """Seconds until the node's counted pods have all finished; None: some pod never finishes."""
+        end = 0.0
+        for p in n.pods:
+            if not counts(p):
+                continue
+            if p.kind is not WorkloadKind.BATCH or p.runtime_seconds is None:
+                return None
+            end = max(end, p.remaining_runtime(now))
+        return end
+
+    out: list[str] = []
+    for group in (NodeGroup.SERVICE, NodeGroup.BATCH):
+        need = short.get(group)
+        if need is None:
+            continue
+        cpu, mem = need.cpu_milli, need.memory_bytes
+        for n in nodes:
+            if n.name in retiring and accepts(n, group):
+                g_cpu, g_mem = gain(n)
+                cpu, mem = cpu - g_cpu, mem - g_mem
+        ranked: list[tuple[float, int, int, str]] = []
+        for n in nodes:
+            if n.name not in retirable or n.name in retiring or n.unschedulable or not accepts(n, group):
+                continue
+            g_cpu, g_mem = gain(n)
+            if g_cpu <= 0 and g_mem <= 0:
+                continue
+            ends = drain(n)
+            if ends is None or ends > drain_seconds:
+                continue
+            ranked.append((ends, n.allocatable.cpu_milli, n.allocatable.memory_bytes, n.name))
+        by_name = {n.name: n for n in nodes}
+        for _ends, _cpu, _mem, name in sorted(ranked):
+            if (cpu <= 0 and mem <= 0) or len(out) >= limit:
+                break
+            if name in out:
+                continue
+            out.append(name)
+            g_cpu, g_mem = gain(by_name[name])
+            cpu, mem = cpu - g_cpu, mem - g_mem
+    return tuple(out)
+
+
 def scan(
     state: ScanState,
     settings: ScanSettings,
@@ -280,6 +390,7 @@ def scan(
     waited: Mapping[str, float] | None = None,
     lag_seconds: float = 0.0,
     plan_without_budget: bool = True,
+    retirable: frozenset[str] = frozenset(),
 ) -> ScanResult:
     """One autoscaling scan (module docstring). Updates ``state``'s clocks; the ledger changes only through
     ``state.provisioned`` / ``state.arrived``, which the caller calls for what it actually requested.
@@ -297,7 +408,8 @@ def scan(
     with no budget or cap left a group's plan is not computed (nothing can be bought; the clocks advance as
     they would): ``plans`` lacks it and ``limited`` is set. The simulator, which reads only the purchases,
     passes False; the sidecar reports the
-    plans it could not buy.
+    plans it could not buy. ``retirable``: the nodes this caller may cordon for capacity (``retire_for_cap``;
+    empty: none), with ``settings.retire_drain_seconds`` > 0.
     """
     for name, limit in (("budget", budget), ("cap", cap)):
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or math.isnan(limit):
@@ -379,8 +491,41 @@ def scan(
                 )
                 buy(NodeGroup.BATCH, len(batch), plan)
 
-    # scale-down: empty nodes after the idle period
+    # retirement for capacity: the cap is spent and demand is left over -> cordon small nodes that drain soon
     names = {n.name for n in nodes}
+    state.retiring = {n: t for n, t in state.retiring.items() if n in names}
+    short: dict[NodeGroup, Resources] = {}
+    if cap != math.inf and room <= 0:
+        bought = {k for p in purchases for k in p.pods}
+        for group, pods in ((NodeGroup.SERVICE, services), (NodeGroup.BATCH, batch)):
+            rest = [
+                p.requests
+                for p in pods
+                if p.key not in bought and any(p.requests.fits_in(f.capacity) for f in flavours)
+            ]
+            if rest:
+                short[group] = Resources.total(rest)
+    retire: tuple[str, ...] = ()
+    unretire: tuple[str, ...] = ()
+    if short:
+        retire = retire_for_cap(
+            nodes,
+            short,
+            flavours,
+            settings.weights,
+            now,
+            retirable=retirable - leaving,
+            retiring=state.retiring,
+            drain_seconds=settings.retire_drain_seconds,
+            limit=budget,
+            accepts=accepts,
+            counts=counts,
+        )
+        state.retiring.update((name, now) for name in retire)
+    elif state.retiring:
+        unretire = tuple(sorted(state.retiring))
+        state.retiring.clear()
+    # scale-down: empty nodes after the idle period (a retiring node at once: it was cordoned to leave)
     state.empty_since = {n: t for n, t in state.empty_since.items() if n in names}
     idle: list[tuple[str, float]] = []
     for n in sorted(nodes, key=lambda n: n.name):
@@ -388,11 +533,11 @@ def scan(
             state.empty_since.pop(n.name, None)
             continue
         since = state.empty_since.setdefault(n.name, now)  # pods leave between scans: this errs long
-        if now - since >= settings.idle_seconds:
+        if now - since >= settings.idle_seconds or n.name in state.retiring:
             idle.append((n.name, since))
     # under-utilised batch nodes -> consolidation, once the batch queue has been quiet
-    # (an idle node goes by deletion, not by migration: left out, as are the nodes being deleted)
-    gone = leaving | {name for name, _ in idle}
+    # (an idle node goes by deletion, not by migration: left out, as are the nodes being deleted and retiring)
+    gone = leaving | {name for name, _ in idle} | set(state.retiring)
     batch_group = [n for n in nodes if n.group is NodeGroup.BATCH and n.name not in gone]
     state.underutil = reschedule.update_underutilized(
         state.underutil, [n for n in batch_group if n.pods], now, settings.underutil_threshold
@@ -411,6 +556,8 @@ def scan(
         tuple((g, uncovered[g]) for g in (NodeGroup.SERVICE, NodeGroup.BATCH)),
         tuple(idle),
         under,
+        retire=retire,
+        unretire=unretire,
     )
     if batch_pending:
         state.last_batch_pending = now
@@ -430,4 +577,6 @@ def scan(
         under,
         tuple(cands),
         tuple(plans_),
+        retire,
+        unretire,
     )

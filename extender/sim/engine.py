@@ -230,6 +230,7 @@ class Simulator:
                     underutil_sustain_seconds=self.prod.underutil_sustain_seconds,
                     batch_queue_quiet_seconds=self.prod.batch_queue_quiet_seconds,
                     slo={name: c.slo for name, c in self.prod.classes.items()},
+                    retire_drain_seconds=self.prod.retire_drain_seconds,
                 )
             else:
                 self._scan_settings = autoscale_scan.ScanSettings(
@@ -945,9 +946,18 @@ class Simulator:
                 self.lag_samples, p.lag_default_seconds, window=p.lag_window, quantile=p.lag_quantile
             ),
             plan_without_budget=not _SKIP_UNBUYABLE_PLANS,
+            retirable=frozenset(n.name for n in self.nodes.values() if n.owned) - leaving,
         )
         for purchase in result.purchases:
             self._provision(purchase.flavour, purchase.group, purchase.pods)
+        for name in result.retire:  # cordoned to drain by attrition: the slot goes to a larger node
+            self.nodes[name].cordoned = True
+            self._touch(name)
+        for name in result.unretire:
+            if name in self.nodes:
+                self.nodes[name].cordoned = False
+                self._touch(name)
+                self.request_schedule()
         for name, _since in result.idle:
             node = self.nodes[name]
             if name in leaving or (p.scale_down_provisioned_only and not node.owned):

@@ -50,6 +50,7 @@ class ProductSettings:
     weights: autoscale.ScoreWeights = field(default_factory=autoscale.ScoreWeights)  # autoscaler.score_weights
     max_nodes_per_cycle: int = 50  # autoscaler.limits.max_nodes_per_cycle
     max_nodes: int = 200  # autoscaler.limits.max_nodes
+    retire_drain_seconds: float = 3600.0  # autoscaler.limits.retire_drain_seconds
     scale_down_provisioned_only: bool = True  # autoscaler.scale_down_provisioned_only
     lag_default_seconds: float = 120.0  # autoscaler.lag.default_seconds (expected node lag before any sample)
     lag_window: int = 20  # autoscaler.lag.window
