@@ -23,17 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from kubernetes_asyncio import client as k8s
 
 from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.events import AutoscalerEvents
 from extender.autoscaler.handoff import ConsolidationHandoff, RecordingHandoff
-from extender.autoscaler.loop import RETIRING_LABEL, AutoscalerLoop, Decisions
+from extender.autoscaler.loop import AutoscalerLoop, Decisions
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ConfigError, ExtenderConfig
-from extender.kube.client import ApiError, new_api_client, read_json
+from extender.kube.client import new_api_client
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
 
 __all__ = ["RunningAutoscaler", "start_autoscaler"]
@@ -109,9 +108,9 @@ async def _apply(r: RunningAutoscaler, d: Decisions) -> None:
         for name in d.delete:
             await provider.delete(name)
         for name in d.retire:
-            await _set_retiring(r, name, True)
+            await provider.set_retiring(name, True)
         for name in d.unretire:
-            await _set_retiring(r, name, False)
+            await provider.set_retiring(name, False)
     if r.events is not None:
         for notice in d.notices:
             r.events.emit(notice)
@@ -138,31 +137,6 @@ async def _apply(r: RunningAutoscaler, d: Decisions) -> None:
         log.info("node joined", extra={"decision": {"node": name, "lag_seconds": round(lag, 3)}})
     for name in d.delete:
         log.info("scale-down: empty node", extra={"decision": {"node": name}})
-
-
-async def _set_retiring(r: RunningAutoscaler, name: str, retiring: bool) -> None:
-    """Cordon a node retired for capacity and label it (the label is how the next scans, and a restarted sidecar,
-    know it is retiring), or undo both. A failure is logged and the next scan decides again: an unlabelled node
-    is not retiring, a still-labelled one still is."""
-    body = {
-        "metadata": {"labels": {RETIRING_LABEL: "true" if retiring else None}},
-        "spec": {"unschedulable": retiring},
-    }
-    try:
-        response = await k8s.CoreV1Api(r.api_client).patch_node(
-            name, body, _preload_content=False, _request_timeout=r.config.kubernetes.request_timeout_seconds
-        )
-        await read_json(response)
-    except ApiError as exc:
-        if exc.status != 404:
-            log.warning("retiring node patch failed", extra={"error": str(exc), "node": name, "retiring": retiring})
-    except Exception as exc:  # the API is unreachable: the next scan decides again
-        log.warning("retiring node patch failed", extra={"error": str(exc), "node": name, "retiring": retiring})
-    else:
-        log.info(
-            "retiring for capacity" if retiring else "retirement cancelled",
-            extra={"decision": {"node": name, "retiring": retiring}},
-        )
 
 
 async def _scan_forever(r: RunningAutoscaler, wake: asyncio.Event, clock: Callable[[], float]) -> None:

@@ -22,4 +22,9 @@ class Provider(Protocol):
 
     async def delete(self, node_name: str) -> None: ...
 
+    async def set_retiring(self, node_name: str, retiring: bool) -> None:
+        """Cordon a node retired for capacity and label it so (or undo both): the loop's record, read back by a
+        restarted sidecar (``loop.RETIRING_LABEL``)."""
+        ...
+
     async def close(self) -> None: ...

@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 
 from extender.autoscaler.config import LagDistribution
-from extender.autoscaler.loop import ProvisionRequest
+from extender.autoscaler.loop import RETIRING_LABEL, ProvisionRequest
 from extender.kube.client import ApiError, read_json
 
 __all__ = ["PROVIDER_ID_PREFIX", "KwokProvider", "node_manifest", "sample_lag"]
@@ -145,6 +145,30 @@ class KwokProvider:
         except ApiError as exc:
             if exc.status != 404:
                 log.warning("kwok node delete failed", extra={"error": str(exc), "node": node_name})
+
+    async def set_retiring(self, node_name: str, retiring: bool) -> None:
+        """Cordon + label a node retired for capacity, or undo both (``loop.RETIRING_LABEL`` is how the next
+        scans, and a restarted sidecar, know it is retiring). A failure is logged; the next scan decides again
+        from the label."""
+        body = {
+            "metadata": {"labels": {RETIRING_LABEL: "true" if retiring else None}},
+            "spec": {"unschedulable": retiring},
+        }
+        try:
+            response = await self._core.patch_node(
+                node_name, body, _preload_content=False, _request_timeout=self._timeout
+            )
+            await read_json(response)
+        except ApiError as exc:
+            if exc.status != 404:
+                log.warning("retiring node patch failed", extra={"error": str(exc), "node": node_name})
+        except Exception as exc:  # the API is unreachable: the next scan decides again
+            log.warning("retiring node patch failed", extra={"error": str(exc), "node": node_name})
+        else:
+            log.info(
+                "retiring for capacity" if retiring else "retirement cancelled",
+                extra={"decision": {"node": node_name, "retiring": retiring}},
+            )
 
     async def close(self) -> None:
         for name in list(self._booting):
