@@ -355,13 +355,22 @@ async def test_quiesce_waits_for_a_criu_left_running_on_the_state_dir(tmp_path: 
     (state / "archives").mkdir(parents=True)
     impostor = tmp_path / "criu"  # TEST DOUBLE: a process whose argv[0] is "criu", working on our state dir
     os.symlink("/usr/bin/python3", impostor)
-    proc = subprocess.Popen([str(impostor), "-S", "-c", "import time; time.sleep(0.4)", str(state / "archives")])
+    proc = subprocess.Popen([str(impostor), "-S", "-c", "import time; time.sleep(1.0)", str(state / "archives")])
     # a criu working elsewhere (another agent's state dir) must not be waited for: it outlives both calls
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
     other = subprocess.Popen([str(impostor), "-S", "-c", "import time; time.sleep(60)", str(elsewhere)])
     try:
-        await asyncio.sleep(0.05)
+        # Popen returns after fork but before the child's exec is visible in /proc under load: until then its cmdline
+        # is pytest's, which no quiesce should wait for. Wait for both doubles to show argv[0] "criu" first.
+        for p in (proc, other):
+            for _ in range(400):
+                cmdline = Path(f"/proc/{p.pid}/cmdline").read_bytes()
+                if cmdline.startswith(str(impostor).encode() + b"\0"):
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                raise AssertionError(f"the criu double {p.pid} never exec'd: {cmdline!r}")
         assert proc.poll() is None
         await CriuBackend("criu", CriuConfig()).quiesce(state, timeout=30)
         assert proc.poll() == 0, "quiesce returned while the criu on our state dir was still running"
