@@ -130,3 +130,46 @@ def test_remaining_runtime_and_utilization() -> None:
     assert node.utilization() == pytest.approx(0.5)
     assert node.remaining_runtime(400.0) == 300.0
     assert node.free == Resources(1000, 2 << 30, 108)
+
+
+@given(
+    name=st.text(min_size=1, max_size=8),
+    namespace=st.text(min_size=1, max_size=8),
+    cpu=st.integers(0, 64_000),
+    runtime=st.none() | st.floats(0, 1e6),
+    started=st.none() | st.floats(-1e6, 1e6),
+    progress=st.floats(0, 1e6),
+    kind=st.sampled_from(list(WorkloadKind)),
+    migratable=st.booleans(),
+    now=st.floats(-1e9, 1e9),
+)
+def test_bound_to_is_the_pod_init_would_build(
+    name: str,
+    namespace: str,
+    cpu: int,
+    runtime: float | None,
+    started: float | None,
+    progress: float,
+    kind: WorkloadKind,
+    migratable: bool,
+    now: float,
+) -> None:
+    """bound_to copies field by field for speed: every field (one added later included) must come across."""
+    import dataclasses
+
+    pod = Pod(
+        name, Resources.request(cpu, 1 << 20), "rs-1", namespace, "uid-1", 7, "gold", kind, runtime, started,
+        progress, None, migratable,
+    )  # fmt: skip
+    bound = pod.bound_to("node-a", now)
+    expected = dataclasses.replace(pod, started_at=now, node_name="node-a")
+    for f in dataclasses.fields(Pod):
+        assert getattr(bound, f.name) == getattr(expected, f.name), f.name
+    assert bound == expected and bound.key == f"{namespace}/{name}" and pod.node_name is None
+
+
+def test_bound_to_refuses_a_start_time_init_would_refuse() -> None:
+    pod = Pod("p", Resources.request(1, 1))
+    for bad in (math.nan, math.inf):
+        with pytest.raises(InvalidInputError, match="start time"):
+            pod.bound_to("n", bad)

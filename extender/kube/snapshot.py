@@ -552,21 +552,7 @@ class Snapshot:
         """Before the Binding POST (kube-scheduler's assume()): the pod occupies ``node`` from now on, so a
         filter running while the bind is in flight never offers the same space twice. ``cancel_bind`` undoes
         it when the bind fails; a DELETED event during the call forgets it (and nothing brings it back)."""
-        bound = Pod(
-            pod.name,
-            pod.requests,
-            pod.request_id,
-            pod.namespace,
-            pod.uid,
-            pod.priority,
-            pod.class_name,
-            pod.kind,
-            pod.runtime_seconds,
-            now,
-            pod.progress_seconds,
-            node,
-            pod.migratable,
-        )
+        bound = pod.bound_to(node, now)
         self.bound_at[pod.key] = now
         return self.ledger.assume(bound, node, now)
 

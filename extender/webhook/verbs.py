@@ -707,19 +707,20 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
     Pod of its filter request.
     """
     _ensure_ready(snapshot)
+    key = args.key
     if args.node not in snapshot.nodes:
-        return {"Error": f"cannot bind {args.key}: node {args.node!r} is not in the extender's snapshot"}, 0
-    entry = snapshot.pods.get(args.key)
+        return {"Error": f"cannot bind {key}: node {args.node!r} is not in the extender's snapshot"}, 0
+    entry = snapshot.pods.get(key)
     if entry is not None and args.uid and entry.pod.uid and entry.pod.uid != args.uid:
-        return {"Error": f"cannot bind {args.key}: uid {args.uid} is not the current pod ({entry.pod.uid})"}, 0
+        return {"Error": f"cannot bind {key}: uid {args.uid} is not the current pod ({entry.pod.uid})"}, 0
     pod: Pod | None = entry.pod if entry is not None else None
     if pod is None and args.uid:
         seen: ParsedPod | None = snapshot.request_pods.latest(args.uid)
-        if seen is not None and seen[0].key == args.key:
+        if seen is not None and seen[0].key == key:
             pod = seen[0]
     assumed = snapshot.assume_bind(pod, args.node, now) if pod is not None else None
     if assumed is None:
-        log.warning("bind: pod unknown (not watched, no filter request seen), not assumed", extra={"pod": args.key})
+        log.warning("bind: pod unknown (not watched, no filter request seen), not assumed", extra={"pod": key})
     try:
         retries = await binder.bind(args)
     except BaseException as exc:
@@ -736,5 +737,5 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
                 extra={"pod": args.key, "node": args.node, "decision": {"error": str(exc), "in_doubt": not definite}},
             )
         raise
-    log.info("bind", extra={"pod": args.key, "node": args.node, "decision": {"retries": retries}})
+    log.info("bind", extra={"pod": key, "node": args.node, "decision": {"retries": retries}})
     return {"Error": ""}, retries
