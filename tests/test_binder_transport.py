@@ -61,3 +61,42 @@ def test_the_environment_proxy_is_resolved_once_like_client_go(monkeypatch: pyte
     assert environment_proxy("https://10.0.0.1:6443") is None
     assert environment_proxy("https://api.cluster.local:6443") is None
     assert environment_proxy("https://10.0.0.2:6443") == "http://proxy.invalid:3128"
+
+
+async def test_the_binders_client_shares_credentials_not_connections(tmp_path: Path) -> None:
+    """The Binding POSTs' client (sibling_client) talks as the same identity to the same server without
+    reading the kubeconfig again (deleted here before it is made), over a connection pool of its own."""
+    from extender.kube.client import sibling_client
+
+    heads: list[str] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append((await reader.readuntil(b"\r\n\r\n")).decode())
+        body = b'{"kind": "NamespaceList", "items": [], "metadata": {}}'
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t0k3n}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    api = await new_api_client(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    kubeconfig.unlink()
+    binder = sibling_client(api)
+    try:
+        assert binder.rest_client.pool_manager is not api.rest_client.pool_manager
+        for client in (api, binder):
+            await read_json(await k8s.CoreV1Api(client).list_namespace(_preload_content=False))
+    finally:
+        await binder.close()
+        await api.close()
+        server.close()
+    assert len(heads) == 2
+    for head in heads:
+        assert "authorization: bearer t0k3n" in head.lower(), head

@@ -53,6 +53,17 @@ async def new_api_client(kcfg: KubernetesConfig) -> Any:
     configuration.connection_pool_maxsize = 128
     if not configuration.proxy:
         configuration.proxy = environment_proxy(str(configuration.host))
+    return _client(configuration)
+
+
+def sibling_client(api: Any) -> Any:
+    """Another ApiClient on ``api``'s credentials with a connection pool of its own (the binder's): the
+    kubeconfig or service-account token is read once, so both clients always talk to the same server as the
+    same identity, and a second read cannot fail after the first succeeded."""
+    return _client(api.configuration)
+
+
+def _client(configuration: Any) -> Any:
     api = k8s.ApiClient(configuration=configuration)
     # kubernetes_asyncio's session trusts the environment, so aiohttp looks up the proxy variables and reads
     # ~/.netrc on every request (in a thread: a thread hop and GIL handover per Binding POST and release PATCH,

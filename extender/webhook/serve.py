@@ -18,7 +18,7 @@ from extender.controller.loop import ControllerEvents, QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
 from extender.kube.binder import KubeBinder
-from extender.kube.client import new_api_client
+from extender.kube.client import new_api_client, sibling_client
 from extender.kube.events import KubeEventSink
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
@@ -93,7 +93,7 @@ async def start(config: ExtenderConfig) -> Running:
     # The Binding POSTs get their own connection pool: they are kube-scheduler's critical path, and in the shared
     # pool they waited for connections behind a burst of the controller's release PATCHes
     # (controller.release_concurrency), account writes, Events and the watches' long-lived connections.
-    bind_client = await new_api_client(config.kubernetes)
+    bind_client = sibling_client(api_client)
     binder = KubeBinder(bind_client, config.bind)
     app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time)
     runner, port = await start_server(app, config)
