@@ -123,16 +123,21 @@ def api_writes(kube: Kube) -> dict[str, float]:
     return out
 
 
-def extender_outcomes(values: dict[str, str]) -> dict[str, float]:
-    """The extender's verb outcomes, bind retries and failures, and filter rejections so far (a bind answered
-    with an Error sends the pod back to kube-scheduler's queue: a FailedScheduling Event, a status PATCH and
-    another filter + bind later)."""
-    m = scrape_metrics(
+def extender_metrics(values: dict[str, str]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The extender's /metrics, scraped with the scraper's client certificate (mTLS, as Prometheus does)."""
+    return scrape_metrics(
         values["EXTENDER_METRICS_URL"],
         values["EXTENDER_CA"],
         values["EXTENDER_CLIENT_CERT"],
         values["EXTENDER_CLIENT_KEY"],
     )
+
+
+def extender_outcomes(values: dict[str, str]) -> dict[str, float]:
+    """The extender's verb outcomes, bind retries and failures, and filter rejections so far (a bind answered
+    with an Error sends the pod back to kube-scheduler's queue: a FailedScheduling Event, a status PATCH and
+    another filter + bind later)."""
+    m = extender_metrics(values)
     out: dict[str, float] = {}
     for (name, labels), v in m.items():
         d = dict(labels)
@@ -466,12 +471,7 @@ def main() -> int:
                 phases.append({"profile": name, **result})
                 rates[name].append(result["pods_per_second"])
                 cleanup(kube, ns)
-        m = scrape_metrics(
-            values["EXTENDER_METRICS_URL"],
-            values["EXTENDER_CA"],
-            values["EXTENDER_CLIENT_CERT"],
-            values["EXTENDER_CLIENT_KEY"],
-        )
+        m = extender_metrics(values)
         for verb in ("filter", "prioritize", "bind"):
             c = m.get(("qos_extender_request_duration_seconds_count", (("verb", verb),)), 0.0)
             s = m.get(("qos_extender_request_duration_seconds_sum", (("verb", verb),)), 0.0)
