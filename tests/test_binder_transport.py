@@ -13,10 +13,8 @@ from extender.config import KubernetesConfig
 from extender.kube.client import environment_proxy, new_api_client, read_json
 
 
-async def test_requests_never_carry_netrc_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """aiohttp with trust_env reads ~/.netrc on every request (in a thread) and sends its password as Basic
-    auth: the API server must never get it, and the file is not read per request."""
-    heads: list[str] = []
+async def _namespace_server(heads: list[str]) -> asyncio.Server:
+    """An API server stand-in on 127.0.0.1 that records each request's head and answers an empty NamespaceList."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         heads.append((await reader.readuntil(b"\r\n\r\n")).decode())
@@ -26,7 +24,14 @@ async def test_requests_never_carry_netrc_credentials(tmp_path: Path, monkeypatc
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_requests_never_carry_netrc_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp with trust_env reads ~/.netrc on every request (in a thread) and sends its password as Basic
+    auth: the API server must never get it, and the file is not read per request."""
+    heads: list[str] = []
+    server = await _namespace_server(heads)
     port = server.sockets[0].getsockname()[1]
     netrc = tmp_path / "netrc"
     netrc.write_text("machine 127.0.0.1 login someone password secret\n")
@@ -69,16 +74,7 @@ async def test_the_binders_client_shares_credentials_not_connections(tmp_path: P
     from extender.kube.client import sibling_client
 
     heads: list[str] = []
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        heads.append((await reader.readuntil(b"\r\n\r\n")).decode())
-        body = b'{"kind": "NamespaceList", "items": [], "metadata": {}}'
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
-        writer.write(body)
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    server = await _namespace_server(heads)
     port = server.sockets[0].getsockname()[1]
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
