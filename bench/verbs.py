@@ -406,7 +406,7 @@ def main() -> None:
     print("hdl = the whole handler's work: orjson parse + decision + orjson dump (no HTTP);")
     print("ratio = dec p50 / (orjson parse + dump p50); hdl/js = hdl p50 / (orjson parse + dump p50)")
     print("bind's JSON floor is that of a ~115-byte body and an {'Error': ''} answer (about 1 us): its ratios")
-    print("measure the pod's assumption in the ledger against nearly nothing; compare its dec p50 with http p50 instead")
+    print("time the pod's assumption in the ledger against nearly nothing; compare its dec p50 with http p50 instead")
     print(HEADER)
     for r in rows:
         if "verb" in r:
