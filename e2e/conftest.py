@@ -22,6 +22,8 @@ import pytest
 
 from extender.kube.sync_client import Kube, KubeError, http_json, scrape_metrics
 
+_LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
 MARKER = os.environ.get("QOS_MARKER_RESOURCE") or "qos.kube-qos-extender.io/managed"
 PREFIX = "qos.kube-qos-extender.io/"
 IMAGE = "registry.invalid/pause:3.9"
@@ -145,9 +147,13 @@ class Run:
 
     def wait_nodes_ready(self) -> None:
         def ready() -> bool:
+            # Ready is not enough: the node lifecycle controller removes its not-ready NoSchedule taint on its
+            # next sync (up to node-monitor-period later), and until then kube-scheduler filters the node out,
+            # so a test expecting two feasible nodes would see one (and no prioritize call).
             nodes = {n["metadata"]["name"]: n for n in self.kube.nodes(f"e2e-run={self.id}")}
             return all(
                 any(c["type"] == "Ready" and c["status"] == "True" for c in nodes[n]["status"].get("conditions", []))
+                and not any(t.get("key") in _LIFECYCLE_TAINTS for t in nodes[n]["spec"].get("taints") or [])
                 for n in self.nodes
                 if n in nodes
             ) and len(nodes) == len(self.nodes)
