@@ -96,6 +96,10 @@ async def test_restore_imports_and_unpacks_the_checkpoint_image(containerd: str,
     snaps = subprocess.run([str(ctr), "--address", containerd, "-n", "k8s.io", "snapshots", "ls"],
                            capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
     assert "Committed" in snaps, snaps
+    # the import's lease (which keeps its stream from the garbage collector) is gone: the image record holds it all
+    leases = subprocess.run([str(ctr), "--address", containerd, "-n", "k8s.io", "leases", "ls"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+    assert "qos-agent-import-" not in leases, leases
     # the manifest carries the annotation containerd's CRI looks for to restore instead of start
     importer = ContainerdImporter(containerd)
     assert (await importer.image_digest(restored.image) or "").startswith("sha256:")

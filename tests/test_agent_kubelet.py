@@ -246,3 +246,13 @@ def test_unpack_without_tarfile_filters_as_in_the_images_python(
     assert arc.unpack(path, tmp_path / "out") == ["d/pages-1.img"]
     out = tmp_path / "out" / "d" / "pages-1.img"
     assert out.read_bytes() == b"abc" and out.stat().st_mode & 0o7777 == 0o755
+
+
+def test_lease_requests_match_our_proto(stubs: Any) -> None:
+    pb = stubs
+    labels = {"containerd.io/gc.expire": "2026-11-23T19:00:00Z", "a": "b"}
+    want = pb.CreateLeaseRequest(id="qos-agent-import-1", labels=labels)
+    got = pb.CreateLeaseRequest.FromString(ctd.create_lease_request("qos-agent-import-1", labels))
+    assert got == want  # map order on the wire is free: compare decoded
+    assert ctd.delete_lease_request("l-1") == pb.DeleteLeaseRequest(id="l-1").SerializeToString()
+    assert ctd.delete_lease_request("l-1", sync=True) == pb.DeleteLeaseRequest(id="l-1", sync=True).SerializeToString()

@@ -5,6 +5,9 @@ the node's container runtime must hold before a pod can be created from it (``im
 registry). containerd 2.x's Transfer service does the import and the unpack into the CRI snapshotter in one
 call, exactly as ``ctr images import`` (which is what was verified by hand, ../shared/LOCAL-CLUSTER-NOTES.md):
 
+0. ``Leases/Create`` a lease that expires on its own (``containerd.io/gc.expire``); the stream and the transfer
+   carry it (``containerd-lease``) and it is deleted at the end: containerd's garbage collector keeps an unleased
+   stream only in a namespace that already holds metadata, so a node's first import could lose its stream;
 1. ``Streaming/Stream`` (bidi, ``google.protobuf.Any`` both ways): send ``StreamInit{id}``, read the ack;
 2. ``Transfer/Transfer{source: ImageImportStream{stream: id}, destination: ImageStore{...}}``; while it runs,
    containerd pulls the tar through the stream: it grants a window (``WindowUpdate``), we send ``Data`` chunks
@@ -14,7 +17,7 @@ call, exactly as ``ctr images import`` (which is what was verified by hand, ../s
 Why this and not our own content/snapshot/diff/image calls: one server-side call that unpacks into the
 snapshotter CRI restores from (``View`` of the chain id in ``CRImportCheckpoint``), sets the GC labels and
 holds its own lease; five services and their GC rules would be ours to get right otherwise. Why no generated
-stubs: the agent runs read-only without a compiler, and the messages are seven small ones; the wire encoding
+stubs: the agent runs read-only without a compiler, and the messages are nine small ones; the wire encoding
 below follows ``protos/containerd_minimal.proto`` (our own subset of containerd's api v1.11 protos, field
 numbers checked against upstream), and tests/test_agent_containerd.py checks it byte for byte against stubs
 protoc generates from that file.
@@ -23,9 +26,11 @@ protoc generates from that file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tarfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +45,14 @@ __all__ = [
 ]
 
 NAMESPACE_HEADER = "containerd-namespace"
+LEASE_HEADER = "containerd-lease"
+LEASE_EXPIRE_LABEL = "containerd.io/gc.expire"  # a lease left by a crashed agent ends on its own
 _STREAM = "/containerd.services.streaming.v1.Streaming/Stream"
 _TRANSFER = "/containerd.services.transfer.v1.Transfer/Transfer"
 _IMAGE_GET = "/containerd.services.images.v1.Images/Get"
 _IMAGE_DELETE = "/containerd.services.images.v1.Images/Delete"
+_LEASE_CREATE = "/containerd.services.leases.v1.Leases/Create"
+_LEASE_DELETE = "/containerd.services.leases.v1.Leases/Delete"
 # Type URLs: containerd resolves transfer objects by the bare full name (typeurl v2 for unregistered protos).
 STREAM_INIT = "containerd.services.streaming.v1.StreamInit"
 IMPORT_STREAM = "containerd.types.transfer.ImageImportStream"
@@ -153,6 +162,16 @@ def transfer_request(stream_id: str, store: bytes, media_type: str = "") -> byte
     return _len(1, any_message(IMPORT_STREAM, source)) + _len(2, any_message(IMAGE_STORE, store))
 
 
+def create_lease_request(lease_id: str, labels: dict[str, str]) -> bytes:
+    """containerd.services.leases.v1.CreateRequest{id = 1, labels = 3 (map entries {key = 1, value = 2})}."""
+    return _str(1, lease_id) + b"".join(_len(3, _str(1, k) + _str(2, v)) for k, v in sorted(labels.items()))
+
+
+def delete_lease_request(lease_id: str, sync: bool = False) -> bytes:
+    """containerd.services.leases.v1.DeleteRequest{id = 1, sync = 2}."""
+    return _str(1, lease_id) + _bool(2, sync)
+
+
 def _parse_any(raw: bytes) -> tuple[str, bytes]:
     url, value = "", b""
     for field, v in decode_fields(raw):
@@ -257,16 +276,24 @@ class ContainerdImporter:
         sid = f"qos-agent-import-{uuid.uuid4().hex[:12]}"
         tasks: list[asyncio.Future[Any]] = []
         async with self._channel() as ch:
-            stream = ch.stream_stream(_STREAM)(metadata=self._md(), timeout=self.timeout)
+            # Stream and Transfer under a lease (as containerd's own client does): an unleased stream survives a
+            # garbage collection only if its namespace already holds metadata, so on a node's first import the
+            # collector could close it between our registration and the Transfer (NOT_FOUND "not found").
+            expire = datetime.now(UTC) + timedelta(seconds=self.timeout + 60)
+            labels = {LEASE_EXPIRE_LABEL: expire.strftime("%Y-%m-%dT%H:%M:%SZ")}
+            try:
+                await ch.unary_unary(_LEASE_CREATE)(create_lease_request(sid, labels), metadata=self._md(), timeout=30)
+            except grpc.aio.AioRpcError as exc:
+                raise ContainerdError(f"containerd lease for the import: {exc.code().name}: {exc.details()}") from None
+            md = (*self._md(), (LEASE_HEADER, sid))
+            stream = ch.stream_stream(_STREAM)(metadata=md, timeout=self.timeout)
             try:
                 await stream.write(any_message(STREAM_INIT, _str(1, sid)))
                 await stream.read()  # containerd acks the registration (an Empty)
                 window = _Window()
                 tasks.append(asyncio.ensure_future(_read_windows(stream, window)))
                 request = transfer_request(sid, image_store(prefix))
-                transfer = asyncio.ensure_future(
-                    ch.unary_unary(_TRANSFER)(request, metadata=self._md(), timeout=self.timeout)
-                )
+                transfer = asyncio.ensure_future(ch.unary_unary(_TRANSFER)(request, metadata=md, timeout=self.timeout))
                 sender = asyncio.ensure_future(_send(stream, _chunks_async(layout), window))
                 tasks += [transfer, sender]
                 done, _ = await asyncio.wait({transfer, sender}, return_when=asyncio.FIRST_EXCEPTION)
@@ -280,6 +307,9 @@ class ContainerdImporter:
                 for task in tasks:
                     task.cancel()
                 stream.cancel()
+                # The image record now holds what the import wrote; a failed delete is left to the expiry label.
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await ch.unary_unary(_LEASE_DELETE)(delete_lease_request(sid), metadata=self._md(), timeout=30)
 
 
 class _Window:
