@@ -85,6 +85,14 @@ def test_priority_reference_starves_bronze(runs: dict[str, dict[str, Any]]) -> N
     assert _cls(runs["qos"], "bronze")["availability_min"] > _cls(run, "bronze")["availability_median"] + 0.1
 
 
+def _worst(base: dict[str, Any], other: dict[str, Any], n: int = 8) -> list[tuple[str, float, float]]:
+    """The requests whose availability differs most between the runs (name, base, other): what a failure shows,
+    so an intermittent one can be told apart from noise (at compression 6 the bench measured 0.006 apart)."""
+    a, b = base["per_request_availability"], other["per_request_availability"]
+    keys = sorted((k for k in a if k in b), key=lambda k: -abs(a[k] - b[k]))
+    return [(k, round(a[k], 3), round(b[k], 3)) for k in keys[:n]]
+
+
 def test_restart_loses_nothing(runs: dict[str, dict[str, Any]]) -> None:
     """SIGKILL of the extender (controller, webhook, accounts in memory) halfway, restart 3 s later."""
     base, killed = runs["qos"], runs["restart"]
@@ -94,7 +102,7 @@ def test_restart_loses_nothing(runs: dict[str, dict[str, Any]]) -> None:
     assert killed["controller_vs_measured_max_abs_diff"] is not None
     assert killed["controller_vs_measured_max_abs_diff"] <= 0.15
     cmp = qv.compare_runs(base, killed)
-    assert cmp["sorted_per_class_max"] <= 0.1, cmp
+    assert cmp["sorted_per_class_max"] <= 0.1, (cmp, killed["restart"], _worst(base, killed))
     for name in ("gold", "silver", "bronze"):
         assert abs(_cls(base, name)["availability_mean"] - _cls(killed, name)["availability_mean"]) <= 0.05, name
     assert killed["gate_timeouts"] == 0
