@@ -542,3 +542,16 @@ def test_qos_scheduler_mounts_only_the_secrets_its_config_uses() -> None:
     secrets = {n: m for n, m in _mounts(dep, "kube-scheduler").items() if "secret" in m["volume"]}
     used = {n for n, m in secrets.items() if any(f.startswith(m["mountPath"].rstrip("/") + "/") for f in files)}
     assert set(secrets) == used, f"kube-scheduler mounts Secrets its config does not use: {sorted(set(secrets) - used)}"
+
+
+def test_our_control_plane_prefers_nodes_consolidation_will_not_empty() -> None:
+    """qos-scheduler and qos-autoscaler stay off the batch node group when they can: a pod of ours on an
+    under-used batch node would keep the node consolidation is emptying (and the e2e would find no batch node
+    free of product pods to consolidate)."""
+    want = {"key": "qos.kube-qos-extender.io/node-group", "operator": "NotIn", "values": ["batch"]}
+    for path in (CONFIG / "base" / "deployment.yaml", CONFIG / "autoscaler" / "deployment.yaml"):
+        (deployment,) = [d for d in _docs(path) if d["kind"] == "Deployment"]
+        preferred = deployment["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert any(want in p["preference"]["matchExpressions"] for p in preferred), path
