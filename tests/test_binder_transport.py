@@ -27,6 +27,17 @@ async def _namespace_server(heads: list[str]) -> asyncio.Server:
     return await asyncio.start_server(serve, "127.0.0.1", 0)
 
 
+def _kubeconfig(tmp_path: Path, port: int, user: str) -> Path:
+    """A kubeconfig for the stand-in server on 127.0.0.1:``port`` over plain HTTP, ``user`` as its YAML."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        f"users: [{{name: u, user: {user}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: u}}}}]\n"
+    )
+    return path
+
+
 async def test_requests_never_carry_netrc_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """aiohttp with trust_env reads ~/.netrc on every request (in a thread) and sends its password as Basic
     auth: the API server must never get it, and the file is not read per request."""
@@ -39,12 +50,7 @@ async def test_requests_never_carry_netrc_credentials(tmp_path: Path, monkeypatc
     monkeypatch.setenv("NETRC", str(netrc))
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = _kubeconfig(tmp_path, port, "{}")
     api = await new_api_client(KubernetesConfig(kubeconfig=str(kubeconfig)))
     try:
         await read_json(await k8s.CoreV1Api(api).list_namespace(_preload_content=False))
@@ -76,12 +82,7 @@ async def test_the_binders_client_shares_credentials_not_connections(tmp_path: P
     heads: list[str] = []
     server = await _namespace_server(heads)
     port = server.sockets[0].getsockname()[1]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
-        "users: [{name: u, user: {token: t0k3n}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = _kubeconfig(tmp_path, port, "{token: t0k3n}")
     api = await new_api_client(KubernetesConfig(kubeconfig=str(kubeconfig)))
     kubeconfig.unlink()
     binder = sibling_client(api)

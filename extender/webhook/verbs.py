@@ -734,7 +734,7 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
         if isinstance(exc, BindError):
             log.warning(
                 "bind failed",
-                extra={"pod": args.key, "node": args.node, "decision": {"error": str(exc), "in_doubt": not definite}},
+                extra={"pod": key, "node": args.node, "decision": {"error": str(exc), "in_doubt": not definite}},
             )
         raise
     log.info("bind", extra={"pod": key, "node": args.node, "decision": {"retries": retries}})
