@@ -159,19 +159,48 @@ def measure(fn: Callable[[], Any], repeat: int) -> list[float]:
     return out
 
 
-def measure_fresh(
-    raw: bytes, fn: Callable[[Any], Any], repeat: int, reset: Callable[[], Any] = lambda: None
-) -> list[float]:
-    """Times of ``fn(body)`` with ``body`` parsed from ``raw`` anew (untimed) before each sample and ``reset``
-    (untimed) after it."""
+def measure_fresh(raw: bytes, fn: Callable[[Any], Any], repeat: int) -> list[float]:
+    """Times of ``fn(body)`` with ``body`` parsed from ``raw`` anew (untimed) before each sample."""
     out = []
     for _ in range(repeat):
         body = orjson.loads(raw)
         t = time.perf_counter()
         fn(body)
         out.append(time.perf_counter() - t)
-        reset()
     return out
+
+
+def bind_samples(raw: bytes, snap: Snapshot, reps: int, whole: bool) -> list[float]:
+    """Times of the bind verb as its handler runs it: awaited inside a coroutine (the request's), with a body
+    parsed anew before each sample (inside the timer with ``whole``: orjson parse + bind + orjson dump).
+
+    With a binder that never suspends, one send() runs every sample. Driving each sample's coroutine with its
+    own send() would add a StopIteration per sample (~0.3 us, a tenth of the decision) that the handler's
+    await never raises; loop.run_until_complete would add a Task and a loop turn (~20 us), which belong to the
+    HTTP column. After each sample (untimed) the ledger forgets the pod: every sample binds it anew, as each
+    real bind is a new pod."""
+    binder = InstantBinder()
+    out: list[float] = []
+
+    async def run() -> None:
+        for _ in range(reps):
+            body = orjson.loads(raw)
+            t = time.perf_counter()
+            if whole:
+                result, _ = await verbs.bind(verbs.parse_bind_args(orjson.loads(raw)), snap, binder, NOW)
+                orjson.dumps(result)
+            else:
+                await verbs.bind(verbs.parse_bind_args(body), snap, binder, NOW)
+            out.append(time.perf_counter() - t)
+            snap.ledger.forget("default/incoming")
+
+    coro = run()
+    try:
+        coro.send(None)
+    except StopIteration:
+        return out
+    coro.close()
+    raise RuntimeError("bind suspended with an instant binder")
 
 
 def bench_verb(
@@ -183,47 +212,36 @@ def bench_verb(
     client: TestClient[Any, Any],
     reps: int,
 ) -> dict[str, Any]:
-    reset: Callable[[], Any] = lambda: None  # noqa: E731 - untimed, after each sample
     if verb == "bind":
-        binder = InstantBinder()
-
-        def decide(parsed: Any) -> Any:
-            # The handler awaits bind inside the request's task; with a binder that never suspends, one send()
-            # runs the whole coroutine. loop.run_until_complete would add a new Task and a loop turn per
-            # sample (~20 us, three times the decision), which belong to the HTTP column, not the decision.
-            coro = verbs.bind(verbs.parse_bind_args(parsed), snap, binder, NOW)
-            try:
-                coro.send(None)
-            except StopIteration as done:
-                return done.value[0]
-            raise RuntimeError("bind suspended with an instant binder")
-
-        def reset() -> None:
-            snap.ledger.forget("default/incoming")  # the next sample assumes the pod anew
+        # bind is a coroutine the handler awaits: its samples are taken inside one coroutine that awaits it
+        response = {"Error": ""}
+        decision = bind_samples(raw, snap, reps, whole=False)
+        whole = bind_samples(raw, snap, reps, whole=True)
+        cold = bind_samples(raw, snap, reps, whole=False)  # no cache on bind's path: a second series
     else:
         fn = {"filter": verbs.filter_nodes, "prioritize": verbs.prioritize, "preempt": verbs.preempt}[verb]
 
         def decide(parsed: Any) -> Any:
             return fn(parsed, snap, config, NOW).body
 
-    response = decide(orjson.loads(raw))
-    # Every sample decides on a body parsed just before it, outside the timer: the strings are new objects
-    # (no cached hashes, no identity shortcuts), as on a real request.
-    decision = measure_fresh(raw, decide, reps, reset)
+        response = decide(orjson.loads(raw))
+        # Every sample decides on a body parsed just before it, outside the timer: the strings are new objects
+        # (no cached hashes, no identity shortcuts), as on a real request.
+        decision = measure_fresh(raw, decide, reps)
 
-    def handler() -> Any:
-        return orjson.dumps(decide(orjson.loads(raw)))  # the whole handler's work, minus nothing but HTTP
+        def handler() -> Any:
+            return orjson.dumps(decide(orjson.loads(raw)))  # the whole handler's work, minus nothing but HTTP
 
-    whole = measure(handler, reps)
+        whole = measure(handler, reps)
 
-    def decide_cold(parsed: Any) -> Any:
-        snap._views.clear()  # every node view rebuilt: the first call after a relist / a burst of events
-        # and the NodeNames row index (a node added or removed); absent in trees before it: the bench also runs
-        # on an older checkout for before/after figures
-        getattr(snap.table, "forget_index", lambda: None)()
-        return decide(parsed)
+        def decide_cold(parsed: Any) -> Any:
+            snap._views.clear()  # every node view rebuilt: the first call after a relist / a burst of events
+            # and the NodeNames row index (a node added or removed); absent in trees before it: the bench also
+            # runs on an older checkout for before/after figures
+            getattr(snap.table, "forget_index", lambda: None)()
+            return decide(parsed)
 
-    cold = measure_fresh(raw, decide_cold, reps, reset)
+        cold = measure_fresh(raw, decide_cold, reps)
     parse = measure(lambda: orjson.loads(raw), reps)
     dump = measure(lambda: orjson.dumps(response), reps)
 
@@ -276,7 +294,8 @@ def bench_size(
         loop.run_until_complete(client.start_server())
         try:
             for verb in ("filter", "prioritize", "preempt", "bind"):
-                reps = repeat if n <= 1000 or verb == "bind" else max(5, repeat // 4)
+                # bind's samples are a few microseconds, near the timer's own cost: many more keep its median steady
+                reps = 10 * repeat if verb == "bind" else repeat if n <= 1000 else max(5, repeat // 4)
                 row = bench_verb(verb, bodies[verb], snap, config, loop, client, reps)
                 row = {"nodes": n, "nodeCacheCapable": cache, **row}
                 rows.append(row)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
@@ -119,6 +120,31 @@ def test_bind_is_assumed_until_the_watch_confirms() -> None:
     s.apply_pod("MODIFIED", pod("a", "3", node_name="n1"))  # the watch shows it: confirmed, counted once
     assert "default/a" not in s.ledger and s.requested_on("n1") == (Resources(3000, 2**30, 1), 1)
     assert s.pods["default/a"].pod.started_at == 10.0  # no startTime yet: our bind time
+
+
+def test_an_assumed_pod_is_seen_bound_where_views_hold_it() -> None:
+    """The ledger builds the bound copy at its first read: node views must see it on the node since the bind,
+    while the watched pod itself stays unbound."""
+    s = synced(node("n1"))
+    s.apply_pod("ADDED", pod("a", "3"))
+    source = s.pods["default/a"].pod
+    entry = s.assume_bind(source, "n1", 10.0)
+    view = s.node_view("n1")
+    assert view is not None
+    [held] = [p for p in view.pods if p.key == "default/a"]
+    assert (held.node_name, held.started_at) == ("n1", 10.0)
+    assert held == source.bound_to("n1", 10.0) and entry.pod is held  # built once
+    assert (source.node_name, source.started_at) == (None, None)
+    assert (entry.key, entry.uid, entry.node, entry.assumed_at) == ("default/a", source.uid, "n1", 10.0)
+
+
+@pytest.mark.parametrize("now", [math.nan, math.inf, -math.inf])
+def test_a_bind_at_a_clock_that_is_no_time_is_refused_and_leaves_nothing(now: float) -> None:
+    s = synced(node("n1"))
+    s.apply_pod("ADDED", pod("a", "3"))
+    with pytest.raises(InvalidInputError, match="finite"):
+        s.assume_bind(s.pods["default/a"].pod, "n1", now)
+    assert "default/a" not in s.ledger and "default/a" not in s.bound_at and s.requested_on("n1")[1] == 0
 
 
 def test_bind_after_watch_is_not_assumed_twice() -> None:

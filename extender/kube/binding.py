@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 __all__ = ["BindArgs", "BindError", "Binder"]
 
 
-@dataclass(frozen=True, slots=True)
-class BindArgs:
+class BindArgs(NamedTuple):
+    """ExtenderBindingArgs. A NamedTuple: immutable like a frozen dataclass, built in half the time (one is
+    built per bind, and the bind verb's whole decision is a few microseconds)."""
+
     namespace: str
     name: str
     uid: str

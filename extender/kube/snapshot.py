@@ -20,6 +20,7 @@ UID and resourceVersion, so a pod is converted once, and bind can assume a pod t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,12 +47,36 @@ __all__ = ["BindLedger", "LedgerEntry", "NodeEntry", "NodeTable", "PodEntry", "R
 # ------------------------------------------------------------------------------------------------ ledger
 
 
-@dataclass(frozen=True, slots=True)
 class LedgerEntry:
-    pod: Pod
-    node: str
-    uid: str
-    assumed_at: float
+    """One assumed bind: ``source`` (the pod as the bind verb saw it) occupies ``node`` since ``assumed_at``.
+
+    ``pod`` (the pod as bound: ``node_name`` and ``started_at`` set) is built at its first read. The bind verb
+    makes one entry per pod and most are confirmed by the watch before any node view needs them, so the copy
+    is made only where a view holds the pod; ``key`` and ``requests`` are the source's (the same either way).
+    """
+
+    __slots__ = ("_pod", "assumed_at", "node", "source", "uid")
+
+    def __init__(self, source: Pod, node: str, assumed_at: float) -> None:
+        self.source = source
+        self.node = node
+        self.uid = source.uid
+        self.assumed_at = assumed_at
+        self._pod: Pod | None = None
+
+    @property
+    def key(self) -> str:
+        return self.source.key
+
+    @property
+    def pod(self) -> Pod:
+        pod = self._pod
+        if pod is None:
+            pod = self._pod = self.source.bound_to(self.node, self.assumed_at)
+        return pod
+
+    def __repr__(self) -> str:
+        return f"LedgerEntry({self.key!r} on {self.node!r} since {self.assumed_at!r})"
 
 
 class BindLedger:
@@ -75,11 +100,21 @@ class BindLedger:
         return self._entries.get(key)
 
     def assume(self, pod: Pod, node: str, now: float) -> LedgerEntry:
-        """Record that ``pod`` now occupies ``node`` (replaces an earlier assumption for the same pod)."""
-        self.forget(pod.key)
-        entry = LedgerEntry(pod, node, pod.uid, now)
-        self._entries[pod.key] = entry
-        self._by_node.setdefault(node, {})[pod.key] = entry
+        """Record that ``pod`` now occupies ``node`` (replaces an earlier assumption for the same pod).
+
+        ``now`` is checked here, not when the entry's bound pod is first built: a bad clock fails the bind."""
+        if not math.isfinite(now):
+            raise InvalidInputError(f"pod {pod.name}: start time must be finite")
+        key = pod.key
+        if key in self._entries:
+            self.forget(key)
+        entry = LedgerEntry(pod, node, now)
+        self._entries[key] = entry
+        on_node = self._by_node.get(node)
+        if on_node is None:
+            self._by_node[node] = {key: entry}
+        else:
+            on_node[key] = entry
         if self._on_change is not None:
             self._on_change(node)
         return entry
@@ -104,7 +139,7 @@ class BindLedger:
         """Drop assumptions older than the TTL; returns them (each is a bind the watch never confirmed)."""
         stale = [e for e in self._entries.values() if now - e.assumed_at >= self.ttl_seconds]
         for entry in stale:
-            self.forget(entry.pod.key)
+            self.forget(entry.key)
         return stale
 
     def on_node(self, node: str) -> Iterable[LedgerEntry]:
@@ -484,7 +519,7 @@ class Snapshot:
         slot = self._by_node.get(node)
         out = [p for k, p in slot.pods.items() if k != exclude] if slot is not None else []
         for entry in self.ledger.on_node(node):
-            key = entry.pod.key
+            key = entry.key
             if key != exclude and (slot is None or key not in slot.pods):
                 out.append(entry.pod)
         return out
@@ -499,9 +534,9 @@ class Snapshot:
             requested = requested - slot.pods[exclude].requests
             count -= 1
         for entry in self.ledger.on_node(node):
-            key = entry.pod.key
+            key = entry.key
             if key != exclude and (slot is None or key not in slot.pods):
-                requested = requested + entry.pod.requests
+                requested = requested + entry.source.requests
                 count += 1
         return requested, count
 
@@ -535,7 +570,7 @@ class Snapshot:
         slot = self._by_node.get(node)
         if slot is not None and key in slot.pods:
             return True
-        return any(e.pod.key == key for e in self.ledger.on_node(node))
+        return any(e.key == key for e in self.ledger.on_node(node))
 
     def counts(self) -> dict[str, int]:
         bound = sum(len(s.pods) for s in self._by_node.values())
@@ -552,16 +587,16 @@ class Snapshot:
         """Before the Binding POST (kube-scheduler's assume()): the pod occupies ``node`` from now on, so a
         filter running while the bind is in flight never offers the same space twice. ``cancel_bind`` undoes
         it when the bind fails; a DELETED event during the call forgets it (and nothing brings it back)."""
-        bound = pod.bound_to(node, now)
+        entry = self.ledger.assume(pod, node, now)
         self.bound_at[pod.key] = now
-        return self.ledger.assume(bound, node, now)
+        return entry
 
     def cancel_bind(self, entry: LedgerEntry) -> None:
         """The bind failed: drop our assumption, unless something newer replaced it."""
-        if self.ledger.get(entry.pod.key) is entry:
-            self.ledger.forget(entry.pod.key)
-            if self.bound_at.get(entry.pod.key) == entry.assumed_at:
-                del self.bound_at[entry.pod.key]
+        if self.ledger.get(entry.key) is entry:
+            self.ledger.forget(entry.key)
+            if self.bound_at.get(entry.key) == entry.assumed_at:
+                del self.bound_at[entry.key]
 
     def record_bind(self, pod: Pod, node: str, now: float) -> None:
         """A bind made outside the bind verb (replays, tests): assume it unless the watch already shows it."""
