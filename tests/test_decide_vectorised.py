@@ -370,3 +370,28 @@ def test_a_bad_account_raises_the_instances_error_without_instances_too(
             decide(broken, policy, Settings(), random.Random(1))
         errors.append(str(err.value))
     assert errors[0] == errors[1]
+
+
+class _CountingRandom(random.Random):
+    """Not a plain Random: _skip_draws must draw one by one for it (its random() may be overridden)."""
+
+    calls = 0
+
+    def random(self) -> float:
+        type(self).calls += 1
+        return super().random()
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 2047, 2048, 2049, 3 * 2048, 10_007])
+def test_skipping_draws_leaves_the_rng_where_drawing_them_would(n: int) -> None:
+    """The pass skips the draws of hosts it proves by table; the tie-breaks after them depend on the skip
+    consuming exactly the words n random() calls consume, in one getrandbits or in chunks."""
+    drawn, skipped = random.Random(n), random.Random(n)
+    for _ in range(n):
+        drawn.random()
+    decide_mod._skip_draws(skipped, n)
+    assert skipped.getstate() == drawn.getstate()
+    counting = _CountingRandom(n)
+    _CountingRandom.calls = 0
+    decide_mod._skip_draws(counting, n)
+    assert _CountingRandom.calls == n and counting.getstate() == drawn.getstate()

@@ -173,3 +173,33 @@ def test_bound_to_refuses_a_start_time_init_would_refuse() -> None:
     for bad in (math.nan, math.inf):
         with pytest.raises(InvalidInputError, match="start time"):
             pod.bound_to("n", bad)
+
+
+@given(
+    pods=st.lists(
+        st.tuples(
+            st.none() | st.floats(0, 1e5),  # runtime
+            st.none() | st.floats(0, 1e5),  # started
+            st.floats(0, 1e5),  # progress
+            st.sampled_from(list(WorkloadKind)),
+        ),
+        max_size=6,
+    ),
+    times=st.lists(st.floats(0, 2e5) | st.integers(0, 200_000), min_size=1, max_size=6),
+)
+def test_node_remaining_runtime_remembers_only_the_time_it_was_asked_at(
+    pods: list[tuple[float | None, float | None, float, WorkloadKind]], times: list[float]
+) -> None:
+    """The node keeps its last answer for one ``now``: asked at any sequence of times (repeats included), it
+    answers what the pods say at that time, and a copy with another pod never answers from the original's."""
+    core = [
+        Pod(f"p{i}", Resources.request(1, 1), kind=kind, runtime_seconds=runtime, started_at=started,
+            progress_seconds=progress)
+        for i, (runtime, started, progress, kind) in enumerate(pods)
+    ]  # fmt: skip
+    node = Node("n", Resources.request(64, 1 << 40), pods=tuple(core))
+    for now in [*times, *times]:
+        assert node.remaining_runtime(now) == max((p.remaining_runtime(now) for p in core), default=0.0)
+    longer = Pod("late", Resources.request(1, 1), kind=WorkloadKind.BATCH, runtime_seconds=1e9, started_at=0.0)
+    grown = node.with_pod(longer)
+    assert grown.remaining_runtime(times[-1]) == longer.remaining_runtime(times[-1])

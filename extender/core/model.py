@@ -385,6 +385,9 @@ class Node:
 
     _requested: Resources = field(init=False, repr=False, compare=False, default=Resources())
     _free: Resources = field(init=False, repr=False, compare=False, default=Resources())
+    # (now, remaining_runtime(now)) of the last call: a pass asks every node at one ``now`` once per pod it
+    # ranks by time bin (the controller's decide pass, packing.time_bin_order), and the answer is O(pods)
+    _remaining: tuple[float, float] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if not self.allocatable.is_nonnegative():
@@ -418,4 +421,9 @@ class Node:
 
     def remaining_runtime(self, now: float) -> float:
         """Remaining runtime of the node's longest batch pod: what its time bin is computed from."""
-        return max((p.remaining_runtime(now) for p in self.pods), default=0.0)
+        memo = self._remaining
+        if memo is not None and memo[0] == now and type(now) is float:
+            return memo[1]
+        value = max((p.remaining_runtime(now) for p in self.pods), default=0.0)
+        object.__setattr__(self, "_remaining", (now, value))
+        return value
