@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from extender.config import ExtenderConfig
 from extender.core import packing
+from extender.core.model import InvalidInputError
 from extender.kube.binding import BindArgs, BindError
 from extender.kube.snapshot import Snapshot
 from extender.webhook import verbs
@@ -398,3 +399,19 @@ def test_preempt_table_precheck_equals_the_per_node_path(monkeypatch: pytest.Mon
     slow = verbs.preempt(copy.deepcopy(body), snap, CONFIG, NOW)
     assert fast.body == slow.body and fast.body["NodeNameToMetaVictims"]
     assert (fast.victims_kept, fast.victims_dropped) == (slow.victims_kept, slow.victims_dropped)
+
+
+def test_bind_args_keep_string_values_as_given() -> None:
+    """The common body (plain strings) and a caller's str subclass parse to the same values; a wrong type is
+    named by its field."""
+
+    class Name(str):
+        def __str__(self) -> str:
+            return "not the value"
+
+    body = {"PodName": "p", "PodNamespace": "default", "PodUID": "", "Node": "n1"}
+    assert verbs.parse_bind_args(body) == BindArgs("default", "p", "", "n1")
+    args = verbs.parse_bind_args({**body, "PodName": Name("p")})
+    assert args == BindArgs("default", "p", "", "n1") and args.key == "default/p"
+    with pytest.raises(InvalidInputError, match="Node must be a non-empty string"):
+        verbs.parse_bind_args({**body, "Node": 7})

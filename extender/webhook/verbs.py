@@ -708,7 +708,8 @@ def parse_bind_args(body: object) -> BindArgs:
         v = args.get(field_name)
         if not isinstance(v, str) or (not v and field_name != "PodUID"):
             raise InvalidInputError(f"{field_name} must be a non-empty string, got {v!r}")
-    return BindArgs(str(namespace), str(name), str(uid), str(node))  # str subclasses: plain copies
+    # str subclasses, checked above: passed on as they are
+    return BindArgs(args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"])
 
 
 async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -> tuple[dict[str, str], int]:
