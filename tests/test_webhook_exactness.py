@@ -412,6 +412,6 @@ def test_bind_args_keep_string_values_as_given() -> None:
     body = {"PodName": "p", "PodNamespace": "default", "PodUID": "", "Node": "n1"}
     assert verbs.parse_bind_args(body) == BindArgs("default", "p", "", "n1")
     args = verbs.parse_bind_args({**body, "PodName": Name("p")})
-    assert args == BindArgs("default", "p", "", "n1") and args.key == "default/p"
+    assert args == BindArgs("default", "p", "", "n1") and type(args.name) is Name
     with pytest.raises(InvalidInputError, match="Node must be a non-empty string"):
         verbs.parse_bind_args({**body, "Node": 7})
