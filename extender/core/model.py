@@ -421,11 +421,11 @@ class Node:
 
     def remaining_runtime(self, now: float) -> float:
         """Remaining runtime of the node's longest batch pod: what its time bin is computed from."""
-        if type(now) is not float:  # remembered for float clocks only (an int equal to one is another input)
-            return max((p.remaining_runtime(now) for p in self.pods), default=0.0)
+        remembered = type(now) is float  # float clocks only (an int equal to one is another input)
         memo = self._remaining
-        if memo is not None and memo[0] == now:
+        if remembered and memo is not None and memo[0] == now:
             return memo[1]
         value = max((p.remaining_runtime(now) for p in self.pods), default=0.0)
-        object.__setattr__(self, "_remaining", (now, value))
+        if remembered:
+            object.__setattr__(self, "_remaining", (now, value))
         return value

@@ -55,18 +55,21 @@ class LedgerEntry:
     is made only where a view holds the pod; ``key`` and ``requests`` are the source's (the same either way).
     """
 
-    __slots__ = ("_pod", "assumed_at", "node", "source", "uid")
+    __slots__ = ("_pod", "assumed_at", "node", "source")
 
     def __init__(self, source: Pod, node: str, assumed_at: float) -> None:
         self.source = source
         self.node = node
-        self.uid = source.uid
         self.assumed_at = assumed_at
         self._pod: Pod | None = None
 
     @property
     def key(self) -> str:
         return self.source.key
+
+    @property
+    def uid(self) -> str:
+        return self.source.uid
 
     @property
     def pod(self) -> Pod:
@@ -106,15 +109,10 @@ class BindLedger:
         if not math.isfinite(now):
             raise InvalidInputError(f"pod {pod.name}: start time must be finite")
         key = pod.key
-        if key in self._entries:
-            self.forget(key)
+        self.forget(key)
         entry = LedgerEntry(pod, node, now)
         self._entries[key] = entry
-        on_node = self._by_node.get(node)
-        if on_node is None:
-            self._by_node[node] = {key: entry}
-        else:
-            on_node[key] = entry
+        self._by_node.setdefault(node, {})[key] = entry
         if self._on_change is not None:
             self._on_change(node)
         return entry

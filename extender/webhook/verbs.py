@@ -722,10 +722,9 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
     and nothing re-adds it after the POST returns. A pod the watch has not delivered yet is assumed from the
     Pod of its filter request.
     """
-    if not (snapshot.nodes_synced and snapshot.pods_synced):
-        _ensure_ready(snapshot)
+    _ensure_ready(snapshot)
     namespace, name, uid, node = args
-    key = f"{namespace}/{name}"
+    key = f"{namespace}/{name}"  # BindArgs.key, unpacked: a twentieth of the decision less than the property
     if node not in snapshot.nodes:
         return {"Error": f"cannot bind {key}: node {node!r} is not in the extender's snapshot"}, 0
     entry = snapshot.pods.get(key)
@@ -754,7 +753,7 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
         if isinstance(exc, BindError):
             log.warning(
                 "bind failed",
-                extra={"pod": key, "node": args.node, "decision": {"error": str(exc), "in_doubt": not definite}},
+                extra={"pod": key, "node": node, "decision": {"error": str(exc), "in_doubt": not definite}},
             )
         raise
     if log.isEnabledFor(logging.INFO):  # the extra dict alone is a tenth of the decision when nobody logs it
