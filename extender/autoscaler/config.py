@@ -87,6 +87,19 @@ class CloudProviderSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ProvisioningRequestSettings:
+    """Demand handed to cluster-autoscaler as ProvisioningRequests (providers/provisioning_request.py): the
+    namespace where the requests and their PodTemplates live (the sidecar's own), and the class CA runs them with.
+    CA needs ``--enable-provisioning-requests`` and the CRD (config/cluster-autoscaler/README.md)."""
+
+    namespace: str = "kube-qos-system"
+    class_name: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    # after CA marked a request Provisioned, pods of it still waiting this long are planned again: the nodes
+    # joined and pods released earlier in Q order took their room (cover a cloud's node boot time)
+    delivered_grace_seconds: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
 class CaExpanderSettings:
     """The gRPC expander server cluster-autoscaler calls with --expander=grpc (TLS is mandatory there), and the
     optional externalgrpc cloud provider (``cloud_provider``; None: not served)."""
@@ -95,6 +108,8 @@ class CaExpanderSettings:
     cert_file: str | None = None
     key_file: str | None = None
     cloud_provider: CloudProviderSettings | None = None
+    # None: the sidecar only answers CA's expander (plans as metrics); gated qos pods then never reach CA
+    provisioning_requests: ProvisioningRequestSettings | None = field(default_factory=ProvisioningRequestSettings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,8 +257,26 @@ def _parse_cloud_provider(raw: object, path: str, base: Path | None) -> CloudPro
     )
 
 
+PROVREQ_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io",)
+
+
+def _parse_provreq(raw: object, path: str) -> ProvisioningRequestSettings | None:
+    s = section(raw, path, {"enabled", "namespace", "class_name", "delivered_grace_seconds"})
+    if not read_bool(s, "enabled", path, True):
+        return None
+    namespace = read_req_str(s, "namespace", path, "kube-qos-system")
+    if not namespace.replace("-", "").isalnum() or namespace != namespace.lower() or len(namespace) > 63:
+        raise ConfigError(
+            f"{path}.namespace: must be a namespace name (lowercase letters, digits, '-'), got {namespace!r}"
+        )
+    # check-capacity never buys (it only simulates against existing nodes): not a way to hand demand over
+    class_name = read_req_str(s, "class_name", path, PROVREQ_CLASSES[0], choices=PROVREQ_CLASSES)
+    grace = read_number(s, "delivered_grace_seconds", path, 300.0, minimum=1.0, maximum=86_400.0)
+    return ProvisioningRequestSettings(namespace=namespace, class_name=class_name, delivered_grace_seconds=grace)
+
+
 def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSettings:
-    s = section(raw, path, {"listen", "cert_file", "key_file", "cloud_provider"})
+    s = section(raw, path, {"listen", "cert_file", "key_file", "cloud_provider", "provisioning_requests"})
     listen = _listen(s, path, "127.0.0.1:7000")
     cert, key = read_file_path(s, "cert_file", path, base), read_file_path(s, "key_file", path, base)
     if (cert is None) != (key is None):
@@ -253,7 +286,10 @@ def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSett
         cloud = _parse_cloud_provider(s["cloud_provider"], f"{path}.cloud_provider", base)
         if cloud.listen == listen:
             raise ConfigError(f"{path}.cloud_provider.listen: must differ from {path}.listen ({listen})")
-    return CaExpanderSettings(listen=listen, cert_file=cert, key_file=key, cloud_provider=cloud)
+    provreq = _parse_provreq(s.get("provisioning_requests"), f"{path}.provisioning_requests")
+    return CaExpanderSettings(
+        listen=listen, cert_file=cert, key_file=key, cloud_provider=cloud, provisioning_requests=provreq
+    )
 
 
 TOP = {"autoscaler", "flavours"}

@@ -68,6 +68,9 @@ class ProvisionRequest:
     group: NodeGroup
     labels: Mapping[str, str]
     pods: tuple[str, ...]
+    requests: Resources = field(
+        default_factory=Resources
+    )  # what the pods it was bought for ask, together (a ProvisioningRequest's pod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,8 @@ class Decisions:
     notices: list[Notice] = field(default_factory=list)
     plans: list[GroupPlan] = field(default_factory=list)
     arrived: list[tuple[str, float]] = field(default_factory=list)
+    # demand handed to cluster-autoscaler (ProvisioningRequests): planned nodes whose pods are all bound or gone
+    fulfilled: list[str] = field(default_factory=list)
     consolidation: Consolidation | None = None
     unschedulable: dict[NodeGroup, int] = field(default_factory=dict)
     uncovered: dict[NodeGroup, int] = field(default_factory=dict)
@@ -163,6 +168,12 @@ class AutoscalerLoop:
         self.attempts: dict[str, int] = {}
         self._said: set[tuple[str, str, str]] = set()
         self._adopted_arrivals: list[tuple[str, float]] = []
+        # Under cluster-autoscaler with provisioning requests the loop buys (as requests CA carries out) but never
+        # removes nodes (CA's scale-down does): purchases are not dry-run, deletions and retirements are.
+        self.hands_demand = (
+            settings.provider == "cluster-autoscaler" and settings.expander.provisioning_requests is not None
+        )
+        self._demand: set[str] = set()  # ledger names of planned nodes handed to CA, until fulfilled or forgotten
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -204,12 +215,31 @@ class AutoscalerLoop:
         the room on nodes CA is booting, and the lags the provider measured feed the forecast."""
         by_group: dict[NodeGroup, list[autoscale.Provisioning]] = {g: [] for g in NodeGroup}
         ungrouped: list[autoscale.Provisioning] = []
+        for own_group, own in self.state.ledgers.items():  # our own requests to CA stay until fulfilled
+            by_group[own_group].extend(e for e in own.entries if e.node_name in self._demand)
         for entry in ledger.entries:
             group = groups.get(entry.node_name)
             (by_group[group] if group is not None else ungrouped).append(entry)
         self.state.ledgers = {g: autoscale.ProvisioningLedger(tuple(e)) for g, e in by_group.items()}
         self._ungrouped = tuple(ungrouped)
         self._adopted_arrivals.extend(arrived)
+
+    def adopt_demand(
+        self, group: NodeGroup, flavour: str, name: str, requested_at: float, pods: tuple[str, ...]
+    ) -> None:
+        """A request to CA made before a restart (read back from the cluster): its pods stay covered."""
+        f = self.by_name.get(flavour)
+        if f is None or name in self._demand:
+            return
+        self._demand.add(name)
+        self.state.provisioned(group, autoscale.Provisioning(name, f, requested_at, pods))
+
+    def forget_demand(self, names: Iterable[str]) -> None:
+        """CA gave up on these planned nodes (request Failed, or deleted by someone else): plan their pods again."""
+        for name in names:
+            if name in self._demand:
+                self._demand.discard(name)
+                self.state.arrived(name)
 
     @property
     def ledger(self) -> autoscale.ProvisioningLedger:
@@ -230,6 +260,8 @@ class AutoscalerLoop:
         views = snap.node_views()
         present = {v.name: v for v in views}
         self._arrivals(d, present, now)
+        if self.hands_demand:
+            self._fulfilled(d, snap, now)
         self._expire(d, snap, now)
         accepts = self._accepts(snap)
         waiting = autoscale_scan.unschedulable(snap.unschedulable_pods(self.s.scheduler_names, now), views, accepts)
@@ -295,6 +327,8 @@ class AutoscalerLoop:
             d.arrived.append((name, lag))
         self._adopted_arrivals.clear()
         for entry in self.ledger.entries:
+            if entry.node_name in self._demand:
+                continue
             node = present.get(entry.node_name)
             if node is None:
                 continue
@@ -306,11 +340,27 @@ class AutoscalerLoop:
             self._ungrouped = tuple(e for e in self._ungrouped if e.node_name != entry.node_name)
             d.arrived.append((entry.node_name, lag))
 
+    def _fulfilled(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:
+        """A planned node handed to CA is done when every pod it was bought for is bound or gone: CA's nodes have
+        names of its own, so the pods, not a node name, say the capacity came. Its lag is request -> last bound."""
+        for entry in self.ledger.entries:
+            if entry.node_name not in self._demand:
+                continue
+            if any((e := snap.pods.get(k)) is not None and e.pod.node_name is None for k in entry.pods):
+                continue
+            self._demand.discard(entry.node_name)
+            self.state.arrived(entry.node_name)
+            lag = max(0.0, now - entry.requested_at)
+            self.lag_samples.append(lag)
+            del self.lag_samples[: -max(self.s.lag_window, 1)]
+            d.fulfilled.append(entry.node_name)
+
     def _expire(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:
         expired = self.state.expire(now, self.s.provisioning_timeout_seconds)
         ungrouped, gone = autoscale.ProvisioningLedger(self._ungrouped).expire(now, self.s.provisioning_timeout_seconds)
         self._ungrouped = ungrouped.entries
         for entry in (*expired, *gone):
+            self._demand.discard(entry.node_name)
             d.cancel.append(entry)
             message = (
                 f"node {entry.node_name} ({entry.flavour.name}) requested at {entry.requested_at:.0f} did not join "
@@ -367,7 +417,7 @@ class AutoscalerLoop:
             counts[p.flavour.name] = counts.get(p.flavour.name, 0) + 1
         cost = math.fsum(p.flavour.price_per_hour for p in purchases)
         d.plans.append(GroupPlan(group, up.pods, dict(sorted(counts.items())), cost, plan.unservable, up.reshaped))
-        if self.s.dry_run:
+        if self.s.dry_run and not self.hands_demand:
             return
         summary = ", ".join(f"{n}x{name}" for name, n in sorted(counts.items()))
         if up.reshaped:
@@ -376,15 +426,19 @@ class AutoscalerLoop:
             flavour, keys = p.flavour, p.pods
             name = f"{self.s.node_name_prefix}-{group.value}-{_slug(flavour.name)}-{self._suffix()}"
             self.state.provisioned(group, autoscale.Provisioning(name, flavour, d.now, keys))
-            d.provision.append(ProvisionRequest(name, flavour, group, self._labels(group, flavour), keys))
+            requests = Resources.total(snap.pods[k].pod.requests for k in keys if k in snap.pods)
+            d.provision.append(ProvisionRequest(name, flavour, group, self._labels(group, flavour), keys, requests))
+            if self.hands_demand:
+                self._demand.add(name)
             for key in keys:
                 pod = snap.pods.get(key)
                 if pod is not None:
                     k = self._attempt_key(pod.pod)
                     self.attempts[k] = self.attempts.get(k, 0) + 1
+                via = " from cluster-autoscaler (ProvisioningRequest)" if self.hands_demand else ""
                 message = (
-                    f"node {name} ({flavour.name}, ${flavour.price_per_hour:.4f}/h, {group.value} group) requested "
-                    f"for this pod; plan {summary}, ${cost:.4f}/h"
+                    f"node {name} ({flavour.name}, ${flavour.price_per_hour:.4f}/h, {group.value} group) "
+                    f"requested{via} for this pod; plan {summary}, ${cost:.4f}/h"
                 )
                 self._say(d, self._pod_notice(snap, key, "TriggeredScaleUp", message), key=name)
 

@@ -30,6 +30,7 @@ from extender.autoscaler.handoff import ConsolidationHandoff, RecordingHandoff
 from extender.autoscaler.loop import AutoscalerLoop, Decisions
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.base import Provider
+from extender.autoscaler.providers.provisioning_request import ProvisioningRequestProvider
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ConfigError, ExtenderConfig
 from extender.kube.client import new_api_client
@@ -103,8 +104,10 @@ async def _apply(r: RunningAutoscaler, d: Decisions) -> None:
     if provider is not None:
         for entry in d.cancel:
             await provider.cancel(entry.node_name)
-        for request in d.provision:
-            await provider.create(request)
+        if d.provision:
+            await provider.create_all(d.provision)
+        if d.fulfilled:
+            await provider.fulfilled(d.fulfilled)
         for name in d.delete:
             await provider.delete(name)
         for name in d.retire:
@@ -150,6 +153,10 @@ async def _scan_forever(r: RunningAutoscaler, wake: asyncio.Event, clock: Callab
                 await r.cloud_provider.refresh()
                 state = r.cloud_provider.state
                 r.loop.adopt_ledger(state.ledger, state.groups_of_ledger(), state.drain_arrivals())
+            if isinstance(r.provider, ProvisioningRequestProvider):  # CA's verdict on the demand we handed it
+                for adopted in await r.provider.sync():
+                    r.loop.adopt_demand(*adopted)
+                r.loop.forget_demand(r.provider.drain_failed())
             d = r.loop.step(r.snapshot, clock())
         except Exception:  # a bug in one scan must not stop the sidecar; it is logged and retried
             log.exception("autoscaler scan failed")
@@ -203,6 +210,17 @@ async def start_autoscaler(
             metrics=metrics,
         )
         await expander.start()
+        if settings.expander.provisioning_requests is not None:
+            provider = ProvisioningRequestProvider(
+                api_client,
+                settings.expander.provisioning_requests.namespace,
+                class_name=settings.expander.provisioning_requests.class_name,
+                delivered_grace_seconds=settings.expander.provisioning_requests.delivered_grace_seconds,
+                request_timeout=config.kubernetes.request_timeout_seconds,
+                metrics=metrics,
+                events=events,
+                clock=clock,
+            )
         if settings.expander.cloud_provider is not None:
             cloud_provider = _cloud_provider(config, settings, snapshot, api_client, metrics, clock)
             try:

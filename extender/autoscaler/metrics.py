@@ -130,8 +130,35 @@ class AutoscalerMetrics:
             ["node_group", "action"],
             registry=r,
         )
+        self.provreq_nodes = Counter(
+            _P + "provisioning_request_nodes",
+            "Planned nodes handed to cluster-autoscaler as ProvisioningRequest pod sets, by node group, flavour and "
+            "outcome (created, create_failed, provisioned, fulfilled, failed, timed_out): the plans CA carried out "
+            "against ours.",
+            ["group", "flavour", "outcome"],
+            registry=r,
+        )
+        self.provreq_seconds_hist = Histogram(
+            _P + "provisioning_request_seconds",
+            "Age of a ProvisioningRequest when cluster-autoscaler marked it Provisioned (stage=provisioned) and when "
+            "every pod it was made for was bound (stage=fulfilled).",
+            ["stage"],
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.provreq_pending = Gauge(
+            _P + "provisioning_requests_open",
+            "ProvisioningRequests of ours cluster-autoscaler has not fulfilled yet.",
+            registry=r,
+        )
 
         self._plan_labels: dict[str, set[str]] = {}
+
+    def provreq_outcome(self, group: str, flavour: str, outcome: str, nodes: int = 1) -> None:
+        self.provreq_nodes.labels(group, flavour, outcome).inc(nodes)
+
+    def provreq_seconds(self, stage: str, seconds: float) -> None:
+        self.provreq_seconds_hist.labels(stage).observe(max(0.0, seconds))
 
     def observe(self, d: Decisions) -> None:
         for group in NodeGroup:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from extender.autoscaler.loop import ProvisionRequest
@@ -17,6 +18,15 @@ class Provider(Protocol):
     name: str
 
     async def create(self, request: ProvisionRequest) -> None: ...
+
+    async def create_all(self, requests: Sequence[ProvisionRequest]) -> None:
+        """One scan's purchases together (a ProvisioningRequest carries every node of one flavour)."""
+        ...
+
+    async def fulfilled(self, node_names: Sequence[str]) -> None:
+        """Planned nodes whose pods are all bound: only demand handed to cluster-autoscaler is told (its
+        requests are then deleted); a provider that makes nodes itself saw them join."""
+        ...
 
     async def cancel(self, node_name: str) -> None: ...
 

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
@@ -128,6 +129,13 @@ class KwokProvider:
                 await asyncio.sleep(min(2.0**attempt, 10.0))
         finally:
             self._booting.pop(request.name, None)
+
+    async def create_all(self, requests: Sequence[ProvisionRequest]) -> None:
+        for request in requests:
+            await self.create(request)
+
+    async def fulfilled(self, node_names: Sequence[str]) -> None:
+        """Nothing to do: the loop saw the nodes join."""
 
     async def cancel(self, node_name: str) -> None:
         task = self._booting.pop(node_name, None)

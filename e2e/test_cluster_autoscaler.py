@@ -1,0 +1,306 @@
+"""Capacity from the real cluster-autoscaler 1.35.2 for gated qos pods (issue 27), in both of CA's modes:
+
+* ``kwok``: CA's own cloud provider (``--cloud-provider=kwok``: node groups from template Nodes, which stands for a
+  cloud's node groups here) with our sidecar as its gRPC expander;
+* ``externalgrpc``: CA's ``--cloud-provider=externalgrpc`` with our sidecar as the cloud provider (our flavours as
+  its node groups; nodes from the sidecar's kwok backend, the local STAND-IN FOR A CLOUD API) and as expander.
+
+The rest is real: kube-apiserver, kube-scheduler with the qos-scheduler profile, the extender with its QoS
+controller (admission webhook: gate + routing marker), kwok. 30 qos pods of mixed classes and kinds plus one
+default-scheduler pod arrive on a cluster with no node of any group. Checked: the gated pods reach CA only as our
+ProvisioningRequests (one per flavour, a pod set per planned node, no routing marker), CA buys exactly the nodes
+our planner chose for them, all 30 bind, gold before bronze; the default-scheduler pod gets a node through CA's
+ordinary scale-up and our expander; nothing is bought twice; once the pods end, CA alone removes every node (the
+sidecar deletes none). Needs KUBECONFIG and the CA binaries (hack/build-ca.sh): fails, never skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from e2e.ca_support import (
+    NODE_GROUP_LABEL,
+    apply_provisioning_request_crd,
+    cluster_autoscaler,
+    kwok_provider_configmaps,
+    kwok_templates,
+)
+from e2e.kwok_autoscaling import until
+from e2e.test_autoscaler_externalgrpc import FLAVOURS, _pki
+from extender.autoscaler.config import (
+    AutoscalerSettings,
+    CaExpanderSettings,
+    CloudProviderSettings,
+    LagDistribution,
+    ProvisioningRequestSettings,
+)
+from extender.autoscaler.loop import PROVISIONED_BY_LABEL
+from extender.autoscaler.main import start_autoscaler
+from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION, ProvisioningRequestProvider
+from extender.config import ExtenderConfig, KubernetesConfig
+from extender.kube.client import ApiError, new_api_client, read_json
+from tests.live import require_kubeconfig
+
+pytestmark = [pytest.mark.live]
+
+GROUP_LABEL = "qos.kube-qos-extender.io/node-group"
+PRICES = {f.name: f.price_per_hour for f in FLAVOURS}
+# (class, kind, count, cpu, memory, runtime): 30 pods, every class in both kinds, cpu- and memory-heavy shapes
+WORKLOAD = (
+    ("gold", "service", 4, "500m", "1Gi", None),
+    ("silver", "service", 6, "900m", "1Gi", None),
+    ("bronze", "service", 4, "250m", "3Gi", None),
+    ("gold", "batch", 4, "1500m", "512Mi", 600),
+    ("silver", "batch", 6, "700m", "1Gi", 1200),
+    ("bronze", "batch", 6, "300m", "2Gi", 300),
+)
+
+
+def _pod(name: str, cls: str, kind: str, cpu: str, memory: str, runtime: int | None) -> dict[str, Any]:
+    ann = {"qos.kube-qos-extender.io/class": cls, "qos.kube-qos-extender.io/kind": kind}
+    if runtime is not None:
+        ann["qos.kube-qos-extender.io/runtime-seconds"] = str(runtime)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": ann, "labels": {"app": "ca-e2e", "class": cls}},
+        "spec": {
+            "schedulerName": "qos-scheduler",  # the admission webhook adds the gate and the routing marker
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": cpu, "memory": memory}},
+                }
+            ],
+        },
+    }
+
+
+def _default_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "ca-e2e", "class": "default"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "nodeSelector": {GROUP_LABEL: "service"},
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                }
+            ],
+        },
+    }
+
+
+async def _nodes(core: Any) -> dict[str, Any]:
+    items = await read_json(await core.list_node(_preload_content=False))
+    return {n["metadata"]["name"]: n for n in items["items"]}
+
+
+def _grouped(node: dict[str, Any]) -> bool:
+    return GROUP_LABEL in (node["metadata"].get("labels") or {})
+
+
+async def _delete_nodes(core: Any) -> None:
+    for name, node in (await _nodes(core)).items():
+        if _grouped(node):
+            with contextlib.suppress(ApiError):
+                await read_json(await core.delete_node(name, _preload_content=False))
+
+
+@pytest.mark.parametrize("mode", ["kwok", "externalgrpc"])
+async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_path: Path) -> None:
+    kubeconfig = require_kubeconfig()
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    core = k8s.CoreV1Api(api)
+    custom = k8s.CustomObjectsApi(api)
+    ns = f"ca-{mode[:4]}-{int(time.time()) % 100000}"
+    assert not [n for n in (await _nodes(core)).values() if _grouped(n)], "needs a cluster with no node-group nodes"
+    await read_json(await core.create_namespace({"metadata": {"name": ns}}, _preload_content=False))
+    apply_provisioning_request_crd()
+    pki = _pki(tmp_path)
+    cloud = None
+    if mode == "externalgrpc":
+        cloud = CloudProviderSettings(
+            cert_file=str(pki["server.crt"]),
+            key_file=str(pki["server.key"]),
+            client_ca_file=str(pki["ca.crt"]),
+            listen="127.0.0.1:0",
+            max_size=10,
+        )
+    else:
+        kwok_provider_configmaps(ns, kwok_templates(FLAVOURS, ("service", "batch")))
+    settings = AutoscalerSettings(
+        provider="cluster-autoscaler",
+        scheduler_names=("qos-scheduler",),
+        flavours=FLAVOURS,
+        scan_interval_seconds=1.0,
+        burst_debounce_seconds=0.2,
+        batch_cycle_seconds=5.0,
+        idle_seconds=600.0,
+        provisioning_timeout_seconds=240.0,
+        underutil_sustain_seconds=600.0,
+        batch_queue_quiet_seconds=600.0,
+        metrics_port=0,
+        kwok_lag=LagDistribution("uniform", seconds=1.5, minimum=1.0, maximum=2.0, seed=5),
+        expander=CaExpanderSettings(
+            listen="127.0.0.1:0",
+            cert_file=str(pki["server.crt"]),
+            key_file=str(pki["server.key"]),
+            cloud_provider=cloud,
+            provisioning_requests=ProvisioningRequestSettings(namespace=ns, delivered_grace_seconds=30.0),
+        ),
+    )
+    config = ExtenderConfig(kubernetes=KubernetesConfig(kubeconfig=kubeconfig, watch_timeout_seconds=60))
+    running = await start_autoscaler(config, settings)
+    provider = running.provider
+    assert isinstance(provider, ProvisioningRequestProvider)
+    extra = [
+        "--expander=grpc",
+        f"--grpc-expander-url=127.0.0.1:{running.expander.port}",
+        f"--grpc-expander-cert={pki['ca.crt']}",
+    ]
+    if mode == "externalgrpc":
+        cc = tmp_path / "cloud-config.yaml"
+        cc.write_text(
+            f"address: 127.0.0.1:{running.cloud_provider.port}\ncert: {pki['client.crt']}\n"
+            f"key: {pki['client.key']}\ncacert: {pki['ca.crt']}\ngrpc_timeout: 10s\n"
+        )
+        extra += ["--cloud-provider=externalgrpc", f"--cloud-config={cc}"]
+    else:
+        extra += ["--cloud-provider=kwok"]
+    log_path = tmp_path / f"cluster-autoscaler-{mode}.log"
+    bound_at: dict[str, float] = {}
+    try:
+        with cluster_autoscaler(mode, ns, kubeconfig, log_path, extra):
+            await until("the sidecar's first scan", 30, lambda: _true(running.scans > 0))
+            t0 = time.monotonic()
+            classes: dict[str, str] = {}
+            for cls, kind, count, cpu, memory, runtime in WORKLOAD:
+                for i in range(count):
+                    name = f"{cls}-{kind}-{i}"
+                    classes[name] = cls
+                    body = _pod(name, cls, kind, cpu, memory, runtime)
+                    await read_json(await core.create_namespaced_pod(ns, body, _preload_content=False))
+            await read_json(await core.create_namespaced_pod(ns, _default_pod("default-0"), _preload_content=False))
+            classes["default-0"] = "default"
+
+            async def all_bound() -> bool:
+                items = await read_json(await core.list_namespaced_pod(ns, _preload_content=False))
+                now = time.monotonic() - t0
+                for p in items["items"]:
+                    if p["spec"].get("nodeName"):
+                        bound_at.setdefault(p["metadata"]["name"], now)
+                return len(bound_at) == len(classes)
+
+            await until("all 31 pods bound", 240, all_bound, every=0.25)
+            pods = {
+                p["metadata"]["name"]: p
+                for p in (await read_json(await core.list_namespaced_pod(ns, _preload_content=False)))["items"]
+            }
+            nodes = await _nodes(core)
+            made = {n: v for n, v in nodes.items() if _grouped(v)}
+            flavour_of = {n: v["metadata"]["labels"]["node.kubernetes.io/instance-type"] for n, v in made.items()}
+
+            # ---- the gated pods reached CA only as our requests, and CA bought exactly the nodes we planned
+            assert provider.history, "no ProvisioningRequest was made"
+            planned = Counter({})
+            for req in provider.history:
+                planned[req.flavour] += len(req.nodes)
+            qos_nodes = {pods[n]["spec"]["nodeName"] for n in classes if n != "default-0"}
+            default_node = pods["default-0"]["spec"]["nodeName"]
+            for name in classes:
+                if name != "default-0":
+                    assert pods[name]["metadata"]["annotations"].get(CONSUME_ANNOTATION), name
+            bought = Counter(flavour_of.values())
+            default_alone = default_node not in qos_nodes
+            expected = planned + (Counter({flavour_of[default_node]: 1}) if default_alone else Counter())
+            assert bought == expected, (bought, planned, default_node, _tail(log_path))
+            for req in provider.history:
+                assert req.provisioned_at is not None, (req.name, _tail(log_path))
+
+            # ---- Q order: gold binds before bronze
+            by_class: dict[str, list[float]] = {}
+            for name, t in bound_at.items():
+                by_class.setdefault(classes[name], []).append(t)
+            med = {c: statistics.median(ts) for c, ts in by_class.items()}
+            assert med["gold"] <= med["silver"] <= med["bronze"] or med["gold"] < med["bronze"], med
+            cost = sum(PRICES[f] for f in flavour_of.values())
+
+            # ---- the default-scheduler pod: CA's ordinary scale-up asked our expander
+            text = await _metrics(running.metrics_port)
+            assert 'qos_extender_autoscaler_expander_requests_total{outcome="ok"}' in text, text[:2000]
+            assert "qos_extender_autoscaler_provisioning_request_nodes_total" in text
+
+            # ---- fulfilled requests are deleted (CA's booking ends) ...
+            async def requests_gone() -> bool:
+                got = await read_json(
+                    await custom.list_namespaced_custom_object(
+                        "autoscaling.x-k8s.io", "v1", ns, "provisioningrequests", _preload_content=False
+                    )
+                )
+                return not got["items"]
+
+            await until("our ProvisioningRequests deleted once their pods bound", 60, requests_gone)
+            # ---- ... and once the pods end, CA alone removes the nodes
+            await read_json(
+                await core.delete_collection_namespaced_pod(ns, label_selector="app=ca-e2e", _preload_content=False)
+            )
+            t_end = time.monotonic()
+
+            async def removed() -> bool:
+                return not [n for n in (await _nodes(core)).values() if _grouped(n)]
+
+            await until("every node removed by cluster-autoscaler", 180, removed, every=1.0)
+            t_removed = time.monotonic() - t_end
+            text = await _metrics(running.metrics_port)
+            assert 'qos_extender_autoscaler_scaled_down_nodes_total{reason="idle"} 0.0' in text
+            log = log_path.read_text(errors="replace")
+            assert "Scale-down: removing empty node" in log or "removing empty node" in log, _tail(log_path)
+            print(
+                f"\nCA e2e ({mode}): bound s after creation, median per class "
+                f"{ {c: round(v, 1) for c, v in sorted(med.items())} }, max per class "
+                f"{ {c: round(max(v), 1) for c, v in sorted(by_class.items())} }; nodes bought "
+                f"{dict(sorted(bought.items()))} ${cost:.2f}/h, ours planned {dict(sorted(planned.items()))}, "
+                f"{len(provider.history)} requests; all nodes removed by CA {t_removed:.0f} s after the pods ended"
+            )
+    finally:
+        await running.stop()
+        await _delete_nodes(core)
+        with contextlib.suppress(ApiError):
+            await read_json(await core.delete_namespace(ns, _preload_content=False))
+        await api.close()
+    _ = PROVISIONED_BY_LABEL, NODE_GROUP_LABEL
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _metrics(port: int) -> str:
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        return await resp.text()
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    return ""
+
+
+__all__ = ["asyncio"]

@@ -1,0 +1,164 @@
+"""Demand handed to cluster-autoscaler as ProvisioningRequests: the loop's side (buys as requests, never removes
+nodes, a planned node is done when its pods are bound, CA's failures are planned again) and the request shapes
+(one request per group x flavour, one node-shaped pod per planned node, no routing marker). The e2e test with the
+real cluster-autoscaler is e2e/test_cluster_autoscaler.py."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+import pytest
+
+from extender.autoscaler.config import CaExpanderSettings, ProvisioningRequestSettings, parse_autoscaler_config
+from extender.autoscaler.loop import PROVISIONED_BY_LABEL, AutoscalerLoop, ProvisionRequest
+from extender.autoscaler.providers.provisioning_request import (
+    PLAN_ANNOTATION,
+    _adopted,
+    chunk_requests,
+    pod_template,
+    provisioning_request,
+)
+from extender.config import ConfigError
+from extender.core import autoscale
+from extender.core.model import NodeGroup, Resources
+from tests.test_autoscaler_loop import CATALOGUE, CONFIG, LARGE, SMALL, counter, node, pod, settings, snap
+
+GI = 2**30
+
+
+def ca_loop(**kw: Any) -> AutoscalerLoop:
+    s = settings(provider="cluster-autoscaler", dry_run=True, expander=CaExpanderSettings(cert_file="c", key_file="k"))
+    return AutoscalerLoop(dataclasses.replace(s, **kw), CONFIG.node_groups, name_suffix=counter())
+
+
+def test_under_cluster_autoscaler_the_loop_buys_as_requests_with_each_nodes_demand() -> None:
+    pods = [pod(f"svc-{i}", "1500m", "1Gi") for i in range(5)]
+    s = snap([], pods)
+    lp = ca_loop()
+    d = lp.step(s, now=100.0)
+    want = autoscale.plan_pods(
+        [s.pods[f"default/svc-{i}"].pod for i in range(5)], list(CATALOGUE), autoscale.ScoreWeights()
+    )
+    assert sorted(r.flavour.name for r in d.provision) == sorted(f.name for f, _ in want.nodes)
+    for r in d.provision:  # the planned node's pods, summed: what its ProvisioningRequest pod asks
+        assert r.requests == Resources.total(s.pods[k].pod.requests for k in r.pods)
+        assert r.requests.cpu_milli == 1500 * len(r.pods)
+    # a second scan buys nothing more: the pods are covered until they bind
+    assert lp.step(s, now=101.0).provision == []
+
+
+def test_without_provisioning_requests_the_ca_loop_stays_a_dry_run() -> None:
+    s = snap([], [pod("svc-0", "1500m", "1Gi")])
+    lp = ca_loop(expander=CaExpanderSettings(cert_file="c", key_file="k", provisioning_requests=None))
+    d = lp.step(s, now=100.0)
+    assert d.provision == [] and d.plans and d.plans[0].flavour_counts
+
+
+def test_the_ca_loop_never_deletes_or_retires_nodes() -> None:
+    s = snap([node("empty", SMALL, "service", created="2026-01-01T00:00:00Z")], [])
+    lp = ca_loop(idle_seconds=1.0)
+    lp.step(s, now=0.0)
+    d = lp.step(s, now=10_000.0)
+    assert d.delete == [] and d.retire == []
+
+
+def test_a_planned_node_is_fulfilled_when_its_pods_bound_or_went_never_by_node_name() -> None:
+    pods = [pod("a", "1500m", "1Gi"), pod("b", "1500m", "1Gi")]
+    s = snap([], pods)
+    lp = ca_loop()
+    d = lp.step(s, now=100.0)
+    names = {r.name for r in d.provision}
+    # CA's node joins under a name of its own: nothing is fulfilled while the pods wait
+    s.apply_node("ADDED", node("ca-node-xyz12", SMALL, "service"))
+    assert lp.step(s, now=101.0).fulfilled == []
+    s.apply_pod("MODIFIED", pod("a", "1500m", "1Gi", node="ca-node-xyz12"))
+    s.apply_pod("DELETED", pod("b", "1500m", "1Gi"))
+    d2 = lp.step(s, now=130.0)
+    assert set(d2.fulfilled) == names
+    assert lp.lag_samples[-1] == pytest.approx(30.0)
+    assert lp.ledger.entries == ()
+
+
+def test_demand_ca_failed_is_planned_again_and_adopted_demand_is_not_bought_twice() -> None:
+    s = snap([], [pod("a", "1500m", "1Gi")])
+    lp = ca_loop()
+    first = lp.step(s, now=100.0).provision
+    assert len(first) == 1
+    lp.forget_demand([first[0].name])
+    again = lp.step(s, now=101.0).provision
+    assert len(again) == 1 and again[0].pods == ("default/a",)
+    # a restarted sidecar reads its open requests back: the pod stays covered
+    fresh = ca_loop()
+    fresh.adopt_demand(NodeGroup.SERVICE, again[0].flavour.name, again[0].name, 101.0, ("default/a",))
+    assert fresh.step(s, now=102.0).provision == []
+
+
+def test_cloud_provider_ledger_adoption_keeps_our_requests() -> None:
+    s = snap([], [pod("a", "1500m", "1Gi")])
+    lp = ca_loop()
+    lp.step(s, now=100.0)
+    lp.adopt_ledger(autoscale.ProvisioningLedger(()), {})
+    assert [e.pods for e in lp.ledger.entries] == [("default/a",)]
+    assert lp.step(s, now=101.0).provision == []
+
+
+def _req(name: str, flavour: Any, group: NodeGroup, pods: tuple[str, ...], cpu: int) -> ProvisionRequest:
+    labels = {"qos.kube-qos-extender.io/node-group": group.value, "node.kubernetes.io/instance-type": flavour.name}
+    return ProvisionRequest(
+        name, flavour, group, {**labels, PROVISIONED_BY_LABEL: "qos-autoscaler"}, pods, Resources(cpu, GI, len(pods))
+    )
+
+
+def test_one_request_per_group_and_flavour_at_most_32_pod_sets() -> None:
+    reqs = [_req(f"n{i}", SMALL, NodeGroup.SERVICE, (f"ns/p{i}",), 1000) for i in range(40)]
+    reqs += [_req("m", LARGE, NodeGroup.SERVICE, ("ns/q",), 1000), _req("b", SMALL, NodeGroup.BATCH, ("ns/r",), 1)]
+    chunks = chunk_requests(reqs)
+    assert [len(c) for c in chunks] == [32, 8, 1, 1]
+    for c in chunks:
+        assert len({(r.group, r.flavour.name) for r in c}) == 1
+    assert [r.name for c in chunks for r in c] == [r.name for r in reqs]  # the plan's order is kept
+
+
+def test_the_template_pins_group_and_flavour_asks_the_sum_and_carries_no_marker() -> None:
+    r = _req("n0", LARGE, NodeGroup.BATCH, ("ns/a", "ns/b"), 3500)
+    t = pod_template("pt", "kube-qos-system", r)
+    spec = t["template"]["spec"]
+    assert spec["nodeSelector"] == {
+        "qos.kube-qos-extender.io/node-group": "batch",
+        "node.kubernetes.io/instance-type": LARGE.name,
+    }  # provisioned-by is our mark on nodes we make: a cloud's node group does not carry it
+    (c,) = spec["containers"]
+    assert c["resources"]["requests"] == {"cpu": "3500m", "memory": str(GI)}
+    assert spec["tolerations"] == [{"operator": "Exists"}]
+    body = provisioning_request("pr", "kube-qos-system", [r], ["pt"], 12.5, "best-effort-atomic-scale-up.autoscaling.x-k8s.io")
+    assert body["spec"]["podSets"] == [{"podTemplateRef": {"name": "pt"}, "count": 1}]
+    plan = orjson.loads(body["metadata"]["annotations"][PLAN_ANNOTATION])
+    assert plan["nodes"] == [{"name": "n0", "pods": ["ns/a", "ns/b"]}] and plan["requested_at"] == 12.5
+    tracked = _adopted("pr", body["metadata"], ["pt"])
+    assert tracked is not None and tracked.nodes == {"n0": ("ns/a", "ns/b")} and tracked.group is NodeGroup.BATCH
+    assert _adopted("pr", {"annotations": {PLAN_ANNOTATION: "{not json"}}, []) is None
+    assert _adopted("pr", {"annotations": {PLAN_ANNOTATION: '{"group": "gpu"}'}}, []) is None
+
+
+def test_provisioning_request_options_are_validated() -> None:
+    def parse(extra: dict[str, Any]) -> Any:
+        doc = {
+            "autoscaler": {"provider": "kwok", "cluster_autoscaler": {"provisioning_requests": extra}},
+            "flavours": [{"name": "s.small", "cpu": "2", "memory": "4Gi", "price_per_hour": 0.1}],
+        }
+        return parse_autoscaler_config(doc, CONFIG).expander.provisioning_requests
+
+    assert parse({}) == ProvisioningRequestSettings()
+    assert parse({"enabled": False}) is None
+    assert parse({"namespace": "ops", "delivered_grace_seconds": 60}).delivered_grace_seconds == 60
+    for bad, word in (
+        ({"enabled": "false"}, "enabled"),
+        ({"namespace": "Not_A_Namespace"}, "namespace"),
+        ({"class_name": "check-capacity.autoscaling.x-k8s.io"}, "class_name"),
+        ({"delivered_grace_seconds": 0}, "delivered_grace_seconds"),
+        ({"surprise": 1}, "surprise"),
+    ):
+        with pytest.raises(ConfigError, match=word):
+            parse(bad)
