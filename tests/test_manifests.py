@@ -187,11 +187,21 @@ def test_autoscaler_configs_load_and_match_the_deployment(autoscaler_dep: dict[s
         assert path.rsplit("/", 1)[1] in files
     extender = load_config(AUTOSCALER / "extender.yaml")
     assert extender.kubernetes.kubeconfig is None  # in-cluster service account
-    settings = load_autoscaler_config(AUTOSCALER / "autoscaler.yaml", extender)
-    assert settings.provider == "kwok" and not settings.dry_run
+    raw = _load(AUTOSCALER / "autoscaler.yaml")
+    settings = parse_autoscaler_config(_with_stand_ins(raw, ("cert_file", "key_file")), extender)
+    # production: beside the user's cluster-autoscaler, gated demand handed to it, never a node written
+    assert settings.provider == "cluster-autoscaler" and not settings.dry_run
+    assert settings.expander.provisioning_requests is not None
+    assert settings.expander.provisioning_requests.namespace == autoscaler_dep["metadata"]["namespace"]
     assert settings.metrics_host == "0.0.0.0"
-    (port,) = c["ports"]
-    assert port["containerPort"] == settings.metrics_port
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": settings.metrics_port, "grpc-expander": 7000}
+    assert settings.expander.listen == f"0.0.0.0:{ports['grpc-expander']}"
+    for key in ("cert_file", "key_file"):
+        mount = _mounted_from(autoscaler_dep, "autoscaler", raw["autoscaler"]["cluster_autoscaler"][key])
+        assert mount["volume"]["secret"]["secretName"] == "qos-autoscaler-expander-tls"
+    svc = _one(AUTOSCALER / "expander-service.yaml", "Service")
+    assert svc["spec"]["ports"][0]["targetPort"] == "grpc-expander" and svc["spec"]["ports"][0]["port"] == 7000
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     # No leader election in the autoscaler: never two of them.
     assert autoscaler_dep["spec"]["replicas"] == 1 and autoscaler_dep["spec"]["strategy"] == {"type": "Recreate"}
@@ -202,15 +212,30 @@ def test_autoscaler_copies_did_not_drift() -> None:
     deployed = _load(AUTOSCALER / "extender.yaml")
     assert deployed == {k: v for k, v in shipped.items() if k not in ("server", "controller")}
     reference = _load(ROOT / "extender" / "autoscaler" / "autoscaler.yaml")
-    ours = _load(AUTOSCALER / "autoscaler.yaml")
-    assert ours["autoscaler"].pop("metrics") == {**reference["autoscaler"].pop("metrics"), "host": "0.0.0.0"}
-    assert ours == reference
+    lab = _load(KWOK / "autoscaler.yaml")  # the kwok Component: the reference but metrics.host
+    assert lab["autoscaler"].pop("metrics") == {**reference["autoscaler"]["metrics"], "host": "0.0.0.0"}
+    assert lab == {**reference, "autoscaler": {k: v for k, v in reference["autoscaler"].items() if k != "metrics"}}
+    # production: the reference but the provider, metrics.host and the expander's listen address / certificate
+    ours = _load(AUTOSCALER / "autoscaler.yaml")["autoscaler"]
+    ref = dict(reference["autoscaler"])
+    assert ours.pop("provider") == "cluster-autoscaler" and ref.pop("provider") == "kwok"
+    assert ours.pop("metrics") == {**ref.pop("metrics"), "host": "0.0.0.0"}
+    ca, ref_ca = ours.pop("cluster_autoscaler"), ref.pop("cluster_autoscaler")
+    assert ca.pop("listen") == "0.0.0.0:7000" and set(ca.pop("cert_file") + ca.pop("key_file"))
+    assert ca == {k: v for k, v in ref_ca.items() if k != "listen"}
+    assert ours == ref
 
 
 def test_the_autoscaler_config_check_is_not_vacuous() -> None:
     extender = load_config(AUTOSCALER / "extender.yaml")
-    doc = _load(AUTOSCALER / "autoscaler.yaml")
-    for broken in ({"provider": "aws"}, {"scan_interval_seconds": 0}, {"limits": {"max_nodes": 0}}):
+    doc = _with_stand_ins(_load(AUTOSCALER / "autoscaler.yaml"), ("cert_file", "key_file"))
+    parse_autoscaler_config(doc, extender)
+    for broken in (
+        {"provider": "aws"},
+        {"scan_interval_seconds": 0},
+        {"limits": {"max_nodes": 0}},
+        {"cluster_autoscaler": {"listen": "0.0.0.0:7000"}},  # cluster-autoscaler without a serving certificate
+    ):
         with pytest.raises(ConfigError):
             parse_autoscaler_config({"autoscaler": {**doc["autoscaler"], **broken}}, extender)
     with pytest.raises(ConfigError):
@@ -231,35 +256,35 @@ def _json_patch(component: dict[str, Any], kind: str, name: str) -> list[dict[st
     return ops
 
 
-def test_cluster_autoscaler_component() -> None:
-    path = AUTOSCALER / "cluster-autoscaler"
-    comp = _component(path)
-    raw = _load(path / "autoscaler.yaml")
-    settings = parse_autoscaler_config(
-        _with_stand_ins(raw, ("cert_file", "key_file")), load_config(AUTOSCALER / "extender.yaml")
-    )
-    assert settings.provider == "cluster-autoscaler"
-    # Only the provider and the expander's listen address / serving certificate differ from the kwok file.
-    base = _load(AUTOSCALER / "autoscaler.yaml")
-    ca = raw["autoscaler"].pop("cluster_autoscaler")
-    assert raw["autoscaler"].pop("provider") == "cluster-autoscaler"
-    base["autoscaler"].pop("cluster_autoscaler")
-    base["autoscaler"].pop("provider")
-    assert raw == base
+def test_kwok_component_is_the_lab_provider_and_drops_what_only_ca_uses() -> None:
+    comp = _component(KWOK)
+    settings = parse_autoscaler_config(_load(KWOK / "autoscaler.yaml"), load_config(AUTOSCALER / "extender.yaml"))
+    assert settings.provider == "kwok"
+    assert comp["resources"] == ["rbac.yaml"]
     ops = _json_patch(comp, "Deployment", "qos-autoscaler")
-    added = [op["value"] for op in ops if op["op"] == "add"]
-    (port,) = [v for v in added if isinstance(v, dict) and v.get("name") == "grpc-expander"]
-    assert settings.expander.listen == f"0.0.0.0:{port['containerPort']}"
-    (mount,) = [v for v in added if isinstance(v, dict) and v.get("name") == "expander-tls" and "mountPath" in v]
-    (volume,) = [v for v in added if isinstance(v, dict) and v.get("name") == "expander-tls" and "secret" in v]
-    assert volume["secret"]["secretName"] == "qos-autoscaler-expander-tls"
-    for key in ("cert_file", "key_file"):
-        assert ca[key].startswith(mount["mountPath"] + "/")
-    svc = _one(path / "service.yaml", "Service")
-    assert svc["spec"]["ports"][0]["targetPort"] == "grpc-expander" and svc["spec"]["ports"][0]["port"] == 7000
-    # The kwok provider's node create/delete go away with it.
-    deleted = {p["target"]["kind"] for p in comp["patches"] if "$patch: delete" in p["patch"]}
-    assert deleted == {"ClusterRole", "ClusterRoleBinding"}
+    tested = {op["path"]: op["value"] for op in ops if op["op"] == "test"}
+    removed = [op["path"] for op in ops if op["op"] == "remove"]
+    assert [f"{p}/name" for p in removed] == list(tested)
+    assert sorted(tested.values()) == ["expander-tls", "expander-tls", "grpc-expander"]
+    dep = _one(AUTOSCALER / "deployment.yaml", "Deployment")
+    for path, name in tested.items():  # the indices the patch removes hold what it says they hold
+        parts = path.strip("/").split("/")
+        node: Any = dep
+        for part in parts:
+            node = node[int(part)] if part.isdigit() else node[part]
+        assert node == name, path
+    deleted = {(p["target"]["kind"], p["target"]["name"]) for p in comp["patches"] if "$patch: delete" in p["patch"]}
+    assert deleted == {
+        ("Service", "qos-autoscaler-expander"),
+        ("ClusterRole", "qos-autoscaler-demand"),
+        ("ClusterRoleBinding", "qos-autoscaler-demand"),
+        ("Role", "qos-autoscaler-demand"),
+        ("RoleBinding", "qos-autoscaler-demand"),
+    }
+    local = _load(CONFIG / "local" / "kustomization.yaml")
+    assert local["components"] == ["../autoscaler/kwok"]
+    default = _load(CONFIG / "default" / "kustomization.yaml")
+    assert "components" not in default or "../autoscaler/kwok" not in default["components"]
 
 
 def test_consolidation_component() -> None:
@@ -320,17 +345,25 @@ METHODS: dict[str, set[Rule]] = {
     "patch_namespaced_pod": {("", "pods", "patch")},
     "create_namespaced_pod_binding": {("", "pods/binding", "create")},
     "create_namespaced_event": {("", "events", "create")},
+    "create_namespaced_pod_template": {("", "podtemplates", "create")},
+    "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
+    # CustomObjectsApi: the only custom resource our code calls is CA's ProvisioningRequest (checked in api_rules)
+    "create_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "create")},
+    "delete_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "delete")},
+    "list_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "list")},
 }
-_CALL = re.compile(r"(?:\b_core|CoreV1Api\([^()]*\))\.(\w+)(\s*\()?")
+_CALL = re.compile(r"(?:\b_core|\b_custom|CoreV1Api\([^()]*\))\.(\w+)(\s*\()?")
 
 
 def api_rules(*files: str) -> set[Rule]:
-    """What the CoreV1Api calls of these source files need."""
+    """What the CoreV1Api (and CustomObjectsApi) calls of these source files need."""
     out: set[Rule] = set()
     for f in files:
         text = (ROOT / f).read_text()
-        other = re.findall(r"\b(\w+V\d\w*Api)\(", text)
-        assert set(other) <= {"CoreV1Api"}, f"{f} uses {other}: extend METHODS and this check"
+        other = re.findall(r"\b(\w+V\d\w*Api|CustomObjectsApi)\(", text)
+        assert set(other) <= {"CoreV1Api", "CustomObjectsApi"}, f"{f} uses {other}: extend METHODS and this check"
+        if "CustomObjectsApi" in other:  # the custom-object rules above hold for ProvisioningRequests only
+            assert re.search(r'GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"', text), f"{f}: a custom resource other than ProvisioningRequest"
         for method, called in _CALL.findall(text):
             assert method in METHODS, f"{f}: CoreV1Api.{method} is not in METHODS: add what it needs"
             rules = METHODS[method]
@@ -338,8 +371,8 @@ def api_rules(*files: str) -> set[Rule]:
     return out
 
 
-def role_rules(path: Path, name: str) -> set[Rule]:
-    role = _one(path, "ClusterRole", name)
+def role_rules(path: Path, name: str, kind: str = "ClusterRole") -> set[Rule]:
+    role = _one(path, kind, name)
     return {
         (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
     }
@@ -370,11 +403,13 @@ def _module_files(start: str) -> set[str]:
 
 
 def _calls_api(f: str) -> bool:
-    return bool(re.search(r"V\d\w*Api\(|\b_core\.", (ROOT / f).read_text()))
+    return bool(re.search(r"V\d\w*Api\(|CustomObjectsApi\(|\b_core\.", (ROOT / f).read_text()))
 
 
 AUTOSCALER_CORE = ("extender/kube/watch.py", "extender/kube/events.py")  # reflectors, Events
 KWOK_PROVIDER = ("extender/autoscaler/providers/kwok.py",)
+DEMAND = ("extender/autoscaler/providers/provisioning_request.py",)  # ProvisioningRequests for CA (production)
+KWOK = AUTOSCALER / "kwok"
 # KwokProvider.set_retiring: only the buying loop calls it (retiring nodes for capacity); consolidation cordons with
 # its own grant, and under cluster-autoscaler (a dry-run loop) nothing retires
 KWOK_RETIRING = {("", "nodes", "patch")}
@@ -383,7 +418,7 @@ CONSOLIDATION = ("extender/consolidation/flow.py", "extender/kube/binder.py")
 
 def test_every_api_calling_module_of_the_autoscaler_is_accounted_for() -> None:
     calling = {f for f in _module_files("extender.processes.autoscaler") if _calls_api(f)}
-    assert calling == set(AUTOSCALER_CORE + KWOK_PROVIDER + CONSOLIDATION), (
+    assert calling == set(AUTOSCALER_CORE + KWOK_PROVIDER + CONSOLIDATION + DEMAND), (
         "a module of the autoscaler calls the API: classify it here and grant what it needs in config/autoscaler"
     )
 
@@ -398,16 +433,25 @@ def test_autoscaler_roles_grant_exactly_what_the_code_calls() -> None:
         ("", "pods", "watch"),
         ("", "events", "create"),
     }
-    assert role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler-kwok") == api_rules(*KWOK_PROVIDER)
+    assert role_rules(KWOK / "rbac.yaml", "qos-autoscaler-kwok") == api_rules(*KWOK_PROVIDER)
     consolidation = api_rules(*CONSOLIDATION) - core - (api_rules(*KWOK_PROVIDER) - KWOK_RETIRING)
     assert role_rules(AUTOSCALER / "consolidation" / "rbac.yaml", "qos-autoscaler-consolidation") == consolidation
+    # The production mode's demand for CA: pods patch cluster-wide, its requests and templates in its namespace only.
+    demand = role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand") | role_rules(
+        AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand", "Role"
+    )
+    assert demand == api_rules(*DEMAND)
+    assert role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand") == {("", "pods", "patch")}
+    assert _one(AUTOSCALER / "rbac.yaml", "Role", "qos-autoscaler-demand")["metadata"]["namespace"] == "kube-qos-system"
     # Each role is bound to the autoscaler's ServiceAccount and to nothing else.
-    for path, name in (
-        (AUTOSCALER / "rbac.yaml", "qos-autoscaler"),
-        (AUTOSCALER / "rbac.yaml", "qos-autoscaler-kwok"),
-        (AUTOSCALER / "consolidation" / "rbac.yaml", "qos-autoscaler-consolidation"),
+    for path, name, kind in (
+        (AUTOSCALER / "rbac.yaml", "qos-autoscaler", "ClusterRoleBinding"),
+        (AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand", "ClusterRoleBinding"),
+        (AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand", "RoleBinding"),
+        (KWOK / "rbac.yaml", "qos-autoscaler-kwok", "ClusterRoleBinding"),
+        (AUTOSCALER / "consolidation" / "rbac.yaml", "qos-autoscaler-consolidation", "ClusterRoleBinding"),
     ):
-        binding = _one(path, "ClusterRoleBinding", name)
+        binding = _one(path, kind, name)
         assert binding["roleRef"]["name"] == name
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "qos-autoscaler", "namespace": "kube-qos-system"}
@@ -435,11 +479,8 @@ def test_cluster_autoscaler_overlay_grants_the_autoscaler_exactly_what_its_code_
     bound to CA only, and not matched against our code."""
     kustomization = _load(CLUSTER_AUTOSCALER / "kustomization.yaml")
     assert kustomization["resources"] == ["../default", "cluster-autoscaler.yaml"]
-    assert kustomization["components"] == ["../autoscaler/cluster-autoscaler", "cloud-provider"]  # order: merge
+    assert kustomization["components"] == ["cloud-provider"]
     assert _component(CLUSTER_AUTOSCALER / "cloud-provider")["resources"] == ["cloud-provider.yaml"]
-    expander = _component(AUTOSCALER / "cluster-autoscaler")
-    removed = {p["target"]["name"] for p in expander["patches"] if "$patch: delete" in p["patch"]}
-    assert removed == {"qos-autoscaler-kwok"}
     # Used: with cloud_provider set the sidecar builds KwokProvider (create_node / delete_node) as the node groups'
     # backend (main._cloud_provider); the planning loop itself gets no provider (provider cluster-autoscaler).
     raw = _load(CLUSTER_AUTOSCALER / "cloud-provider" / "autoscaler.yaml")["autoscaler"]
@@ -476,7 +517,12 @@ def test_cluster_autoscaler_overlay_grants_the_autoscaler_exactly_what_its_code_
 
 def test_every_rule_names_the_calls_that_justify_it() -> None:
     """The comment block right above each rule names CoreV1Api methods; they are exactly the rule's needs."""
-    for path in (AUTOSCALER / "rbac.yaml", AUTOSCALER / "consolidation" / "rbac.yaml", CA_CLOUD_PROVIDER_RBAC):
+    for path in (
+        AUTOSCALER / "rbac.yaml",
+        KWOK / "rbac.yaml",
+        AUTOSCALER / "consolidation" / "rbac.yaml",
+        CA_CLOUD_PROVIDER_RBAC,
+    ):
         lines = path.read_text().splitlines()
         for i, line in enumerate(lines):
             if line.startswith("- apiGroups:"):
