@@ -132,7 +132,9 @@ def test_the_template_pins_group_and_flavour_asks_the_sum_and_carries_no_marker(
     (c,) = spec["containers"]
     assert c["resources"]["requests"] == {"cpu": "3500m", "memory": str(GI)}
     assert spec["tolerations"] == [{"operator": "Exists"}]
-    body = provisioning_request("pr", "kube-qos-system", [r], ["pt"], 12.5, "best-effort-atomic-scale-up.autoscaling.x-k8s.io")
+    body = provisioning_request(
+        "pr", "kube-qos-system", [r], ["pt"], 12.5, "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
+    )
     assert body["spec"]["podSets"] == [{"podTemplateRef": {"name": "pt"}, "count": 1}]
     plan = orjson.loads(body["metadata"]["annotations"][PLAN_ANNOTATION])
     assert plan["nodes"] == [{"name": "n0", "pods": ["ns/a", "ns/b"]}] and plan["requested_at"] == 12.5

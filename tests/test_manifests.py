@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from extender.agent.config import AgentConfigError, load_agent_config
-from extender.autoscaler.config import load_autoscaler_config, parse_autoscaler_config
+from extender.autoscaler.config import parse_autoscaler_config
 from extender.config import ConfigError, load_config, parse_config
 from extender.consolidation.config import parse_consolidation_config
 
@@ -363,7 +363,9 @@ def api_rules(*files: str) -> set[Rule]:
         other = re.findall(r"\b(\w+V\d\w*Api|CustomObjectsApi)\(", text)
         assert set(other) <= {"CoreV1Api", "CustomObjectsApi"}, f"{f} uses {other}: extend METHODS and this check"
         if "CustomObjectsApi" in other:  # the custom-object rules above hold for ProvisioningRequests only
-            assert re.search(r'GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"', text), f"{f}: a custom resource other than ProvisioningRequest"
+            assert re.search(r'GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"', text), (
+                f"{f}: a custom resource other than ProvisioningRequest"
+            )
         for method, called in _CALL.findall(text):
             assert method in METHODS, f"{f}: CoreV1Api.{method} is not in METHODS: add what it needs"
             rules = METHODS[method]

@@ -29,7 +29,7 @@ from extender.config import (
     section,
 )
 from extender.core.autoscale import ScoreWeights, validate_catalogue
-from extender.core.model import Flavour, InvalidInputError, NodeGroup
+from extender.core.model import Flavour, InvalidInputError, NodeGroup, Resources, cpu_millicores, memory_bytes
 
 __all__ = [
     "DEFAULT_AUTOSCALER_CONFIG",
@@ -97,6 +97,9 @@ class ProvisioningRequestSettings:
     # after CA marked a request Provisioned, pods of it still waiting this long are planned again: the nodes
     # joined and pods released earlier in Q order took their room (cover a cloud's node boot time)
     delivered_grace_seconds: float = 300.0
+    # room each planned node keeps free besides the DaemonSet pods the sidecar sees on nodes of the group: what
+    # CA's node templates hold before any pod (the kwok and GCE providers add a 100m kube-proxy pod)
+    node_reserve: Resources = field(default_factory=lambda: Resources(100, 0, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +264,7 @@ PROVREQ_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io",)
 
 
 def _parse_provreq(raw: object, path: str) -> ProvisioningRequestSettings | None:
-    s = section(raw, path, {"enabled", "namespace", "class_name", "delivered_grace_seconds"})
+    s = section(raw, path, {"enabled", "namespace", "class_name", "delivered_grace_seconds", "node_reserve"})
     if not read_bool(s, "enabled", path, True):
         return None
     namespace = read_req_str(s, "namespace", path, "kube-qos-system")
@@ -272,7 +275,14 @@ def _parse_provreq(raw: object, path: str) -> ProvisioningRequestSettings | None
     # check-capacity never buys (it only simulates against existing nodes): not a way to hand demand over
     class_name = read_req_str(s, "class_name", path, PROVREQ_CLASSES[0], choices=PROVREQ_CLASSES)
     grace = read_number(s, "delivered_grace_seconds", path, 300.0, minimum=1.0, maximum=86_400.0)
-    return ProvisioningRequestSettings(namespace=namespace, class_name=class_name, delivered_grace_seconds=grace)
+    r = section(s.get("node_reserve"), f"{path}.node_reserve", {"cpu", "memory"})
+    try:
+        reserve = Resources(cpu_millicores(r.get("cpu", "100m")), memory_bytes(r.get("memory", 0)), 0)
+    except (InvalidInputError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{path}.node_reserve: {exc}") from exc
+    return ProvisioningRequestSettings(
+        namespace=namespace, class_name=class_name, delivered_grace_seconds=grace, node_reserve=reserve
+    )
 
 
 def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSettings:

@@ -30,6 +30,7 @@ TriggeredScaleUp Event says so), while ``max_nodes_per_cycle`` only delays the c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -287,7 +288,7 @@ class AutoscalerLoop:
         }
         result = autoscale_scan.scan(
             self.state,
-            self.scan_settings,
+            self._scan_settings(views),
             views,
             candidates,
             now,
@@ -339,6 +340,19 @@ class AutoscalerLoop:
             self.state.arrived(entry.node_name)
             self._ungrouped = tuple(e for e in self._ungrouped if e.node_name != entry.node_name)
             d.arrived.append((entry.node_name, lag))
+
+    def _scan_settings(self, views: list[Node]) -> autoscale_scan.ScanSettings:
+        """Handing demand to CA, a planned node must fit CA's node template: the catalogue less the DaemonSet pods
+        the nodes we see carry (the most on any node) and the configured reserve (CA's template system pods)."""
+        provreq = self.s.expander.provisioning_requests
+        if not self.hands_demand or provreq is None:
+            return self.scan_settings
+        daemons = [Resources.total(p.requests for p in v.pods if _is_daemon(p)) for v in views]
+        worst = Resources(
+            max((r.cpu_milli for r in daemons), default=0), max((r.memory_bytes for r in daemons), default=0), 0
+        )
+        flavours = autoscale.with_headroom(self.scan_settings.flavours, worst + provreq.node_reserve)
+        return dataclasses.replace(self.scan_settings, flavours=flavours)
 
     def _fulfilled(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:
         """A planned node handed to CA is done when every pod it was bought for is bound or gone: CA's nodes have

@@ -130,6 +130,13 @@ class AutoscalerMetrics:
             ["node_group", "action"],
             registry=r,
         )
+        self.expander_nodes = Counter(
+            _P + "expander_chosen_nodes",
+            "Nodes of the option our expander chose for cluster-autoscaler, by flavour and demand "
+            "(provisioning-request: our own requests' pods; pods: ordinary pending pods).",
+            ["flavour", "demand"],
+            registry=r,
+        )
         self.provreq_nodes = Counter(
             _P + "provisioning_request_nodes",
             "Planned nodes handed to cluster-autoscaler as ProvisioningRequest pod sets, by node group, flavour and "

@@ -52,6 +52,7 @@ __all__ = [
     "plan_batch",
     "plan_pods",
     "validate_catalogue",
+    "with_headroom",
     "zero_bin_capacity",
 ]
 
@@ -137,6 +138,25 @@ def cost_efficiency(flavour: Flavour, demand: Resources, weights: ScoreWeights) 
     cap = flavour.capacity
     nc = _nc(min(demand.cpu_milli, cap.cpu_milli), min(demand.memory_bytes, cap.memory_bytes), demand, weights)
     return nc / flavour.price_per_hour
+
+
+def with_headroom(flavours: Sequence[Flavour], reserve: Resources) -> tuple[Flavour, ...]:
+    """The catalogue as pods see a new node once ``reserve`` is taken (DaemonSet pods, the system pods a
+    cluster-autoscaler node template carries): a plan packed to the flavour's full capacity would not fit CA's
+    template, and CA refuses an all-or-nothing request it cannot place. Never below one unit of anything."""
+    if reserve == Resources():
+        return tuple(flavours)
+    out = []
+    for f in flavours:
+        c = f.capacity
+        room = Resources(
+            max(1, c.cpu_milli - reserve.cpu_milli),
+            max(1, c.memory_bytes - reserve.memory_bytes),
+            max(1, c.pods - reserve.pods),
+            c.extended,
+        )
+        out.append(Flavour(f.name, room, f.price_per_hour))
+    return tuple(out)
 
 
 def validate_catalogue(flavours: Sequence[Flavour]) -> None:

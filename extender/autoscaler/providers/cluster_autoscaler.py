@@ -38,6 +38,7 @@ import grpc
 
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.protogen import ExpanderStubs, load_expander
+from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION
 from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, InvalidInputError, Node, Pod
@@ -380,6 +381,7 @@ class ExpanderServer:
         """(choice, outcome, shape) for a parsed request; raises RequestError for an unusable one."""
         decoded = decode_request(request, self.stubs)
         choice = choose(self._views(decoded), self.catalogue, self.weights)
+        self._count_nodes(decoded, choice)
         if decoded.problems:
             skipped = "; ".join(decoded.problems[:5]) + (" ..." if len(decoded.problems) > 5 else "")
             choice = ExpanderChoice(choice.chosen, choice.flavour, f"{choice.reason} (skipped: {skipped})")
@@ -423,6 +425,20 @@ class ExpanderServer:
         log.warning("BestOptions: invalid request, answering INVALID_ARGUMENT: %s", message)
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         raise AssertionError("unreachable: context.abort raises")
+
+    def _count_nodes(self, decoded: DecodedRequest, choice: ExpanderChoice) -> None:
+        """Nodes CA buys on our answer, by whose demand: our ProvisioningRequests' pods (they carry CA's consume
+        annotation) or ordinary pending pods. What CA bought against what we chose, in the e2e test and in use."""
+        if self.metrics is None or choice.flavour is None or len(choice.chosen) != 1:
+            return
+        for option in decoded.options:
+            if option.node_group_id == choice.chosen[0]:
+                ours = bool(option.pods) and all(
+                    CONSUME_ANNOTATION in dict(msg.metadata.annotations) for msg in option.pods
+                )
+                demand = "provisioning-request" if ours else "pods"
+                self.metrics.expander_nodes.labels(choice.flavour, demand).inc(option.node_count)
+                return
 
     def _observe(self, outcome: str, started: float, flavour: str | None) -> None:
         if self.metrics is None:
