@@ -20,10 +20,11 @@ from extender.autoscaler.providers.provisioning_request import (
     pod_template,
     provisioning_request,
 )
+from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ConfigError
 from extender.core import autoscale
 from extender.core.model import NodeGroup, Resources
-from tests.test_autoscaler_loop import CATALOGUE, CONFIG, LARGE, SMALL, counter, node, pod, settings, snap
+from tests.test_autoscaler_loop import CATALOGUE, CONFIG, LARGE, SMALL, counter, loop, node, pod, settings, snap
 
 GI = 2**30
 
@@ -164,3 +165,44 @@ def test_provisioning_request_options_are_validated() -> None:
     ):
         with pytest.raises(ConfigError, match=word):
             parse(bad)
+
+
+def test_gated_pods_are_handed_to_ca_after_the_shorter_gated_demand_seconds() -> None:
+    """Under CA a gated pod that fits no node is demand after provisioning_requests.gated_demand_seconds (5 s),
+    not the kwok mode's 15 s: while qos demand is hidden, CA's purchases for other pods are taken by it."""
+    held = pod("held", "1", "8Gi", unschedulable=False)
+    held["spec"]["schedulingGates"] = [{"name": CONFIG.controller.gate_name}]
+    s = AutoscalerSnapshot(CONFIG)
+    s.replace_nodes([], "1", now=100.0)
+    s.apply_pod("ADDED", held, now=100.0)
+    assert ca_loop().step(s, now=104.0).provision == []
+    assert [k for r in ca_loop().step(s, now=105.0).provision for k in r.pods] == ["default/held"]
+    slow = CaExpanderSettings(
+        cert_file="c", key_file="k", provisioning_requests=ProvisioningRequestSettings(gated_demand_seconds=30.0)
+    )
+    assert ca_loop(expander=slow).step(s, now=120.0).provision == []
+    assert loop().step(s, now=105.0).provision == []  # the kwok mode keeps the simulator's 15 s
+
+
+def test_planned_nodes_keep_room_for_daemonsets_and_the_reserve() -> None:
+    """A node packed to the flavour's full capacity never fits CA's template (its system pods): under CA the
+    plan leaves the configured reserve plus the most DaemonSet pods any node of ours carries."""
+    pods = [pod(f"p{i}", "1", "1Gi") for i in range(2)]  # 2 x 1 cpu: one s.small (2 cpu) without headroom
+    s = snap([], pods)
+    assert [len(r.pods) for r in loop().step(s, now=100.0).provision] == [2]
+    d = ca_loop().step(s, now=100.0)  # 100m reserve: 1900m left on an s.small
+    assert all(r.requests.cpu_milli <= r.flavour.capacity.cpu_milli for r in d.provision)
+    assert all(
+        r.requests.cpu_milli <= SMALL.capacity.cpu_milli - 100 for r in d.provision if r.flavour.name == SMALL.name
+    )
+    none = CaExpanderSettings(
+        cert_file="c", key_file="k", provisioning_requests=ProvisioningRequestSettings(node_reserve=Resources())
+    )
+    assert [len(r.pods) for r in ca_loop(expander=none).step(s, now=100.0).provision] == [2]
+    # a DaemonSet pod of 300m on a node of ours is room every planned node keeps too
+    ds = pod("agent-x", "300m", "64Mi", node="n1", unschedulable=False)
+    ds["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "agent", "uid": "d1", "controller": True}]
+    s2 = snap([node("n1", SMALL, "batch")], [*pods, ds])
+    d2 = ca_loop(expander=none).step(s2, now=100.0)
+    assert all(r.requests.cpu_milli <= r.flavour.capacity.cpu_milli - 300 for r in d2.provision)
+    assert sum(len(r.pods) for r in d2.provision) == 2

@@ -100,6 +100,10 @@ class ProvisioningRequestSettings:
     # room each planned node keeps free besides the DaemonSet pods the sidecar sees on nodes of the group: what
     # CA's node templates hold before any pod (the kwok and GCE providers add a 100m kube-proxy pod)
     node_reserve: Resources = field(default_factory=lambda: Resources(100, 0, 0))
+    # a pod the QoS controller kept gated this long (and that fits no node now) is demand handed to CA. Shorter than
+    # the kwok mode's 15 s (view.GATED_DEMAND_SECONDS, the simulator's): while qos demand is hidden, CA buys for
+    # other pending pods of the group and released qos pods take those nodes, so CA buys again
+    gated_demand_seconds: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +268,11 @@ PROVREQ_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io",)
 
 
 def _parse_provreq(raw: object, path: str) -> ProvisioningRequestSettings | None:
-    s = section(raw, path, {"enabled", "namespace", "class_name", "delivered_grace_seconds", "node_reserve"})
+    s = section(
+        raw,
+        path,
+        {"enabled", "namespace", "class_name", "delivered_grace_seconds", "node_reserve", "gated_demand_seconds"},
+    )
     if not read_bool(s, "enabled", path, True):
         return None
     namespace = read_req_str(s, "namespace", path, "kube-qos-system")
@@ -280,8 +288,13 @@ def _parse_provreq(raw: object, path: str) -> ProvisioningRequestSettings | None
         reserve = Resources(cpu_millicores(r.get("cpu", "100m")), memory_bytes(r.get("memory", 0)), 0)
     except (InvalidInputError, ValueError, TypeError) as exc:
         raise ConfigError(f"{path}.node_reserve: {exc}") from exc
+    gated = read_number(s, "gated_demand_seconds", path, 5.0, minimum=0.0, maximum=3600.0)
     return ProvisioningRequestSettings(
-        namespace=namespace, class_name=class_name, delivered_grace_seconds=grace, node_reserve=reserve
+        namespace=namespace,
+        class_name=class_name,
+        delivered_grace_seconds=grace,
+        node_reserve=reserve,
+        gated_demand_seconds=gated,
     )
 
 

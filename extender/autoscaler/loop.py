@@ -265,7 +265,11 @@ class AutoscalerLoop:
             self._fulfilled(d, snap, now)
         self._expire(d, snap, now)
         accepts = self._accepts(snap)
-        waiting = autoscale_scan.unschedulable(snap.unschedulable_pods(self.s.scheduler_names, now), views, accepts)
+        provreq = self.s.expander.provisioning_requests if self.hands_demand else None
+        held = snap.unschedulable_pods(self.s.scheduler_names, now, provreq.gated_demand_seconds) if provreq else None
+        waiting = autoscale_scan.unschedulable(
+            held if held is not None else snap.unschedulable_pods(self.s.scheduler_names, now), views, accepts
+        )
         by_group = {g: [p for p in waiting if group_of(p) is g] for g in (NodeGroup.SERVICE, NodeGroup.BATCH)}
         d.unschedulable = {g: len(pods) for g, pods in by_group.items()}
         candidates = [p for pods in by_group.values() for p in self._plannable(d, snap, pods)]
