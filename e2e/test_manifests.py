@@ -13,6 +13,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -240,15 +241,15 @@ def test_kind_overlay_renders_without_operator_crds() -> None:
 
 # ------------------------------------------------------------------------------------------------------------
 # The whole product (issue 12): config/agent, config/autoscaler (+ its Components), config/default (base +
-# controller + agent + autoscaler), config/local (this project's local real cluster), config/cluster-autoscaler
-# (config/default + the expander and cloud-provider Components + cluster-autoscaler 1.35 with
-# --cloud-provider=externalgrpc --expander=grpc) and hack/deploy-local.sh.
+# controller + agent + autoscaler beside the user's cluster-autoscaler: the production install), config/local
+# (this project's local real cluster: + the kwok provider Component), config/cluster-autoscaler (config/default +
+# the cloud-provider Component + cluster-autoscaler 1.35 with --cloud-provider=externalgrpc --expander=grpc
+# --enable-provisioning-requests) and hack/deploy-local.sh.
 # Source-level checks (configs vs loaders, RBAC vs code) are in tests/test_manifests.py; here: what kustomize
 # renders, what the real API server accepts (dry run, Pod Security) and what RBAC really authorizes.
 
-COMPOSITIONS = {  # test-only overlays: config/default plus one Component
-    "default+cluster-autoscaler": "autoscaler/cluster-autoscaler",
-    "default+consolidation": "autoscaler/consolidation",
+COMPOSITIONS = {  # test-only overlays: an overlay plus one Component (consolidation needs the kwok provider)
+    "local+consolidation": ("local", "autoscaler/consolidation"),
 }
 OVERLAYS = ("agent", "autoscaler", "default", "local", "cluster-autoscaler", *COMPOSITIONS)
 NAMESPACES = {"kube-qos-system", "kube-qos-agent"}
@@ -257,14 +258,14 @@ NAMESPACES = {"kube-qos-system", "kube-qos-agent"}
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = {name: _render(name) for name in ("base", "agent", "autoscaler", "default", "local", "cluster-autoscaler")}
-    for name, component in COMPOSITIONS.items():
+    for name, (base, component) in COMPOSITIONS.items():
         d = tmp_path_factory.mktemp(name.replace("+", "-"))  # kustomize wants relative paths, not absolute
         (d / "kustomization.yaml").write_text(
             yaml.safe_dump(
                 {
                     "apiVersion": "kustomize.config.k8s.io/v1beta1",
                     "kind": "Kustomization",
-                    "resources": [os.path.relpath(ROOT / "config" / "default", d)],
+                    "resources": [os.path.relpath(ROOT / "config" / base, d)],
                     "components": [os.path.relpath(ROOT / "config" / component, d)],
                 }
             )
@@ -356,7 +357,7 @@ def test_rendered_configmaps_load_with_the_projects_loaders(
     agent = load_agent_config(str(_load_rendered(tmp_path, agent_cm)["agent.yaml"]), node_name="n")
     assert agent.backend == "kubelet" and agent.tls.enabled and not agent.test_fault_injection
 
-    for overlay, provider in (("default", "kwok"), ("default+cluster-autoscaler", "cluster-autoscaler")):
+    for overlay, provider in (("local", "kwok"), ("default", "cluster-autoscaler")):
         data = _configmap(rendered[overlay], "qos-autoscaler-config")
         (tmp_path / overlay).mkdir()
         files = _load_rendered(tmp_path / overlay, data)
@@ -368,11 +369,11 @@ def test_rendered_configmaps_load_with_the_projects_loaders(
                 raw["autoscaler"]["cluster_autoscaler"][key] = stand_in
         files["autoscaler.yaml"].write_text(yaml.safe_dump(raw))
         assert load_autoscaler_config(files["autoscaler.yaml"], extender).provider == provider
-        if provider == "kwok":
-            assert data["autoscaler.yaml"] == (ROOT / "config/autoscaler/autoscaler.yaml").read_text()
-            assert data["extender.yaml"] == (ROOT / "config/autoscaler/extender.yaml").read_text()
+        source = "config/autoscaler/kwok/autoscaler.yaml" if provider == "kwok" else "config/autoscaler/autoscaler.yaml"
+        assert data["autoscaler.yaml"] == (ROOT / source).read_text()
+        assert data["extender.yaml"] == (ROOT / "config/autoscaler/extender.yaml").read_text()
 
-    data = _configmap(rendered["default+consolidation"], "qos-autoscaler-config")
+    data = _configmap(rendered["local+consolidation"], "qos-autoscaler-config")
     assert data["consolidation.yaml"] == (ROOT / "config/autoscaler/consolidation/consolidation.yaml").read_text()
     raw = yaml.safe_load(data["consolidation.yaml"])
     raw["consolidation"]["agent"].update(dict.fromkeys(("cert_file", "key_file", "ca_file"), stand_in))
@@ -409,11 +410,10 @@ def _volume_of(workload: dict[str, Any], container: str, path: str) -> dict[str,
 def test_cluster_autoscaler_overlay_configs_load_and_match_the_pods(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
-    """config/cluster-autoscaler = config/default + the expander Component + the cloud-provider Component + CA: the
-    rendered qos-autoscaler-config loads with the project's loader (cloud provider on 0.0.0.0:8086), the rendered
-    cluster-autoscaler-cloud-config with ca_replay.CloudConfig.load, and both agree with the rendered pods, Services
-    and Secrets."""
-    from extender.autoscaler.ca_replay import CloudConfig
+    """config/cluster-autoscaler = config/default + the cloud-provider Component + CA: the rendered
+    qos-autoscaler-config loads with the project's loader (cloud provider on 0.0.0.0:8086), the rendered
+    cluster-autoscaler-cloud-config holds the keys CA's externalgrpc provider reads, and both agree with the rendered
+    pods, Services and Secrets."""
     from extender.autoscaler.config import load_autoscaler_config
 
     docs = rendered["cluster-autoscaler"]
@@ -429,10 +429,10 @@ def test_cluster_autoscaler_overlay_configs_load_and_match_the_pods(
         if d
     }
     cloud_config_cm = ("ConfigMap", "kube-qos-system", "cluster-autoscaler-cloud-config")
-    expected = set(map(bare, rendered["default+cluster-autoscaler"])) | own | {cloud_config_cm}
+    expected = set(map(bare, rendered["default"])) | own | {cloud_config_cm}
     assert set(map(bare, docs)) == expected
 
-    # The sidecar's config: the cloud-provider Component's file won the merge (listed after the expander's).
+    # The sidecar's config: the cloud-provider Component's file replaced config/autoscaler's.
     data = _configmap(docs, "qos-autoscaler-config")
     assert data["autoscaler.yaml"] == (ROOT / "config/cluster-autoscaler/cloud-provider/autoscaler.yaml").read_text()
     assert data["extender.yaml"] == (ROOT / "config/autoscaler/extender.yaml").read_text()
@@ -470,7 +470,9 @@ def test_cluster_autoscaler_overlay_configs_load_and_match_the_pods(
     # CA's cloud-config: the Service above, the client certificate files on CA's client Secret.
     cc = _configmap(docs, "cluster-autoscaler-cloud-config")
     assert set(cc) == {"cloud-config.yaml"}
-    cloud_config = CloudConfig.load(_load_rendered(tmp_path, cc)["cloud-config.yaml"])
+    keys = yaml.safe_load(cc["cloud-config.yaml"])
+    assert set(keys) <= {"address", "cert", "key", "cacert", "grpc_timeout"}, keys  # what CA's provider reads
+    cloud_config = SimpleNamespace(**keys)
     svc = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
     assert cloud_config.address == f"{svc}:{sp['port']}"
     assert cloud_config.cert and cloud_config.key and cloud_config.cacert, "without cert CA dials plaintext"
@@ -481,6 +483,7 @@ def test_cluster_autoscaler_overlay_configs_load_and_match_the_pods(
         assert volume["secret"]["secretName"] == "cluster-autoscaler-externalgrpc-client", path
     args = dict(a.split("=", 1) for a in ca_c["args"])
     assert args["--cloud-provider"] == "externalgrpc" and args["--expander"] == "grpc"
+    assert args["--enable-provisioning-requests"] == "true"  # gated qos pods reach CA only as our requests
     cm_volume = _volume_of(ca_dep, ca_c["name"], args["--cloud-config"])
     assert cm_volume["configMap"]["name"].startswith("cluster-autoscaler-cloud-config-")
     assert args["--cloud-config"].rsplit("/", 1)[1] == "cloud-config.yaml"
@@ -666,7 +669,8 @@ def test_rbac_authorizes_what_the_code_calls_and_nothing_more(
     """The RBAC objects of config/default, applied for real, asked through SubjectAccessReview exactly what the
     kubelet (for the agent's client certificate) and the API server (for the autoscaler's token) ask."""
     docs = rendered["default"]
-    rbac = [d for d in docs if d["kind"] in ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding")]
+    kinds = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    rbac = [d for d in docs if d["kind"] in kinds]
     _apply_for_real(rbac, tmp_path / "rbac.yaml")
     agent_user = ("qos-extender-agent", ["system:authenticated"])
     autoscaler = ("system:serviceaccount:kube-qos-system:qos-autoscaler", ["system:serviceaccounts"])
@@ -678,31 +682,49 @@ def test_rbac_authorizes_what_the_code_calls_and_nothing_more(
     assert not _allowed(*agent_user, "list", "pods")
     for verb, resource in (("create", "events"), ("get", "pods"), ("patch", "pods"), ("get", "nodes")):
         assert not _allowed(*agent_sa, verb, resource, namespace="default"), (verb, resource)
-    # The autoscaler (kwok provider): reflectors, Events, kwok nodes (and cordoning its own for capacity); no pod
-    # writes without consolidation. (The
-    # config/cluster-autoscaler test removes and restores qos-autoscaler-kwok: wait for the authorizer's cache.)
-    assert _eventually(lambda: _allowed(*autoscaler, "create", "nodes"), True)
-    for verb, resource, ns in (
-        ("list", "nodes", ""),
-        ("watch", "nodes", ""),
-        ("list", "pods", ""),
-        ("watch", "pods", ""),
-        ("create", "events", "default"),
-        ("create", "nodes", ""),
-        ("delete", "nodes", ""),
-        ("patch", "nodes", ""),  # retiring its own nodes for capacity (cordon + label)
+    # The autoscaler beside cluster-autoscaler (production): reflectors, Events, the consume annotation on pods,
+    # its own ProvisioningRequests and PodTemplates in kube-qos-system. No node writes: CA buys and removes nodes.
+    # (Other tests may have bound the lab's qos-autoscaler-kwok / -consolidation roles: unbind them.)
+    for binding in ("qos-autoscaler-kwok", "qos-autoscaler-consolidation", "qos-autoscaler-cloud-provider"):
+        subprocess.run(
+            [*_kubectl(), "delete", "clusterrolebinding", binding, "--ignore-not-found"],
+            capture_output=True, check=True, timeout=60,
+        )  # fmt: skip
+    ns = "kube-qos-system"
+    assert _eventually(lambda: _allowed(*autoscaler, "create", "provisioningrequests", namespace=ns, group=PR), True)
+    for verb, resource, namespace, group in (
+        ("list", "nodes", "", ""),
+        ("watch", "nodes", "", ""),
+        ("list", "pods", "", ""),
+        ("watch", "pods", "", ""),
+        ("create", "events", "default", ""),
+        ("patch", "pods", "default", ""),
+        ("create", "podtemplates", ns, ""),
+        ("delete", "podtemplates", ns, ""),
+        ("create", "provisioningrequests", ns, PR),
+        ("delete", "provisioningrequests", ns, PR),
+        ("list", "provisioningrequests", ns, PR),
     ):
-        assert _allowed(*autoscaler, verb, resource, namespace=ns), (verb, resource)
-    for verb, resource, ns in (
-        ("get", "secrets", "kube-qos-system"),
-        ("create", "pods", "default"),
-        ("delete", "pods", "default"),
-        ("create", "pods/eviction", "default"),
-        ("update", "nodes", ""),
-        ("patch", "events", "default"),
-        ("get", "leases", "kube-qos-system"),
+        assert _allowed(*autoscaler, verb, resource, namespace=namespace, group=group), (verb, resource)
+    assert not _eventually(lambda: _allowed(*autoscaler, "create", "nodes"), False)
+    for verb, resource, namespace, group in (
+        ("delete", "nodes", "", ""),
+        ("patch", "nodes", "", ""),
+        ("update", "nodes", "", ""),
+        ("get", "secrets", ns, ""),
+        ("create", "pods", "default", ""),
+        ("delete", "pods", "default", ""),
+        ("create", "pods/eviction", "default", ""),
+        ("patch", "events", "default", ""),
+        ("get", "leases", ns, ""),
+        ("create", "provisioningrequests", "default", PR),  # its own namespace only
+        ("create", "podtemplates", "default", ""),
+        ("update", "provisioningrequests/status", ns, PR),  # CA's to write
     ):
-        assert not _allowed(*autoscaler, verb, resource, namespace=ns), (verb, resource)
+        assert not _allowed(*autoscaler, verb, resource, namespace=namespace, group=group), (verb, resource)
+
+
+PR = "autoscaling.x-k8s.io"
 
 
 def _eventually(check: Any, want: bool, timeout: float = 10.0) -> bool:
@@ -718,18 +740,11 @@ def test_cluster_autoscaler_rbac_authorizes_the_cloud_provider_writes(
 ) -> None:
     """config/cluster-autoscaler's RBAC, applied for real: qos-autoscaler creates and deletes the kwok Nodes CA buys
     through ClusterRole qos-autoscaler-cloud-provider (qos-autoscaler-kwok is not in this overlay) and gets nothing of
-    cluster-autoscaler's own roles; those go to CA's ServiceAccount."""
+    cluster-autoscaler's own roles; those go to CA's ServiceAccount, ProvisioningRequests included."""
     docs = rendered["cluster-autoscaler"]
     autoscaler_sa = {"kind": "ServiceAccount", "name": "qos-autoscaler", "namespace": "kube-qos-system"}
     bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding") and autoscaler_sa in d["subjects"]}
-    assert bound == {"qos-autoscaler", "qos-autoscaler-cloud-provider"}
-    # config/default's test applied qos-autoscaler-kwok for real; this overlay removes it: so does the cluster
-    # (restored at the end, for config/default's test).
-    removed = [
-        d for d in rendered["default"] if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] not in bound
-    ]
-    removed = [d for d in removed if autoscaler_sa in d["subjects"]]
-    assert [d["metadata"]["name"] for d in removed] == ["qos-autoscaler-kwok"]
+    assert bound == {"qos-autoscaler", "qos-autoscaler-demand", "qos-autoscaler-cloud-provider"}
     for binding in ("qos-autoscaler-kwok", "qos-autoscaler-consolidation"):
         subprocess.run(
             [*_kubectl(), "delete", "clusterrolebinding", binding, "--ignore-not-found"],
@@ -756,6 +771,9 @@ def test_cluster_autoscaler_rbac_authorizes_the_cloud_provider_writes(
         ("", "get", "configmaps", ns, "cluster-autoscaler-status"),
         ("coordination.k8s.io", "update", "leases", ns, "cluster-autoscaler"),
         ("policy", "list", "poddisruptionbudgets", "default", ""),
+        ("autoscaling.x-k8s.io", "watch", "provisioningrequests", "default", ""),
+        ("autoscaling.x-k8s.io", "patch", "provisioningrequests/status", ns, ""),
+        ("", "list", "podtemplates", "default", ""),
     )
     for group, verb, resource, namespace, name in ca_only:
         assert not _allowed(*autoscaler, verb, resource, name=name, namespace=namespace, group=group), resource
@@ -775,7 +793,6 @@ def test_cluster_autoscaler_rbac_authorizes_the_cloud_provider_writes(
         assert not _eventually(lambda: _allowed(*autoscaler, "create", "nodes"), False)
     finally:
         _apply_for_real(rbac, tmp_path / "rbac.yaml")
-        _apply_for_real(removed, tmp_path / "restore.yaml")
 
 
 def test_deploy_local_dry_run(tmp_path: Path) -> None:
