@@ -22,10 +22,12 @@ typecheck: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Real control-plane binaries (k8s.io/kubernetes, kwok, etcd from Go modules; Prometheus from Debian),
-# cached under $(QOS_CACHE) outside the repo: ~13 min cold, instant afterwards.
+# Real control-plane binaries (k8s.io/kubernetes, kwok, etcd from Go modules; Prometheus from Debian) and the
+# real cluster-autoscaler 1.35.2 (kwok and externalgrpc builds, from ../shared/vendor's release source), cached
+# under $(QOS_CACHE) outside the repo: ~13 + ~8 min cold, instant afterwards.
 tools:
 	hack/build-tools.sh
+	hack/build-ca.sh
 
 # Container images, no registry needed: docker.io (and its own dockerd when none answers), a debootstrapped
 # python base, pause, busybox, kube-scheduler and kube-qos-extender:dev, saved under $(QOS_CACHE)/images.

@@ -19,8 +19,15 @@ from typing import Any
 import orjson
 import pytest
 
-from extender.core.model import Flavour
+from extender.core.model import Flavour, Resources
 
+GI = 2**30
+# the catalogue of the CA e2e tests: one balanced, one cpu-heavy, one memory-heavy flavour
+FLAVOURS = (
+    Flavour("e2e.std", Resources(2000, 4 * GI, 110), 0.10),
+    Flavour("e2e.cpu", Resources(4000, 4 * GI, 110), 0.16),
+    Flavour("e2e.mem", Resources(1000, 8 * GI, 110), 0.12),
+)
 ROOT = Path(__file__).resolve().parents[1]
 NODE_GROUP_LABEL = "qos.kube-qos-extender.io/ca-node-group"  # the kwok provider's fromNodeLabelKey
 
@@ -32,6 +39,28 @@ def _versions() -> dict[str, str]:
             k, v = line.split("=", 1)
             out[k.strip()] = v.strip()
     return out
+
+
+def _openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+def pki(d: Path) -> dict[str, Path]:
+    """A CA, a serving certificate for 127.0.0.1 (the expander, the cloud provider) and a client certificate
+    (CA's externalgrpc client), all EC P-256, valid a day."""
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    _openssl("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.crt", "-days", "1", "-subj", "/CN=e2e-ca")
+    for leaf, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
+        ("client", "extendedKeyUsage=clientAuth\n"),
+    ):
+        _openssl("req", *ec, "-keyout", d / f"{leaf}.key", "-out", d / f"{leaf}.csr", "-subj", f"/CN={leaf}")
+        (d / f"{leaf}.ext").write_text(ext)
+        _openssl(
+            "x509", "-req", "-in", d / f"{leaf}.csr", "-CA", d / "ca.crt", "-CAkey", d / "ca.key", "-CAcreateserial",
+            "-out", d / f"{leaf}.crt", "-days", "1", "-extfile", d / f"{leaf}.ext",
+        )  # fmt: skip
+    return {name: d / name for name in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key")}
 
 
 def tool_dirs() -> tuple[Path, Path]:

@@ -16,7 +16,6 @@ sidecar deletes none). Needs KUBECONFIG and the CA binaries (hack/build-ca.sh): 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import statistics
 import time
@@ -29,14 +28,14 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from e2e.ca_support import (
-    NODE_GROUP_LABEL,
+    FLAVOURS,
     apply_provisioning_request_crd,
     cluster_autoscaler,
     kwok_provider_configmaps,
     kwok_templates,
+    pki,
 )
 from e2e.kwok_autoscaling import until
-from e2e.test_autoscaler_externalgrpc import FLAVOURS, _pki
 from extender.autoscaler.config import (
     AutoscalerSettings,
     CaExpanderSettings,
@@ -44,7 +43,6 @@ from extender.autoscaler.config import (
     LagDistribution,
     ProvisioningRequestSettings,
 )
-from extender.autoscaler.loop import PROVISIONED_BY_LABEL
 from extender.autoscaler.main import start_autoscaler
 from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION, ProvisioningRequestProvider
 from extender.config import ExtenderConfig, KubernetesConfig
@@ -133,13 +131,13 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
     assert not [n for n in (await _nodes(core)).values() if _grouped(n)], "needs a cluster with no node-group nodes"
     await read_json(await core.create_namespace({"metadata": {"name": ns}}, _preload_content=False))
     apply_provisioning_request_crd()
-    pki = _pki(tmp_path)
+    certs = pki(tmp_path)
     cloud = None
     if mode == "externalgrpc":
         cloud = CloudProviderSettings(
-            cert_file=str(pki["server.crt"]),
-            key_file=str(pki["server.key"]),
-            client_ca_file=str(pki["ca.crt"]),
+            cert_file=str(certs["server.crt"]),
+            key_file=str(certs["server.key"]),
+            client_ca_file=str(certs["ca.crt"]),
             listen="127.0.0.1:0",
             max_size=10,
         )
@@ -160,8 +158,8 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
         kwok_lag=LagDistribution("uniform", seconds=1.5, minimum=1.0, maximum=2.0, seed=5),
         expander=CaExpanderSettings(
             listen="127.0.0.1:0",
-            cert_file=str(pki["server.crt"]),
-            key_file=str(pki["server.key"]),
+            cert_file=str(certs["server.crt"]),
+            key_file=str(certs["server.key"]),
             cloud_provider=cloud,
             provisioning_requests=ProvisioningRequestSettings(namespace=ns, delivered_grace_seconds=30.0),
         ),
@@ -173,13 +171,13 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
     extra = [
         "--expander=grpc",
         f"--grpc-expander-url=127.0.0.1:{running.expander.port}",
-        f"--grpc-expander-cert={pki['ca.crt']}",
+        f"--grpc-expander-cert={certs['ca.crt']}",
     ]
     if mode == "externalgrpc":
         cc = tmp_path / "cloud-config.yaml"
         cc.write_text(
-            f"address: 127.0.0.1:{running.cloud_provider.port}\ncert: {pki['client.crt']}\n"
-            f"key: {pki['client.key']}\ncacert: {pki['ca.crt']}\ngrpc_timeout: 10s\n"
+            f"address: 127.0.0.1:{running.cloud_provider.port}\ncert: {certs['client.crt']}\n"
+            f"key: {certs['client.key']}\ncacert: {certs['ca.crt']}\ngrpc_timeout: 10s\n"
         )
         extra += ["--cloud-provider=externalgrpc", f"--cloud-config={cc}"]
     else:
@@ -296,7 +294,6 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
         with contextlib.suppress(ApiError):
             await read_json(await core.delete_namespace(ns, _preload_content=False))
         await api.close()
-    _ = PROVISIONED_BY_LABEL, NODE_GROUP_LABEL
 
 
 def _samples(text: str, name: str, label: str, **match: str) -> dict[str, float]:
@@ -325,6 +322,3 @@ def _tail(path: Path, n: int = 60) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
     return ""
-
-
-__all__ = ["asyncio"]

@@ -1,8 +1,8 @@
 """The externalgrpc cloud provider (our flavours as cluster-autoscaler node groups): proto facts, mTLS, CA's calls.
 
-No cluster here (the live cycle is e2e/test_autoscaler_externalgrpc.py): the server runs over real mTLS on
-localhost with a recording backend instead of kwok and a Snapshot fed Kubernetes JSON; the client is
-``extender.autoscaler.ca_replay``, which makes cluster-autoscaler 1.35's calls with its caches and in its order.
+No cluster here (the real cluster-autoscaler 1.35.2 against this server: e2e/test_cluster_autoscaler.py): the server
+runs over real mTLS on localhost with a recording backend instead of kwok and a Snapshot fed Kubernetes JSON; the
+client is tests/cloud_provider_client.py (CA's RPCs and request fields, to check our answers and status codes).
 Bytes from k8s.io/api itself: GO_TEMPLATE / GO_POD are what v0.35.8's ``Node.Marshal()`` / ``Pod.Marshal()`` gave
 after ``Unmarshal`` of the bytes our provider / replay client wrote (checked once with a Go program against the
 Go module cache; it decoded every field we set, see the README).
@@ -20,27 +20,18 @@ from typing import Any
 import grpc
 import pytest
 
-from extender.autoscaler.ca_replay import (
-    CloudConfig,
-    CloudProviderClient,
-    Option,
-    ReplayedAutoscaler,
-    estimate,
-    pod_message,
-    price_expander_choice,
-)
 from extender.autoscaler.config import parse_autoscaler_config
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, AutoscalerLoop, ProvisionRequest
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.nodegroups import NodeGroupError, NodeGroups
-from extender.autoscaler.protogen import load_expander, load_externalgrpc
-from extender.autoscaler.providers.cluster_autoscaler import ExpanderServer
+from extender.autoscaler.protogen import load_externalgrpc
 from extender.autoscaler.providers.externalgrpc import CloudProviderServer, NodeGroupOptions, node_message
 from extender.autoscaler.providers.kwok import node_manifest
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ConfigError, ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources, parse_quantity
+from tests.cloud_provider_client import CloudConfig, CloudProviderClient, pod_message
 
 GI = 2**30
 SMALL = Flavour("s.small", Resources(2000, 4 * GI, 110), 0.10)
@@ -478,86 +469,6 @@ async def test_node_groups_are_workload_groups_times_flavours(h: Harness) -> Non
     assert await h.client.gpu_types() == set()
 
 
-async def test_a_full_scale_up_and_scale_down_cycle_in_cas_call_order(h: Harness) -> None:
-    replay = ReplayedAutoscaler(h.client)
-    pods = [pending("m0", "250m", "6Gi"), pending("m1", "250m", "6Gi")]
-    # loop 1: two memory-heavy service pods; CA's price expander on our prices picks s.himem (1 node holds both)
-    best, options, scores = await replay.run_once(list(h.nodes.values()), pods)
-    assert best is not None and (best.node_group, best.node_count) == ("service-s.himem", 1)
-    assert {o.node_group for o in options} == {"service-s.large", "service-s.himem"}  # s.small: 4Gi < 6Gi
-    assert scores["service-s.himem"] < scores["service-s.large"]
-    calls = h.client.calls
-    assert calls[:3] == ["Refresh", "NodeGroups", "NodeGroupForNode"]  # static-1 is the only ready node
-    assert calls[3:9] == ["NodeGroupTemplateNodeInfo"] * 6
-    assert calls[9:21] == ["NodeGroupTargetSize", "NodeGroupNodes"] * 6
-    assert calls[-1] == "NodeGroupIncreaseSize" and "PricingNodePrice" in calls and "PricingPodPrice" in calls
-    assert calls.count("NodeGroupGetOptions") == 6
-    assert h.server.calls == calls  # the server saw exactly CA's calls, in CA's order
-    (request,) = h.backend.created
-    assert request.flavour == HIMEM and request.group is NodeGroup.SERVICE
-    assert request.labels["qos.kube-qos-extender.io/node-group"] == "service"
-    assert await h.client.target_size("service-s.himem") == 1
-    assert await h.client.nodes("service-s.himem") == [(f"kwok://{request.name}", 2)]  # instanceCreating
-
-    # loops 2 and 3 while the node boots: the target already counts it, CA sees an upcoming node, buys nothing
-    for _ in range(2):
-        best, _, _ = await replay.run_once(list(h.nodes.values()), pods)
-        assert best is None and replay.upcoming_riders == 2
-    assert len(h.backend.created) == 1 and h.client.calls.count("NodeGroupIncreaseSize") == 1
-
-    # the node registers: it leaves the ledger, is Running, and is the group's member
-    node = h.join(request)
-    h.now[0] += 7.5
-    await replay.run_once(list(h.nodes.values()), [])
-    assert await h.client.nodes("service-s.himem") == [(f"kwok://{request.name}", 1)]  # instanceRunning
-    found = await h.client.node_group_for_node(node)
-    assert found is not None and found.id == "service-s.himem"
-    assert h.server.state.ledger.entries == () and h.server.state.drain_arrivals() == [(request.name, 7.5)]
-
-    # scale-down: the pods are gone, the node is unneeded
-    assert await replay.scale_down(node) == "service-s.himem"
-    assert h.backend.deleted == [request.name]
-    assert await h.client.target_size("service-s.himem") == 0  # at once, not when the Node object goes
-    assert await h.client.nodes("service-s.himem") == [(f"kwok://{request.name}", 3)]  # instanceDeleting
-    h.gone(request.name)
-    assert await h.client.nodes("service-s.himem") == []
-    await h.client.cleanup()
-    text = h.server.metrics.exposition().decode() if h.server.metrics else ""
-    assert 'cloudprovider_nodes_total{action="requested",node_group="service-s.himem"} 1.0' in text
-    assert 'cloudprovider_nodes_total{action="deleted",node_group="service-s.himem"} 1.0' in text
-    assert 'cloudprovider_requests_total{code="UNIMPLEMENTED",method="NodeGroupGetOptions"}' in text
-
-
-async def test_the_grpc_expander_pairing_and_the_price_expander_agree(h: Harness, pki: Pki) -> None:
-    """--expander=grpc against our expander, and CA's price expander on our prices, choose the same group."""
-    expander = ExpanderServer(
-        CONFIG,
-        CATALOGUE,
-        autoscale.ScoreWeights(),
-        listen="127.0.0.1:0",
-        cert_pem=pki.server_crt.read_bytes(),
-        key_pem=pki.server_key.read_bytes(),
-    )
-    port = await expander.start()
-    channel = grpc.aio.secure_channel(f"127.0.0.1:{port}", grpc.ssl_channel_credentials(pki.ca_crt.read_bytes()))
-    try:
-        replay = ReplayedAutoscaler(h.client, expander=load_expander().grpc.ExpanderStub(channel))
-        for pods, group in (
-            ([pending(f"m{i}", "250m", "6Gi") for i in range(2)], "service-s.himem"),  # memory-heavy
-            ([pending(f"b{i}", "1900m", "1Gi", "batch") for i in range(3)], "batch-s.small"),  # cpu-heavy, small
-        ):
-            h.backend.created.clear()
-            best, _, scores = await replay.run_once(list(h.nodes.values()), pods)
-            assert best is not None and best.node_group == group, scores
-            assert min(scores, key=lambda g: scores[g]) == group  # CA's price expander: the same group
-            assert expander.last_choice is not None and expander.last_choice.chosen == (group,)
-            assert [r.flavour.name for r in h.backend.created] == [group.split("-", 1)[1]] * best.node_count
-            assert "BestOptions" in h.client.calls
-    finally:
-        await channel.close()
-        await expander.stop()
-
-
 async def test_instances_that_never_registered_are_found_and_cancelled(h: Harness) -> None:
     await h.client.refresh()
     await h.client.increase_size("batch-s.large", 2)
@@ -618,29 +529,6 @@ async def test_prices_come_from_the_flavours_for_every_ca_generation(h: Harness)
     req = _period(pb2.PricingPodPriceRequest(), 0, 3600, old=True)
     req.pod.CopyFrom(pod)  # CA < 1.35: the Pod embedded at field 1
     assert (await stub.PricingPodPrice(req, timeout=5.0)).price == res.price
-
-
-async def test_price_expander_and_our_planner_on_the_same_options(h: Harness) -> None:
-    """4 cpu-heavy pods: our planner buys 1 s.large ($0.36/h), not 4 s.small ($0.40/h). CA's price expander ranks
-    by (node price + stab.) / (pod price + stab.) -- the money part, which agrees -- times an "unfitness" to a
-    preferred node size that grows with the cluster (1 cpu up to 2 nodes ... 8 cpus up to 60): on a 50-node
-    cluster it picks s.large too; on a 2-node cluster unfitness 8 for an 8-cpu node outweighs the price and it
-    picks s.small. With --expander=grpc (or grpc after price) ours decides."""
-    await h.client.refresh()
-    templates = {g.id: await h.client.template_node(g.id) for g in await h.client.node_groups()}
-    pods = [pending(f"c{i}", "1900m", "512Mi", "batch") for i in range(4)]
-    options = []
-    for gid in ("batch-s.small", "batch-s.large", "batch-s.himem"):
-        count, helped, _ = estimate(pods, templates[gid])
-        options.append(Option(gid, count, helped, templates[gid]))
-    assert [o.node_count for o in options] == [4, 1, 4]
-    plan = autoscale.plan_pods([autoscale_pod(x) for x in pods], list(CATALOGUE), autoscale.ScoreWeights())
-    assert plan.flavour_counts == {"s.large": 1}
-    large_cluster, _ = await price_expander_choice(h.client, options, cluster_nodes=50, now=0.0)
-    assert large_cluster is not None and large_cluster.node_group == "batch-s.large"  # agrees
-    tiny_cluster, scores = await price_expander_choice(h.client, options, cluster_nodes=2, now=0.0)
-    assert tiny_cluster is not None and tiny_cluster.node_group == "batch-s.small"  # unfitness wins
-    assert scores["batch-s.small"] < scores["batch-s.himem"] < scores["batch-s.large"]
 
 
 def autoscale_pod(obj: dict[str, Any]) -> Any:
@@ -900,9 +788,9 @@ def test_the_cluster_autoscaler_manifests_agree_with_the_sidecar(pki: Pki) -> No
 
     extender = load_config(CA_DIR.parent / "autoscaler" / "extender.yaml")
     ours = yaml.safe_load((CA_DIR / "cloud-provider" / "autoscaler.yaml").read_text())
-    component = yaml.safe_load((CA_DIR.parent / "autoscaler" / "cluster-autoscaler" / "autoscaler.yaml").read_text())
+    base = yaml.safe_load((CA_DIR.parent / "autoscaler" / "autoscaler.yaml").read_text())
     cloud = ours["autoscaler"]["cluster_autoscaler"].pop("cloud_provider")
-    assert ours == component  # only cloud_provider added to the expander Component's file
+    assert ours == base  # only cloud_provider added to config/autoscaler's (production) file
     ours["autoscaler"]["cluster_autoscaler"]["cloud_provider"] = cloud
     mounts = {"cert_file": pki.server_crt, "key_file": pki.server_key, "client_ca_file": pki.ca_crt}
     stand_in = {**cloud, **{k: str(v) for k, v in mounts.items()}}
@@ -925,7 +813,7 @@ def test_the_cluster_autoscaler_manifests_agree_with_the_sidecar(pki: Pki) -> No
     (mount,) = [o["value"] for o in ops if o["path"].endswith("volumeMounts/-")]
     assert all(str(Path(cloud[k]).parent) == mount["mountPath"] for k in mounts)
 
-    cloud_config = CloudConfig.load(CA_DIR / "cloud-config.yaml")
+    cloud_config = CloudConfig.load(CA_DIR / "cloud-config.yaml")  # CA's keys, parsed as CA reads them
     svc = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
     assert cloud_config.address == f"{svc}:8086"
     docs = {d["kind"]: d for d in _docs(CA_DIR / "cluster-autoscaler.yaml")}
