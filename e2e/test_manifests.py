@@ -128,7 +128,8 @@ def test_scheduler_config_keeps_the_documented_choices(base: list[dict[str, Any]
         "preempt",
         "bind",
     }
-    assert ext["managedResources"] == [{"name": "qos.kube-qos-extender.io/managed", "ignoredByScheduler": True}]
+    # its own kube-scheduler, one profile: every pod is ours, no routing marker (it would block CA's simulation)
+    assert "managedResources" not in ext and extender_cfg["scheduling"]["marker_resource"] is None
 
 
 def test_real_kube_scheduler_accepts_the_configuration(base: list[dict[str, Any]], tmp_path: Path) -> None:
@@ -202,6 +203,10 @@ def test_deployed_config_differs_in_server_kubeconfig_and_lease_namespace(base: 
             continue
         if key == "kubernetes":
             assert {**deployed[key], "kubeconfig": None} == {**shipped[key], "kubeconfig": None}
+            continue
+        if key == "scheduling":  # no routing marker in the deployment: its kube-scheduler serves qos-scheduler only
+            assert deployed[key]["marker_resource"] is None and shipped[key]["marker_resource"]
+            assert {**deployed[key], "marker_resource": None} == {**shipped[key], "marker_resource": None}
             continue
         if key == "controller":  # the Lease lives in the deployment's own namespace (its Role is there)
             assert deployed[key]["leader_election"]["lease_namespace"] == "kube-qos-system"
