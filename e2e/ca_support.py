@@ -184,6 +184,7 @@ def cluster_autoscaler(
         "--scale-down-delay-after-delete=0s",
         "--scale-down-delay-after-failure=5s",
         "--scale-down-unneeded-time=10s",
+        "--unremovable-node-recheck-timeout=5s",
         "--max-node-provision-time=3m",
         "--balance-similar-node-groups=false",
         "--skip-nodes-with-local-storage=false",

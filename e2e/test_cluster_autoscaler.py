@@ -16,6 +16,7 @@ sidecar deletes none). Needs KUBECONFIG and the CA binaries (hack/build-ca.sh): 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import statistics
 import time
@@ -46,6 +47,7 @@ from extender.autoscaler.config import (
 from extender.autoscaler.main import start_autoscaler
 from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION, ProvisioningRequestProvider
 from extender.config import ExtenderConfig, KubernetesConfig
+from extender.consolidation.decide import cordon_patch
 from extender.kube.client import ApiError, new_api_client, read_json
 from tests.live import require_kubeconfig
 
@@ -265,17 +267,44 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
                 return not got["items"]
 
             await until("our ProvisioningRequests deleted once their pods bound", 60, requests_gone)
-            # ---- ... and once the pods end, CA alone removes the nodes
+            # ---- ... and once the pods end, CA alone removes the nodes, never one we hold: (kwok mode) a node we
+            # are emptying by migration carries scale-down-disabled (consolidation.decide.cordon_patch), and a pod
+            # the controller pinned keeps its node
+            kept: set[str] = set()
+            keep_pod = ""
+            if mode == "kwok":
+                keep_pod = next(
+                    n
+                    for n in sorted(classes)
+                    if classes[n] == "gold" and _pinned_to(pods[n]) == pods[n]["spec"]["nodeName"]
+                )
+                pinned_node = pods[keep_pod]["spec"]["nodeName"]
+                held = next(n for n in sorted(made) if n != pinned_node)
+                await read_json(await core.patch_node(held, cordon_patch("e2e-plan"), _preload_content=False))
+                kept = {pinned_node, held}
             await read_json(
-                await core.delete_collection_namespaced_pod(ns, label_selector="app=ca-e2e", _preload_content=False)
-            )
+                await core.delete_collection_namespaced_pod(
+                    ns, label_selector="app=ca-e2e", field_selector=f"metadata.name!={keep_pod or '-'}",
+                    _preload_content=False,
+                )
+            )  # fmt: skip
             t_end = time.monotonic()
 
-            async def removed() -> bool:
-                return not [n for n in (await _nodes(core)).values() if _grouped(n)]
+            async def only_kept() -> bool:
+                return {n for n, v in (await _nodes(core)).items() if _grouped(v)} == kept
 
-            await until("every node removed by cluster-autoscaler", 180, removed, every=1.0)
+            await until("every other node removed by cluster-autoscaler", 180, only_kept, every=1.0)
             t_removed = time.monotonic() - t_end
+            if kept:
+                await asyncio.sleep(20.0)  # two scale-down-unneeded periods more: CA still leaves both
+                assert await only_kept(), (kept, _tail(log_path))
+                await read_json(await core.patch_node(held, cordon_patch(None), _preload_content=False))
+                await read_json(await core.delete_namespaced_pod(keep_pod, ns, _preload_content=False))
+
+                async def removed() -> bool:
+                    return not [n for n in (await _nodes(core)).values() if _grouped(n)]
+
+                await until("the released nodes removed by cluster-autoscaler", 180, removed, every=1.0)
             text = await _metrics(running.metrics_port)
             assert 'qos_extender_autoscaler_scaled_down_nodes_total{reason="idle"} 0.0' in text
             log = log_path.read_text(errors="replace")
@@ -307,6 +336,21 @@ def _samples(text: str, name: str, label: str, **match: str) -> dict[str, float]
             if all(labels.get(k) == v for k, v in match.items()) and label in labels:
                 out[labels[label]] = out.get(labels[label], 0.0) + float(value)
     return out
+
+
+def _pinned_to(pod: dict[str, Any]) -> str | None:
+    """The node the QoS controller pinned this pod to (matchFields metadata.name In [node]), if any."""
+    terms = (
+        ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        )
+        or {}
+    ).get("nodeSelectorTerms") or []
+    for term in terms:
+        for f in term.get("matchFields") or []:
+            if f.get("key") == "metadata.name" and f.get("operator") == "In" and len(f.get("values") or []) == 1:
+                return str(f["values"][0])
+    return None
 
 
 async def _true(value: bool) -> bool:

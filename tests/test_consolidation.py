@@ -100,6 +100,41 @@ def test_may_cordon_only_nodes_nobody_else_cordoned() -> None:
     assert "deleted" in (decide.may_cordon(n) or "")
 
 
+def test_one_remover_per_node_with_cluster_autoscaler() -> None:
+    """We honour cluster-autoscaler's annotations and taints (a node kept by its owner, or being scaled down by CA,
+    is never consolidated), and CA honours ours: while we empty a node it carries scale-down-disabled, removed with
+    the cordon; an emptied node handed to CA only loses scale-down-disabled (still cordoned under our plan)."""
+    n: dict[str, Any] = {"metadata": {"name": "a", "annotations": {}}, "spec": {}}
+    n["metadata"]["annotations"][decide.SCALE_DOWN_DISABLED_ANNOTATION] = "true"
+    assert "owner wants it kept" in (decide.may_cordon(n) or "")
+    n["metadata"]["annotations"][decide.SCALE_DOWN_DISABLED_ANNOTATION] = "false"
+    assert decide.may_cordon(n) is None
+    for key in ("ToBeDeletedByClusterAutoscaler", "DeletionCandidateOfClusterAutoscaler"):
+        n["spec"]["taints"] = [{"key": key, "value": "1700000000", "effect": "NoSchedule"}]
+        assert key in (decide.may_cordon(n) or "")
+    n["spec"]["taints"] = [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]
+    assert decide.may_cordon(n) is None
+    # ours (a previous attempt of ours set it): not a refusal
+    n["metadata"]["annotations"] = {
+        decide.CONSOLIDATION_ANNOTATION: "a-1",
+        decide.SCALE_DOWN_DISABLED_ANNOTATION: "true",
+    }
+    n["spec"]["unschedulable"] = True
+    assert decide.may_cordon(n) is None
+    start, end = decide.cordon_patch("a-2"), decide.cordon_patch(None)
+    assert start["metadata"]["annotations"] == {
+        decide.CONSOLIDATION_ANNOTATION: "a-2",
+        decide.SCALE_DOWN_DISABLED_ANNOTATION: "true",
+    } and start["spec"] == {"unschedulable": True}
+    assert (
+        end["metadata"]["annotations"] == dict.fromkeys(start["metadata"]["annotations"])
+        and not end["spec"]["unschedulable"]
+    )
+    assert decide.handed_to_cluster_autoscaler_patch() == {
+        "metadata": {"annotations": {decide.SCALE_DOWN_DISABLED_ANNOTATION: None}}
+    }
+
+
 @pytest.mark.parametrize(
     ("p", "expect"),
     [

@@ -70,6 +70,12 @@ DO_NOT_DISRUPT = (
     ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),  # cluster-autoscaler: no scale-down of its node
     ("karpenter.sh/do-not-disrupt", "true"),  # karpenter: no voluntary disruption of its node
 )
+# cluster-autoscaler's node annotation: no scale-down of this node. We honour it (a node so annotated by someone
+# else is never consolidated) and set it ourselves while we empty a node (CA then never removes a node mid-move).
+SCALE_DOWN_DISABLED_ANNOTATION = "cluster-autoscaler.kubernetes.io/scale-down-disabled"
+# cluster-autoscaler's taints on a node it is removing (NoSchedule) or considers unneeded (PreferNoSchedule): such a
+# node is CA's to act on, never ours as well
+CA_SCALE_DOWN_TAINTS = ("ToBeDeletedByClusterAutoscaler", "DeletionCandidateOfClusterAutoscaler")
 _SUFFIX_RE = re.compile(r"-mv-[a-z0-9]{1,12}$")
 
 
@@ -119,14 +125,42 @@ def select_plan(
 
 
 def may_cordon(node: Mapping[str, Any]) -> str | None:
-    """None if we may cordon this node; else why not (someone else cordoned it, or it is being deleted)."""
+    """None if we may cordon this node; else why not (someone else cordoned it, it is being deleted, its owner
+    said no scale-down, or cluster-autoscaler is removing it: one remover per node)."""
     spec = node.get("spec")
     if _meta(node).get("deletionTimestamp"):
         return "the node is being deleted"
-    ours = CONSOLIDATION_ANNOTATION in _annotations(node)
+    annotations = _annotations(node)
+    ours = CONSOLIDATION_ANNOTATION in annotations
     if isinstance(spec, Mapping) and spec.get("unschedulable") is True and not ours:
         return "the node is already cordoned by someone else (a drain or a repair): not ours to touch"
+    if str(annotations.get(SCALE_DOWN_DISABLED_ANNOTATION, "")).strip().lower() == "true" and not ours:
+        return f"the node is annotated {SCALE_DOWN_DISABLED_ANNOTATION}=true: its owner wants it kept"
+    taints = spec.get("taints") if isinstance(spec, Mapping) else None
+    for taint in taints if isinstance(taints, list) else []:
+        if isinstance(taint, Mapping) and taint.get("key") in CA_SCALE_DOWN_TAINTS:
+            return f"cluster-autoscaler is scaling the node down (taint {taint.get('key')}): not ours as well"
     return None
+
+
+def cordon_patch(plan_id: str | None) -> dict[str, Any]:
+    """The node patch that starts (plan id) or ends (None) our consolidation of it: cordoned, our plan annotation,
+    and cluster-autoscaler's scale-down-disabled so CA never removes it while pods move off it."""
+    return {
+        "metadata": {
+            "annotations": {
+                CONSOLIDATION_ANNOTATION: plan_id,
+                SCALE_DOWN_DISABLED_ANNOTATION: "true" if plan_id is not None else None,
+            }
+        },
+        "spec": {"unschedulable": plan_id is not None},
+    }
+
+
+def handed_to_cluster_autoscaler_patch() -> dict[str, Any]:
+    """An emptied node left to cluster-autoscaler's scale-down (which removes empty nodes): scale-down allowed
+    again, still cordoned under our plan annotation so nothing lands on it meanwhile."""
+    return {"metadata": {"annotations": {SCALE_DOWN_DISABLED_ANNOTATION: None}}}
 
 
 def pod_blocker(pod: Mapping[str, Any]) -> str | None:

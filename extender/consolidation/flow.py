@@ -120,7 +120,8 @@ class ConsolidationFlow:
         """Attach to a started autoscaler (its API client, provider, snapshot, Events, /metrics registry)."""
         if running.provider is None:
             raise ConfigError(
-                "consolidation needs a provider that deletes nodes (kwok); with cluster-autoscaler, CA removes them"
+                "consolidation needs a provider: kwok (it deletes the emptied node) or cluster-autoscaler with "
+                "provisioning_requests (the emptied node is left to CA's scale-down)"
             )
         self._running = running
         self.metrics = ConsolidationMetrics(running.metrics.registry)
@@ -223,10 +224,7 @@ class ConsolidationFlow:
         return items
 
     async def _cordon(self, node: str, plan_id: str | None) -> None:
-        body = {
-            "metadata": {"annotations": {decide.CONSOLIDATION_ANNOTATION: plan_id}},
-            "spec": {"unschedulable": plan_id is not None},
-        }
+        body = decide.cordon_patch(plan_id)
         await read_json(await self._core.patch_node(node, body, _preload_content=False))
 
     async def consolidate(self, plan: MigrationPlan) -> NodeOutcome:
@@ -279,10 +277,21 @@ class ConsolidationFlow:
             if why is not None:
                 raise _Abort(why)
             assert self.r.provider is not None
+            preserved = sum(float((m.get("record") or {}).get("work_seconds") or 0.0) for m in moves)
+            if self.r.settings.provider == "cluster-autoscaler":
+                # one remover per node: CA removes empty nodes; we only stop holding its scale-down off
+                body = decide.handed_to_cluster_autoscaler_patch()
+                await read_json(await self._core.patch_node(source, body, _preload_content=False))
+                self.metrics.plans.labels("emptied").inc()
+                message = (
+                    f"emptied by {len(moves)} migration(s) ({preserved:.1f}s of work preserved); left cordoned to "
+                    "cluster-autoscaler's scale-down"
+                )
+                self._say("Node", "", source, "", "ConsolidatedNodeLeftToClusterAutoscaler", message, False)
+                return NodeOutcome(source, plan_id, True, message, tuple(moves))
             await self.r.provider.delete(source)
             self.metrics.nodes_removed.inc()
             self.metrics.plans.labels("removed").inc()
-            preserved = sum(float((m.get("record") or {}).get("work_seconds") or 0.0) for m in moves)
             message = f"emptied by {len(moves)} migration(s) ({preserved:.1f}s of work preserved) and deleted"
             self._say("Node", "", source, "", "ConsolidatedNodeRemoved", message, False)
             return NodeOutcome(source, plan_id, True, message, tuple(moves))

@@ -54,7 +54,10 @@ class ConsolidationMetrics:
             _P + "nodes_removed", "Nodes emptied by migration and deleted through the provider.", registry=r
         )
         self.plans = Counter(
-            _P + "plans", "Node consolidations by result: removed, aborted, skipped.", ["result"], registry=r
+            _P + "plans",
+            "Node consolidations by result: removed, emptied (left to cluster-autoscaler), aborted, skipped.",
+            ["result"],
+            registry=r,
         )
         self.in_progress = Gauge(_P + "in_progress", "Nodes being consolidated now (cordoned by the flow).", registry=r)
 
