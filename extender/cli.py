@@ -94,6 +94,12 @@ def load_product_settings(config_dir: str | Path) -> ProductSettings:
     if isinstance(ext.get("server"), dict):
         ext["server"].pop("tls", None)
     scaler = _yaml(root / "autoscaler" / "autoscaler.yaml")
+    section = scaler.get("autoscaler")
+    if isinstance(section, dict) and section.get("provider") == "cluster-autoscaler":
+        # The simulator buys nodes itself, as the sidecar's lab (kwok) mode does; under cluster-autoscaler the
+        # same plans are carried out by CA (ProvisioningRequests), which the simulator does not model.
+        section["provider"] = "kwok"
+        section.pop("cluster_autoscaler", None)
     cons = _yaml(root / "autoscaler" / "consolidation" / "consolidation.yaml")
     if isinstance(cons.get("consolidation"), dict):
         cons["consolidation"].pop("agent", None)
@@ -184,16 +190,10 @@ def _demo_simulate() -> None:
         ("qos-validation1", ["qos-driven", "qos-paper", "priority"]),
         ("htas-cycle", ["htas", "k8s"]),
     ):
-        ns = argparse.Namespace(
-            workload=workload,
-            hosts=None,
-            policy=policies,
-            json=None,
-            plots=None,
-            seed=None,
-            quantum=None,
-            alpha=None,
-            product_config=None,
+        # through the real parser: every option `simulate` reads has its default (a hand-built Namespace missed
+        # `days` and `make demo` died after its cluster part)
+        ns = build_parser().parse_args(
+            ["simulate", "--workload", workload, *(a for p in policies for a in ("--policy", p))]
         )
         _simulate(ns)
         print()
