@@ -284,6 +284,8 @@ async def test_underutilised_batch_node_is_emptied_through_the_agents_and_delete
             n = await w.node(node["flaky"])
             assert n is not None and not n["spec"].get("unschedulable"), "uncordoned"
             assert decide.CONSOLIDATION_ANNOTATION not in n["metadata"].get("annotations", {})
+            # cluster-autoscaler may remove it again: the scale-down hold went with our cordon
+            assert decide.SCALE_DOWN_DISABLED_ANNOTATION not in n["metadata"].get("annotations", {})
             now = await w.pods()
             c = now["job-c"]
             assert c["spec"]["nodeName"] == node["flaky"] and c["status"]["phase"] == "Running"
