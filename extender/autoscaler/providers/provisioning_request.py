@@ -183,7 +183,8 @@ class ProvisioningRequestProvider:
         self.requests: dict[str, TrackedRequest] = {}
         self._by_node: dict[str, str] = {}  # ledger name -> request name
         self.history: list[TrackedRequest] = []  # every request made by this process, for reports and tests
-        self.failed: list[str] = []  # ledger names CA gave up on (Failed): the loop forgets them
+        # ledger names to plan again (CA failed the request, it could not be created, ...): the loop forgets them
+        self.failed: list[str] = []
 
     # ------------------------------------------------------------------------------------------ writes
 
@@ -203,10 +204,18 @@ class ProvisioningRequestProvider:
                         _request_timeout=self._timeout,
                     )
                 )  # fmt: skip
-            except Exception as exc:  # the ledger keeps the nodes until the timeout, then they are planned again
-                log.error("provisioning request not created", extra={"error": str(exc), "decision": {"request": name}})
+            except Exception as exc:  # nothing is left behind; the next scan plans the pods again
+                why = _create_error(exc)
+                log.error("provisioning request not created", extra={"error": why, "decision": {"request": name}})
                 self._count(first, "create_failed", len(nodes))
                 await self._delete_templates(templates)
+                self.failed.extend(n.name for n in nodes)
+                self._warn(
+                    [k for n in nodes for k in n.pods],
+                    "ProvisioningRequestNotCreated",
+                    f"capacity for this pod ({first.flavour.name}) could not be requested from cluster-autoscaler: "
+                    f"{why}; tried again at the next scan",
+                )
                 continue
             tracked = TrackedRequest(
                 name, first.group, first.flavour.name, first.flavour.price_per_hour, now,
@@ -420,22 +429,37 @@ class ProvisioningRequestProvider:
         return out
 
     def _event_failed(self, tracked: TrackedRequest, message: str) -> None:
+        self._warn(
+            [k for pods in tracked.nodes.values() for k in pods],
+            "ProvisioningRequestFailed",
+            f"cluster-autoscaler failed ProvisioningRequest {self.namespace}/{tracked.name} ({tracked.flavour}): "
+            f"{message}; planned again",
+        )
+
+    def _warn(self, keys: Sequence[str], reason: str, message: str) -> None:
         if self._events is None:
             return
-        for pods in tracked.nodes.values():
-            for key in pods:
-                namespace, pod = key.split("/", 1)
-                self._events.emit(
-                    Notice("Pod", namespace, pod, "", "ProvisioningRequestFailed",
-                           f"cluster-autoscaler failed ProvisioningRequest {self.namespace}/{tracked.name} "
-                           f"({tracked.flavour}): {message}; planned again", True)
-                )  # fmt: skip
+        for key in keys:
+            namespace, pod = key.split("/", 1)
+            self._events.emit(Notice("Pod", namespace, pod, "", reason, message, True))
 
     def cost_per_hour(self) -> float:
         return math.fsum(t.price_per_hour * len(t.nodes) for t in self.requests.values())
 
     async def close(self) -> None:
         """Requests stay: CA keeps buying for them, a restarted sidecar adopts them (PLAN_ANNOTATION)."""
+
+
+def _create_error(exc: Exception) -> str:
+    """What went wrong creating a request, with the likely fix when the API does not know the resource."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, ApiError) and exc.status == 404 and "namespaces" not in text.lower():
+        return (
+            f'{text} (is the ProvisioningRequest CRD of cluster-autoscaler installed? README.md "cluster-autoscaler")'
+        )
+    if isinstance(exc, ApiError) and exc.status == 403:
+        return f"{text} (RBAC: Role qos-autoscaler-demand in the sidecar's namespace grants these writes)"
+    return text
 
 
 def _slug(text: str) -> str:
