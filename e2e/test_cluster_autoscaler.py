@@ -189,16 +189,28 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
     try:
         with cluster_autoscaler(mode, ns, kubeconfig, log_path, extra):
             await until("the sidecar's first scan", 30, lambda: _true(running.scans > 0))
+            # The default-scheduler pod first, bound before the qos burst: created together, the controller may pin
+            # a qos pod to the node CA bought for it while kube-scheduler's default profile puts it there first,
+            # and the pinned pod then waits for ever (its node affinity cannot change once ungated). A known race of
+            # pinning (README "Known limits"), seen once in five runs; not what this test measures.
+            t_default = time.monotonic()
+            await read_json(await core.create_namespaced_pod(ns, _default_pod("default-0"), _preload_content=False))
+
+            async def default_bound() -> bool:
+                pod = await read_json(await core.read_namespaced_pod("default-0", ns, _preload_content=False))
+                return bool(pod["spec"].get("nodeName"))
+
+            await until("the default-scheduler pod bound on a node CA bought", 120, default_bound, every=0.25)
+            default_seconds = time.monotonic() - t_default
             t0 = time.monotonic()
-            classes: dict[str, str] = {}
+            classes: dict[str, str] = {"default-0": "default"}
+            bound_at["default-0"] = -1.0  # bound before the burst: its own figure is default_seconds
             for cls, kind, count, cpu, memory, runtime in WORKLOAD:
                 for i in range(count):
                     name = f"{cls}-{kind}-{i}"
                     classes[name] = cls
                     body = _pod(name, cls, kind, cpu, memory, runtime)
                     await read_json(await core.create_namespaced_pod(ns, body, _preload_content=False))
-            await read_json(await core.create_namespaced_pod(ns, _default_pod("default-0"), _preload_content=False))
-            classes["default-0"] = "default"
 
             async def all_bound() -> bool:
                 items = await read_json(await core.list_namespaced_pod(ns, _preload_content=False))
@@ -248,7 +260,8 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             # ---- Q order: gold binds before bronze
             by_class: dict[str, list[float]] = {}
             for name, t in bound_at.items():
-                by_class.setdefault(classes[name], []).append(t)
+                if classes[name] != "default":
+                    by_class.setdefault(classes[name], []).append(t)
             med = {c: statistics.median(ts) for c, ts in by_class.items()}
             assert med["gold"] <= med["silver"] <= med["bronze"] or med["gold"] < med["bronze"], med
             cost = sum(PRICES[f] for f in flavour_of.values())
@@ -310,7 +323,8 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             log = log_path.read_text(errors="replace")
             assert "Scale-down: removing empty node" in log or "removing empty node" in log, _tail(log_path)
             print(
-                f"\nCA e2e ({mode}): bound s after creation, median per class "
+                f"\nCA e2e ({mode}): default-scheduler pod bound {default_seconds:.1f} s after creation; "
+                f"qos pods bound s after creation, median per class "
                 f"{ {c: round(v, 1) for c, v in sorted(med.items())} }, max per class "
                 f"{ {c: round(max(v), 1) for c, v in sorted(by_class.items())} }; nodes bought "
                 f"{dict(sorted(bought.items()))} ${cost:.2f}/h, planned {dict(sorted(planned.items()))} in "
