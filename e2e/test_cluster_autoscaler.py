@@ -263,7 +263,9 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
                 if classes[name] != "default":
                     by_class.setdefault(classes[name], []).append(t)
             med = {c: statistics.median(ts) for c, ts in by_class.items()}
-            assert med["gold"] <= med["silver"] <= med["bronze"] or med["gold"] < med["bronze"], med
+            # released in Q order as room appears: gold's median and last bind come no later than bronze's (a node a
+            # request planned for bronze pods is taken by gold pods when it joins first; bronze is planned again)
+            assert med["gold"] <= med["bronze"] and max(by_class["gold"]) <= max(by_class["bronze"]), by_class
             cost = sum(PRICES[f] for f in flavour_of.values())
 
             # ---- the default-scheduler pod: CA's ordinary scale-up asked our expander
