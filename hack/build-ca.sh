@@ -12,7 +12,12 @@ set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-CA_TARBALL="${CA_TARBALL:-${REPO_ROOT}/../shared/vendor/cluster-autoscaler-${CA_VERSION}.tar.gz}"
+if [[ -z "${CA_TARBALL:-}" ]]; then  # beside the checkout (../shared/vendor), else the workplace's shared folder
+  for dir in "${REPO_ROOT}/../shared/vendor" /work/shared/vendor; do
+    CA_TARBALL="${dir}/cluster-autoscaler-${CA_VERSION}.tar.gz"
+    [[ -f "${CA_TARBALL}" ]] && break
+  done
+fi
 STAMP="${CA_VERSION}-${CA_TARBALL_SHA256}"
 CRD="${SHARE_DIR}/provisioningrequests.autoscaling.x-k8s.io.yaml"
 
