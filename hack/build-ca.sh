@@ -41,8 +41,9 @@ if [[ ! -f "${SRC}/.extracted" ]]; then
   tar -xzf "${CA_TARBALL}" -C "${SRC}"
   touch "${SRC}/.extracted"
 fi
-CA_DIR="$(dirname "$(find "${SRC}" -maxdepth 3 -name main.go -path '*cluster-autoscaler/main.go' | head -1)")"
-[[ -d "${CA_DIR}" ]] || die "no cluster-autoscaler/main.go in ${CA_TARBALL}"
+MAIN_GO="$(find "${SRC}" -maxdepth 3 -name main.go -path '*cluster-autoscaler/main.go' | head -1)"
+[[ -n "${MAIN_GO}" ]] || die "no cluster-autoscaler/main.go in ${CA_TARBALL}"
+CA_DIR="$(dirname "${MAIN_GO}")"
 
 for tag in kwok externalgrpc; do
   name="cluster-autoscaler-${tag}"

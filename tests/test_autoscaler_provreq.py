@@ -29,13 +29,20 @@ from tests.test_autoscaler_loop import CATALOGUE, CONFIG, LARGE, SMALL, counter,
 GI = 2**30
 
 
+def gpod(name: str, cpu: str = "1", memory: str = "1Gi", **kw: Any) -> dict[str, Any]:
+    """A pod the QoS controller holds at its gate (not Unschedulable: kube-scheduler never saw it)."""
+    p = pod(name, cpu, memory, unschedulable=False, **kw)
+    p["spec"]["schedulingGates"] = [{"name": CONFIG.controller.gate_name}]
+    return p
+
+
 def ca_loop(**kw: Any) -> AutoscalerLoop:
     s = settings(provider="cluster-autoscaler", dry_run=True, expander=CaExpanderSettings(cert_file="c", key_file="k"))
     return AutoscalerLoop(dataclasses.replace(s, **kw), CONFIG.node_groups, name_suffix=counter())
 
 
 def test_under_cluster_autoscaler_the_loop_buys_as_requests_with_each_nodes_demand() -> None:
-    pods = [pod(f"svc-{i}", "1500m", "1Gi") for i in range(5)]
+    pods = [gpod(f"svc-{i}", "1500m", "1Gi") for i in range(5)]
     s = snap([], pods)
     lp = ca_loop()
     d = lp.step(s, now=100.0)
@@ -51,7 +58,7 @@ def test_under_cluster_autoscaler_the_loop_buys_as_requests_with_each_nodes_dema
 
 
 def test_without_provisioning_requests_the_ca_loop_stays_a_dry_run() -> None:
-    s = snap([], [pod("svc-0", "1500m", "1Gi")])
+    s = snap([], [gpod("svc-0", "1500m", "1Gi")])
     lp = ca_loop(expander=CaExpanderSettings(cert_file="c", key_file="k", provisioning_requests=None))
     d = lp.step(s, now=100.0)
     assert d.provision == [] and d.plans and d.plans[0].flavour_counts
@@ -66,7 +73,7 @@ def test_the_ca_loop_never_deletes_or_retires_nodes() -> None:
 
 
 def test_a_planned_node_is_fulfilled_when_its_pods_bound_or_went_never_by_node_name() -> None:
-    pods = [pod("a", "1500m", "1Gi"), pod("b", "1500m", "1Gi")]
+    pods = [gpod("a", "1500m", "1Gi"), gpod("b", "1500m", "1Gi")]
     s = snap([], pods)
     lp = ca_loop()
     d = lp.step(s, now=100.0)
@@ -74,8 +81,8 @@ def test_a_planned_node_is_fulfilled_when_its_pods_bound_or_went_never_by_node_n
     # CA's node joins under a name of its own: nothing is fulfilled while the pods wait
     s.apply_node("ADDED", node("ca-node-xyz12", SMALL, "service"))
     assert lp.step(s, now=101.0).fulfilled == []
-    s.apply_pod("MODIFIED", pod("a", "1500m", "1Gi", node="ca-node-xyz12"))
-    s.apply_pod("DELETED", pod("b", "1500m", "1Gi"))
+    s.apply_pod("MODIFIED", pod("a", "1500m", "1Gi", node="ca-node-xyz12", unschedulable=False))
+    s.apply_pod("DELETED", gpod("b", "1500m", "1Gi"))
     d2 = lp.step(s, now=130.0)
     assert set(d2.fulfilled) == names
     assert lp.lag_samples[-1] == pytest.approx(30.0)
@@ -83,7 +90,7 @@ def test_a_planned_node_is_fulfilled_when_its_pods_bound_or_went_never_by_node_n
 
 
 def test_demand_ca_failed_is_planned_again_and_adopted_demand_is_not_bought_twice() -> None:
-    s = snap([], [pod("a", "1500m", "1Gi")])
+    s = snap([], [gpod("a", "1500m", "1Gi")])
     lp = ca_loop()
     first = lp.step(s, now=100.0).provision
     assert len(first) == 1
@@ -96,13 +103,64 @@ def test_demand_ca_failed_is_planned_again_and_adopted_demand_is_not_bought_twic
     assert fresh.step(s, now=102.0).provision == []
 
 
-def test_cloud_provider_ledger_adoption_keeps_our_requests() -> None:
-    s = snap([], [pod("a", "1500m", "1Gi")])
+def test_cloud_provider_ledger_adoption_keeps_our_requests_and_counts_no_room_twice() -> None:
+    s = snap([], [gpod("a", "1500m", "1Gi")])
     lp = ca_loop()
     lp.step(s, now=100.0)
-    lp.adopt_ledger(autoscale.ProvisioningLedger(()), {})
+    # CA's own ledger holds, with no pods, the node it boots for our request: not counted a second time
+    booting = autoscale.Provisioning("qos-ca-service-s-large-1", LARGE, 100.0, ())
+    lp.adopt_ledger(autoscale.ProvisioningLedger((booting,)), {booting.node_name: NodeGroup.SERVICE}, [("n", 3.0)])
     assert [e.pods for e in lp.ledger.entries] == [("default/a",)]
-    assert lp.step(s, now=101.0).provision == []
+    d = lp.step(s, now=101.0)
+    assert d.provision == [] and ("n", 3.0) in d.arrived  # the lag CA's nodes took is still learned
+    # a second gated pod is planned: no phantom room on CA's booting node covers it
+    s.apply_pod("ADDED", gpod("b", "1500m", "1Gi"), now=100.0)
+    assert [r.pods for r in lp.step(s, now=106.0).provision] == [("default/b",)]
+
+
+def test_only_gated_pods_are_handed_over_unschedulable_ones_are_cas_own() -> None:
+    s = snap([], [pod("seen-by-ca", "1500m", "1Gi"), gpod("held", "1500m", "1Gi")])
+    assert [k for r in ca_loop().step(s, now=100.0).provision for k in r.pods] == ["default/held"]
+    # the lab's kwok provider buys for both (nobody else would)
+    assert sorted(k for r in loop().step(s, now=100.0).provision for k in r.pods) == [
+        "default/held",
+        "default/seen-by-ca",
+    ]
+
+
+def test_no_request_before_our_open_ones_were_listed() -> None:
+    s = snap([], [gpod("a", "1500m", "1Gi")])
+    lp = ca_loop()
+    lp.demand_ready = False  # a restarted sidecar whose LIST of its requests failed so far
+    d = lp.step(s, now=100.0)
+    assert d.provision == [] and d.plans
+    lp.demand_ready = True
+    assert len(lp.step(s, now=101.0).provision) == 1
+
+
+def test_a_request_that_never_reached_ca_does_not_count_against_the_pod() -> None:
+    s = snap([], [gpod("a", "1500m", "1Gi")])
+    lp = ca_loop(max_attempts_per_pod=1)
+    first = lp.step(s, now=100.0).provision
+    lp.forget_demand([first[0].name], refund=True)  # the create was refused (CRD missing, RBAC, API down)
+    again = lp.step(s, now=101.0)
+    assert [r.pods for r in again.provision] == [("default/a",)] and again.gave_up == 0
+    lp.forget_demand([again.provision[0].name])  # CA failed it: that one counts
+    assert lp.step(s, now=102.0).gave_up == 1
+
+
+def test_dry_run_under_cluster_autoscaler_hands_nothing_over() -> None:
+    from extender.autoscaler.main import ca_mode_settings
+
+    base = settings(provider="cluster-autoscaler", expander=CaExpanderSettings(cert_file="c", key_file="k"))
+    live = ca_mode_settings(base)
+    assert live.dry_run and live.expander.provisioning_requests is not None
+    quiet = ca_mode_settings(dataclasses.replace(base, dry_run=True))
+    assert quiet.dry_run and quiet.expander.provisioning_requests is None
+    s = snap([], [gpod("a", "1500m", "1Gi")])
+    lp = AutoscalerLoop(quiet, CONFIG.node_groups, name_suffix=counter())
+    d = lp.step(s, now=100.0)
+    assert d.provision == [] and d.plans and d.plans[0].flavour_counts
 
 
 def _req(name: str, flavour: Any, group: NodeGroup, pods: tuple[str, ...], cpu: int) -> ProvisionRequest:
@@ -170,8 +228,7 @@ def test_provisioning_request_options_are_validated() -> None:
 def test_gated_pods_are_handed_to_ca_after_the_shorter_gated_demand_seconds() -> None:
     """Under CA a gated pod that fits no node is demand after provisioning_requests.gated_demand_seconds (5 s),
     not the kwok mode's 15 s: while qos demand is hidden, CA's purchases for other pods are taken by it."""
-    held = pod("held", "1", "8Gi", unschedulable=False)
-    held["spec"]["schedulingGates"] = [{"name": CONFIG.controller.gate_name}]
+    held = gpod("held", "1", "8Gi")
     s = AutoscalerSnapshot(CONFIG)
     s.replace_nodes([], "1", now=100.0)
     s.apply_pod("ADDED", held, now=100.0)
@@ -187,7 +244,7 @@ def test_gated_pods_are_handed_to_ca_after_the_shorter_gated_demand_seconds() ->
 def test_planned_nodes_keep_room_for_daemonsets_and_the_reserve() -> None:
     """A node packed to the flavour's full capacity never fits CA's template (its system pods): under CA the
     plan leaves the configured reserve plus the most DaemonSet pods any node of ours carries."""
-    pods = [pod(f"p{i}", "1", "1Gi") for i in range(2)]  # 2 x 1 cpu: one s.small (2 cpu) without headroom
+    pods = [gpod(f"p{i}", "1", "1Gi") for i in range(2)]  # 2 x 1 cpu: one s.small (2 cpu) without headroom
     s = snap([], pods)
     assert [len(r.pods) for r in loop().step(s, now=100.0).provision] == [2]
     d = ca_loop().step(s, now=100.0)  # 100m reserve: 1900m left on an s.small

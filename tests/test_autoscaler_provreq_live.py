@@ -161,7 +161,8 @@ async def test_a_request_that_cannot_be_created_leaves_nothing_and_says_why(api:
     await provider.create_all(
         [ProvisionRequest("n0", SMALL, NodeGroup.BATCH, LABELS, (f"{ns}/p",), Resources(1, 1, 1))]
     )
-    assert provider.drain_failed() == ["n0"] and provider.history == [] and provider.requests == {}
+    assert provider.drain_not_created() == ["n0"] and provider.drain_failed() == []
+    assert provider.history == [] and provider.requests == {}
     (notice,) = events.notices
     assert notice.reason == "ProvisioningRequestNotCreated" and "404" in notice.message
     assert await _requests(custom, ns) == []

@@ -41,7 +41,7 @@ from extender.autoscaler.handoff import Consolidation
 from extender.autoscaler.view import AutoscalerSnapshot, group_of
 from extender.config import NodeGroupsConfig
 from extender.core import autoscale, autoscale_scan
-from extender.core.model import Flavour, Node, NodeGroup, Pod, Resources, WorkloadKind
+from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 
 __all__ = [
     "PROVISIONED_BY_LABEL",
@@ -174,7 +174,10 @@ class AutoscalerLoop:
         self.hands_demand = (
             settings.provider == "cluster-autoscaler" and settings.expander.provisioning_requests is not None
         )
-        self._demand: set[str] = set()  # ledger names of planned nodes handed to CA, until fulfilled or forgotten
+        # ledger names of planned nodes handed to CA (until fulfilled or forgotten) -> their pods' attempt keys
+        self._demand: dict[str, tuple[str, ...]] = {}
+        # set by the shell once our open requests were listed (a restarted sidecar adopts them first)
+        self.demand_ready = True
 
     # ------------------------------------------------------------------------------------------ helpers
 
@@ -218,12 +221,17 @@ class AutoscalerLoop:
         ungrouped: list[autoscale.Provisioning] = []
         for own_group, own in self.state.ledgers.items():  # our own requests to CA stay until fulfilled
             by_group[own_group].extend(e for e in own.entries if e.node_name in self._demand)
+        self._adopted_arrivals.extend(arrived)
+        if self.hands_demand:
+            # CA's ledger holds, with no pods, the very nodes it boots for our requests: counting both would see
+            # a booting node's room twice (and spend the node cap twice). Our requests are the truth for our pods.
+            self.state.ledgers = {g: autoscale.ProvisioningLedger(tuple(e)) for g, e in by_group.items()}
+            return
         for entry in ledger.entries:
             group = groups.get(entry.node_name)
             (by_group[group] if group is not None else ungrouped).append(entry)
         self.state.ledgers = {g: autoscale.ProvisioningLedger(tuple(e)) for g, e in by_group.items()}
         self._ungrouped = tuple(ungrouped)
-        self._adopted_arrivals.extend(arrived)
 
     def adopt_demand(
         self, group: NodeGroup, flavour: str, name: str, requested_at: float, pods: tuple[str, ...]
@@ -232,15 +240,25 @@ class AutoscalerLoop:
         f = self.by_name.get(flavour)
         if f is None or name in self._demand:
             return
-        self._demand.add(name)
-        self.state.provisioned(group, autoscale.Provisioning(name, f, requested_at, pods))
+        try:
+            entry = autoscale.Provisioning(name, f, requested_at, pods)
+            self.state.provisioned(group, entry)
+        except InvalidInputError:  # a pod already covered by another entry: the request is a stale twin
+            return
+        self._demand[name] = ()
 
-    def forget_demand(self, names: Iterable[str]) -> None:
-        """CA gave up on these planned nodes (request Failed, or deleted by someone else): plan their pods again."""
+    def forget_demand(self, names: Iterable[str], *, refund: bool = False) -> None:
+        """CA gave up on these planned nodes (request Failed, delivered to others, deleted by someone else), or
+        they never reached CA (``refund``: the request could not be created, so the purchase does not count
+        against a pod's ``max_attempts_per_pod``): plan their pods again."""
         for name in names:
-            if name in self._demand:
-                self._demand.discard(name)
-                self.state.arrived(name)
+            if name not in self._demand:
+                continue
+            for key in self._demand.pop(name) if refund else ():
+                if self.attempts.get(key, 0) > 0:
+                    self.attempts[key] -= 1
+            self._demand.pop(name, None)
+            self.state.arrived(name)
 
     @property
     def ledger(self) -> autoscale.ProvisioningLedger:
@@ -266,7 +284,12 @@ class AutoscalerLoop:
         self._expire(d, snap, now)
         accepts = self._accepts(snap)
         provreq = self.s.expander.provisioning_requests if self.hands_demand else None
-        held = snap.unschedulable_pods(self.s.scheduler_names, now, provreq.gated_demand_seconds) if provreq else None
+        # under CA only gated pods are ours to hand over: an Unschedulable pod is CA's own demand already
+        held = (
+            snap.unschedulable_pods(self.s.scheduler_names, now, provreq.gated_demand_seconds, gated_only=True)
+            if provreq
+            else None
+        )
         waiting = autoscale_scan.unschedulable(
             held if held is not None else snap.unschedulable_pods(self.s.scheduler_names, now), views, accepts
         )
@@ -366,11 +389,12 @@ class AutoscalerLoop:
                 continue
             if any((e := snap.pods.get(k)) is not None and e.pod.node_name is None for k in entry.pods):
                 continue
-            self._demand.discard(entry.node_name)
+            self._demand.pop(entry.node_name, None)
             self.state.arrived(entry.node_name)
-            lag = max(0.0, now - entry.requested_at)
-            self.lag_samples.append(lag)
-            del self.lag_samples[: -max(self.s.lag_window, 1)]
+            if any(k in snap.pods for k in entry.pods):  # a lag only when capacity came, not when the pods went
+                lag = max(0.0, now - entry.requested_at)
+                self.lag_samples.append(lag)
+                del self.lag_samples[: -max(self.s.lag_window, 1)]
             d.fulfilled.append(entry.node_name)
 
     def _expire(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:
@@ -378,7 +402,7 @@ class AutoscalerLoop:
         ungrouped, gone = autoscale.ProvisioningLedger(self._ungrouped).expire(now, self.s.provisioning_timeout_seconds)
         self._ungrouped = ungrouped.entries
         for entry in (*expired, *gone):
-            self._demand.discard(entry.node_name)
+            self._demand.pop(entry.node_name, None)
             d.cancel.append(entry)
             message = (
                 f"node {entry.node_name} ({entry.flavour.name}) requested at {entry.requested_at:.0f} did not join "
@@ -435,7 +459,7 @@ class AutoscalerLoop:
             counts[p.flavour.name] = counts.get(p.flavour.name, 0) + 1
         cost = math.fsum(p.flavour.price_per_hour for p in purchases)
         d.plans.append(GroupPlan(group, up.pods, dict(sorted(counts.items())), cost, plan.unservable, up.reshaped))
-        if self.s.dry_run and not self.hands_demand:
+        if self.s.dry_run and not (self.hands_demand and self.demand_ready):
             return
         summary = ", ".join(f"{n}x{name}" for name, n in sorted(counts.items()))
         if up.reshaped:
@@ -446,19 +470,21 @@ class AutoscalerLoop:
             self.state.provisioned(group, autoscale.Provisioning(name, flavour, d.now, keys))
             requests = Resources.total(snap.pods[k].pod.requests for k in keys if k in snap.pods)
             d.provision.append(ProvisionRequest(name, flavour, group, self._labels(group, flavour), keys, requests))
-            if self.hands_demand:
-                self._demand.add(name)
+            counted = []
+            via = " from cluster-autoscaler (ProvisioningRequest)" if self.hands_demand else ""
             for key in keys:
                 pod = snap.pods.get(key)
                 if pod is not None:
                     k = self._attempt_key(pod.pod)
                     self.attempts[k] = self.attempts.get(k, 0) + 1
-                via = " from cluster-autoscaler (ProvisioningRequest)" if self.hands_demand else ""
+                    counted.append(k)
                 message = (
                     f"node {name} ({flavour.name}, ${flavour.price_per_hour:.4f}/h, {group.value} group) "
                     f"requested{via} for this pod; plan {summary}, ${cost:.4f}/h"
                 )
                 self._say(d, self._pod_notice(snap, key, "TriggeredScaleUp", message), key=name)
+            if self.hands_demand:
+                self._demand[name] = tuple(counted)
 
     def _forecast(self, pending: list[Pod], batch_nodes: list[Node], now: float, lag: float) -> Resources:
         """Paper 001 Eq. 2 for the batch group: shortage at now + lag, capacity incl. nodes being provisioned."""

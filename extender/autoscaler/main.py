@@ -156,7 +156,10 @@ async def _scan_forever(r: RunningAutoscaler, wake: asyncio.Event, clock: Callab
             if isinstance(r.provider, ProvisioningRequestProvider):  # CA's verdict on the demand we handed it
                 for adopted in await r.provider.sync():
                     r.loop.adopt_demand(*adopted)
+                # no request before our own were listed once: a restart must not buy again what it made before
+                r.loop.demand_ready = r.provider.listed
                 r.loop.forget_demand(r.provider.drain_failed())
+                r.loop.forget_demand(r.provider.drain_not_created(), refund=True)
             d = r.loop.step(r.snapshot, clock())
         except Exception:  # a bug in one scan must not stop the sidecar; it is logged and retried
             log.exception("autoscaler scan failed")
@@ -169,6 +172,15 @@ async def _scan_forever(r: RunningAutoscaler, wake: asyncio.Event, clock: Callab
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=r.settings.scan_interval_seconds)
             await asyncio.sleep(r.settings.burst_debounce_seconds)
+
+
+def ca_mode_settings(settings: AutoscalerSettings) -> AutoscalerSettings:
+    """Under cluster-autoscaler the loop never creates or deletes a node (CA does): dry run for its own writes.
+    A user's ``dry_run: true`` also means no ProvisioningRequest: plans are only reported."""
+    expander = settings.expander
+    if settings.dry_run:
+        expander = dataclasses.replace(expander, provisioning_requests=None)
+    return dataclasses.replace(settings, dry_run=True, expander=expander)
 
 
 async def start_autoscaler(
@@ -198,7 +210,7 @@ async def start_autoscaler(
     if settings.provider == "cluster-autoscaler":
         from extender.autoscaler.providers.cluster_autoscaler import ExpanderServer
 
-        settings = dataclasses.replace(settings, dry_run=True)
+        settings = ca_mode_settings(settings)
         assert settings.expander.cert_file is not None and settings.expander.key_file is not None
         expander = ExpanderServer(
             config,

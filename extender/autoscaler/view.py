@@ -114,17 +114,23 @@ class AutoscalerSnapshot(Snapshot):
         return entry is not None and group in entry.accepts
 
     def unschedulable_pods(
-        self, scheduler_names: Iterable[str], now: float | None = None, gated_after: float = GATED_DEMAND_SECONDS
+        self,
+        scheduler_names: Iterable[str],
+        now: float | None = None,
+        gated_after: float = GATED_DEMAND_SECONDS,
+        *,
+        gated_only: bool = False,
     ) -> list[Pod]:
-        """Pods of our scheduler profile(s) the scheduler reported Unschedulable, or that the QoS controller has
-        kept gated for ``gated_after`` seconds (at ``now``), not being deleted."""
+        """Pods of our scheduler profile(s) the scheduler reported Unschedulable (unless ``gated_only``), or that the
+        QoS controller has kept gated for ``gated_after`` seconds (at ``now``), not being deleted."""
         names = frozenset(scheduler_names)
         out: list[Pod] = []
         for key in sorted(self.pending):
             info = self.pending[key]
             entry = self.pods.get(key)
             held = info.gated_since is not None and now is not None and now - info.gated_since >= gated_after
-            if entry is None or entry.deleting or not (info.unschedulable or held) or info.scheduler_name not in names:
+            wanted = held or (info.unschedulable and not gated_only)
+            if entry is None or entry.deleting or not wanted or info.scheduler_name not in names:
                 continue
             if entry.pod.node_name is None and key not in self.ledger:
                 out.append(entry.pod)

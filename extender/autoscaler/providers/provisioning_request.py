@@ -183,8 +183,11 @@ class ProvisioningRequestProvider:
         self.requests: dict[str, TrackedRequest] = {}
         self._by_node: dict[str, str] = {}  # ledger name -> request name
         self.history: list[TrackedRequest] = []  # every request made by this process, for reports and tests
-        # ledger names to plan again (CA failed the request, it could not be created, ...): the loop forgets them
+        # ledger names to plan again (CA failed the request, delivered to others, deleted by someone): forgotten
         self.failed: list[str] = []
+        self.not_created: list[str] = []  # ledger names whose request never reached CA: planned again, not counted
+        self.listed = False  # our open requests were listed once (a restarted sidecar adopts them before buying)
+        self._withdrawn: set[str] = set()  # requests we gave up whose delete failed: retried, never adopted
 
     # ------------------------------------------------------------------------------------------ writes
 
@@ -209,7 +212,7 @@ class ProvisioningRequestProvider:
                 log.error("provisioning request not created", extra={"error": why, "decision": {"request": name}})
                 self._count(first, "create_failed", len(nodes))
                 await self._delete_templates(templates)
-                self.failed.extend(n.name for n in nodes)
+                self.not_created.extend(n.name for n in nodes)
                 self._warn(
                     [k for n in nodes for k in n.pods],
                     "ProvisioningRequestNotCreated",
@@ -294,8 +297,8 @@ class ProvisioningRequestProvider:
             except Exception as exc:
                 log.warning("pod template not deleted", extra={"error": str(exc), "decision": {"template": t}})
 
-    async def _withdraw(self, name: str, outcome: str) -> None:
-        tracked = self.requests.pop(name, None)
+    async def _delete_request(self, name: str) -> bool:
+        """Delete one of our requests; True once it is gone (also when it already was)."""
         try:
             await read_json(
                 await self._custom.delete_namespaced_custom_object(
@@ -304,12 +307,19 @@ class ProvisioningRequestProvider:
                 )
             )  # fmt: skip
         except ApiError as exc:
-            if exc.status != 404:
-                log.warning(
-                    "provisioning request not deleted", extra={"error": str(exc), "decision": {"request": name}}
-                )
+            if exc.status == 404:
+                return True
+            log.warning("provisioning request not deleted", extra={"error": str(exc), "decision": {"request": name}})
+            return False
         except Exception as exc:
             log.warning("provisioning request not deleted", extra={"error": str(exc), "decision": {"request": name}})
+            return False
+        return True
+
+    async def _withdraw(self, name: str, outcome: str) -> None:
+        tracked = self.requests.pop(name, None)
+        if not await self._delete_request(name):
+            self._withdrawn.add(name)  # retried at the next sync, never adopted meanwhile
         if tracked is None:
             return
         for node in tracked.nodes:
@@ -371,6 +381,10 @@ class ProvisioningRequestProvider:
             log.warning("provisioning requests not listed", extra={"error": str(exc)})
             return []
         now = self._clock()
+        self.listed = True
+        for gone in list(self._withdrawn):
+            if await self._delete_request(gone):
+                self._withdrawn.discard(gone)
         adopt: list[tuple[NodeGroup, str, str, float, tuple[str, ...]]] = []
         seen: set[str] = set()
         for obj in listed.get("items", []) if isinstance(listed, dict) else []:
@@ -379,6 +393,8 @@ class ProvisioningRequestProvider:
             if not isinstance(name, str):
                 continue
             seen.add(name)
+            if name in self._withdrawn:  # given up, its delete failed: never adopted again
+                continue
             tracked = self.requests.get(name)
             if tracked is None:
                 tracked = _adopted(
@@ -422,10 +438,17 @@ class ProvisioningRequestProvider:
             for node in tracked.nodes:
                 self._by_node.pop(node, None)
             self.failed.extend(tracked.nodes)
+            await self._delete_templates(tracked.templates)
+            if self._metrics is not None:
+                self._metrics.provreq_pending.set(len(self.requests))
         return adopt
 
     def drain_failed(self) -> list[str]:
         out, self.failed = self.failed, []
+        return out
+
+    def drain_not_created(self) -> list[str]:
+        out, self.not_created = self.not_created, []
         return out
 
     def _event_failed(self, tracked: TrackedRequest, message: str) -> None:
