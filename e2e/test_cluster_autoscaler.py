@@ -245,8 +245,7 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             diag = (
                 f"bought {dict(bought)}, requests {[(r.name, r.flavour, len(r.nodes)) for r in provider.history]}, "
                 f"expander for pods {dict(chosen)}, for requests {dict(for_requests)}, "
-                f"bound {sorted((round(t, 1), n) for n, t in bound_at.items())}\n"
-                + _tail(log_path)
+                f"bound {sorted((round(t, 1), n) for n, t in bound_at.items())}\n" + _tail(log_path)
             )
             assert provider.history, "no ProvisioningRequest was made\n" + diag
             assert annotated == in_requests, diag  # every pod of a request says so to CA: never bought twice
