@@ -6,8 +6,6 @@ never skips)."""
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,7 +13,7 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from e2e.ca_support import apply_provisioning_request_crd
-from e2e.kwok_autoscaling import make_namespace
+from e2e.kwok_autoscaling import autoscaled_namespace
 from extender.autoscaler.loop import Notice, ProvisionRequest
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.provisioning_request import (
@@ -25,10 +23,8 @@ from extender.autoscaler.providers.provisioning_request import (
     VERSION,
     ProvisioningRequestProvider,
 )
-from extender.config import KubernetesConfig
 from extender.core.model import Flavour, NodeGroup, Resources
-from extender.kube.client import ApiError, new_api_client, read_json
-from tests.live import require_kubeconfig
+from extender.kube.client import read_json
 
 pytestmark = [pytest.mark.live]
 
@@ -50,16 +46,8 @@ class Collected:
 @pytest.fixture
 async def api() -> AsyncIterator[tuple[Any, str]]:
     apply_provisioning_request_crd()
-    client = await new_api_client(KubernetesConfig(kubeconfig=require_kubeconfig()))
-    core = k8s.CoreV1Api(client)
-    ns = f"provreq-{uuid.uuid4().hex[:6]}"
-    await make_namespace(core, ns)
-    try:
-        yield client, ns
-    finally:
-        with contextlib.suppress(ApiError):
-            await read_json(await core.delete_namespace(ns, _preload_content=False))
-        await client.close()
+    async with autoscaled_namespace("provreq") as c:  # its own namespace, removed afterwards
+        yield c
 
 
 def _gated_pod(name: str) -> dict[str, Any]:
