@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 from kubernetes_asyncio import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.ca_support import (
     FLAVOURS,
@@ -345,12 +346,11 @@ def _samples(text: str, name: str, label: str, **match: str) -> dict[str, float]
     """label value -> sample value of one metric family in a Prometheus exposition, among the samples whose
     other labels include ``match``."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            raw, value = line[len(name) + 1 :].rsplit("} ", 1)
-            labels = dict((k, v.strip('"')) for k, _, v in (p.partition("=") for p in raw.split(",")))
-            if all(labels.get(k) == v for k, v in match.items()) and label in labels:
-                out[labels[label]] = out.get(labels[label], 0.0) + float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == name and label in labels and all(labels.get(k) == v for k, v in match.items()):
+                out[labels[label]] = out.get(labels[label], 0.0) + float(sample.value)
     return out
 
 
