@@ -190,22 +190,12 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
     try:
         with cluster_autoscaler(mode, ns, kubeconfig, log_path, extra):
             await until("the sidecar's first scan", 30, lambda: _true(running.scans > 0))
-            # The default-scheduler pod first, bound before the qos burst: created together, the controller may pin
-            # a qos pod to the node CA bought for it while kube-scheduler's default profile puts it there first,
-            # and the pinned pod then waits for ever (its node affinity cannot change once ungated). A known race of
-            # pinning (README "Known limits"), seen once in five runs; not what this test measures.
-            t_default = time.monotonic()
-            await read_json(await core.create_namespaced_pod(ns, _default_pod("default-0"), _preload_content=False))
-
-            async def default_bound() -> bool:
-                pod = await read_json(await core.read_namespaced_pod("default-0", ns, _preload_content=False))
-                return bool(pod["spec"].get("nodeName"))
-
-            await until("the default-scheduler pod bound on a node CA bought", 120, default_bound, every=0.25)
-            default_seconds = time.monotonic() - t_default
+            # One burst: the default-scheduler pod with the qos pods. The controller may pin a qos pod to a node CA
+            # bought while kube-scheduler's default profile puts default-0 there first; that pod is then re-queued
+            # (controller.requeue_pinned_seconds, QoSRequeued) instead of waiting for ever.
             t0 = time.monotonic()
             classes: dict[str, str] = {"default-0": "default"}
-            bound_at["default-0"] = -1.0  # bound before the burst: its own figure is default_seconds
+            await read_json(await core.create_namespaced_pod(ns, _default_pod("default-0"), _preload_content=False))
             for cls, kind, count, cpu, memory, runtime in WORKLOAD:
                 for i in range(count):
                     name = f"{cls}-{kind}-{i}"
@@ -222,10 +212,15 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
                 return len(bound_at) == len(classes)
 
             await until("all 31 pods bound", 240, all_bound, every=0.25)
+            default_seconds = bound_at["default-0"]
             pods = {
                 p["metadata"]["name"]: p
                 for p in (await read_json(await core.list_namespaced_pod(ns, _preload_content=False)))["items"]
             }
+            events = await read_json(
+                await core.list_namespaced_event(ns, field_selector="reason=QoSRequeued", _preload_content=False)
+            )
+            requeued = sorted({e["involvedObject"]["name"] for e in events["items"]})
             nodes = await _nodes(core)
             made = {n: v for n, v in nodes.items() if _grouped(v)}
             flavour_of = {n: v["metadata"]["labels"]["node.kubernetes.io/instance-type"] for n, v in made.items()}
@@ -250,7 +245,11 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             )
             assert provider.history, "no ProvisioningRequest was made\n" + diag
             assert annotated == in_requests, diag  # every pod of a request says so to CA: never bought twice
-            assert bought == planned + Counter({f: int(n) for f, n in chosen.items()}), diag
+            # (bought may fall short of planned: a request whose pods all bound elsewhere before CA's loop reached it
+            # is deleted unbought; seen once, a 1-node e2e.cpu request. Never more, and never another flavour.)
+            chosen_total = planned + Counter({f: int(n) for f, n in chosen.items()})
+            assert not bought - chosen_total, diag
+            assert sum(bought.values()) >= sum(chosen.values()), diag
             # (expander_chosen_nodes_total{demand="provisioning-request"} usually equals `planned`; it fell short once
             # in nine runs under load with CA's log showing every request scaled up through the expander: reported,
             # not asserted. A request can be fulfilled before a scan saw it Provisioned: provisioned_at not asserted.)
@@ -332,7 +331,7 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
                 f"{ {c: round(max(v), 1) for c, v in sorted(by_class.items())} }; nodes bought "
                 f"{dict(sorted(bought.items()))} ${cost:.2f}/h, planned {dict(sorted(planned.items()))} in "
                 f"{len(provider.history)} requests, expander answers {dict(chosen)}; "
-                f"all nodes removed by CA {t_removed:.0f} s after the pods ended"
+                f"all nodes removed by CA {t_removed:.0f} s after the pods ended; re-queued (pin lost) {requeued}"
             )
     finally:
         await running.stop()

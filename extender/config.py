@@ -190,6 +190,7 @@ class ControllerConfig:
     gate_name: str = "qos.kube-qos-extender.io/ordering"
     scheduler_name: str = "qos-scheduler"
     max_gate_seconds: float = 3600.0
+    requeue_pinned_seconds: float = 60.0
     time_compression: float = 1.0
     persistence: str = "annotation"
     persist_interval_seconds: float = 60.0
@@ -588,6 +589,7 @@ def _parse_controller(raw: object) -> ControllerConfig:
             "gate_name",
             "scheduler_name",
             "max_gate_seconds",
+            "requeue_pinned_seconds",
             "time_compression",
             "persistence",
             "persist_interval_seconds",
@@ -612,6 +614,7 @@ def _parse_controller(raw: object) -> ControllerConfig:
         gate_name=gate,
         scheduler_name=read_req_str(c, "scheduler_name", path, "qos-scheduler"),
         max_gate_seconds=max_gate,
+        requeue_pinned_seconds=read_number(c, "requeue_pinned_seconds", path, 60.0, minimum=0, exclusive_min=True),
         time_compression=read_number(c, "time_compression", path, 1.0, minimum=0, exclusive_min=True, maximum=1000.0),
         persistence=read_req_str(c, "persistence", path, "annotation", choices=PERSISTENCE_MODES),
         persist_interval_seconds=read_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),

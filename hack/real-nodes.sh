@@ -478,6 +478,23 @@ claim_owner() {
   echo "${QOS_STATE}" > "${RUN_ROOT}/owner"
 }
 
+# kubelet (protectKernelDefaults false, its default) sets these host-wide sysctls to what it wants
+# (kernel.panic=10, kernel.panic_on_oops=1, vm.overcommit_memory=1): a developer's machine must get its own
+# values back when the last real node goes. Saved once, before the first kubelet of a run; restored by `down`.
+HOST_SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
+save_host_sysctls() {
+  [[ -s "${RUN_ROOT}/host-sysctls" ]] && return 0
+  local key
+  for key in "${HOST_SYSCTLS[@]}"; do echo "${key}=$(sysctl -n "${key}")"; done > "${RUN_ROOT}/host-sysctls.tmp"
+  mv "${RUN_ROOT}/host-sysctls.tmp" "${RUN_ROOT}/host-sysctls"
+}
+restore_host_sysctls() {
+  [[ -s "${RUN_ROOT}/host-sysctls" ]] || return 0
+  local line
+  while read -r line; do sysctl -qw "${line}" || log "sysctl ${line} not restored"; done < "${RUN_ROOT}/host-sysctls"
+  rm -f "${RUN_ROOT}/host-sysctls"
+}
+
 up() {
   (($#)) || return 0
   [[ -x "${BIN_DIR}/kubelet" && -x "${BIN_DIR}/containerd" && -x "${BIN_DIR}/runc" ]] \
@@ -492,6 +509,7 @@ up() {
       || die "node group must be service or batch: '${arg}'"
   done
   claim_owner
+  save_host_sysctls
   touch "${REGISTRY}"
   ensure_fabric
   for arg in "$@"; do
@@ -562,6 +580,7 @@ down() {
   ((failed == 0)) || return 1
   rm -f "${REGISTRY}"
   kubelet_targets
+  restore_host_sysctls
   if [[ "$(cat "${RUN_ROOT}/owner" 2>/dev/null)" == "${QOS_STATE}" ]]; then rm -f "${RUN_ROOT}/owner"; fi
   rmdir "${RUN_ROOT}" "${NODES_ROOT}" 2>/dev/null || true
 }

@@ -61,11 +61,19 @@ for phase in ${PHASES}; do
          -m "live and not deployed" tests e2e "$@" || rc=$? ;;
     # The product: no host extender, no hack/manifests webhook, the host scheduler without the qos profile;
     # one real node per node group (containers really run there), kwok nodes for the autoscaler to add.
-    2) run_in_cluster "${QOS_DEPLOYED_STATE:-/tmp/qos-ci-deployed}" QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 \
+    2) host_sysctls="$(sysctl kernel.panic kernel.panic_on_oops vm.overcommit_memory)"
+       run_in_cluster "${QOS_DEPLOYED_STATE:-/tmp/qos-ci-deployed}" QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 \
          QOS_MANIFESTS_DIR=none hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=2 -- \
          -m deployed e2e "$@" || rc=$?
        # local-down must remove everything real nodes made (namespaces, links, cgroups, mounts, processes)
-       hack/real-nodes.sh leftovers || rc=1 ;;
+       hack/real-nodes.sh leftovers || rc=1
+       # ... and give the host back the sysctls its kubelets changed
+       now_sysctls="$(sysctl kernel.panic kernel.panic_on_oops vm.overcommit_memory)"
+       if [[ "${now_sysctls}" != "${host_sysctls}" ]]; then
+         printf 'host sysctls not restored after the real nodes:\nbefore:\n%s\nafter:\n%s\n' \
+           "${host_sysctls}" "${now_sysctls}" >&2
+         rc=1
+       fi ;;
     *) echo "unknown phase ${phase}" >&2; exit 2 ;;
   esac
 done

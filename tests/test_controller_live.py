@@ -42,7 +42,7 @@ async def _eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: f
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def _config(kubeconfig: str, run: str, identity: str) -> ExtenderConfig:
+def _config(kubeconfig: str, run: str, identity: str, requeue_pinned_seconds: float = 60.0) -> ExtenderConfig:
     """A controller instance of its own (``run``), so local-up's default controller never competes for these
     pods; leader election on with a short lease, so the standby takeover fits in the test."""
     base = ExtenderConfig()
@@ -58,7 +58,12 @@ def _config(kubeconfig: str, run: str, identity: str) -> ExtenderConfig:
         server=ServerConfig(host="127.0.0.1", port=0),
         kubernetes=KubernetesConfig(kubeconfig=kubeconfig),
         controller=ControllerConfig(
-            enabled=True, watchdog_seconds=0.5, max_gate_seconds=3.0, instance=run, leader_election=election
+            enabled=True,
+            watchdog_seconds=0.5,
+            max_gate_seconds=3.0,
+            requeue_pinned_seconds=requeue_pinned_seconds,
+            instance=run,
+            leader_election=election,
         ),
     )
 
@@ -188,6 +193,118 @@ async def test_release_pin_timeout_and_rebuild() -> None:
             await read_json(await core.delete_namespace(run, _preload_content=False))
         with contextlib.suppress(ApiError):
             await read_json(await core.delete_node(run, _preload_content=False))
+        await api.close()
+
+
+def _kwok_node(name: str, run: str, cpu: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+            "labels": {"type": "kwok", "ctl-live": run},
+        },
+        "status": {
+            "allocatable": {"cpu": cpu, "memory": "4Gi", "pods": "110"},
+            "capacity": {"cpu": cpu, "memory": "4Gi", "pods": "110"},
+        },
+    }
+
+
+async def test_a_pod_pinned_to_a_host_that_filled_up_is_requeued() -> None:
+    """The race of issue 27: the controller pinned a released pod to host A, and a pod of another scheduler
+    took A's room before kube-scheduler bound ours. Its affinity is immutable, so it would wait for ever; the
+    controller re-creates it (bare pod: same name, annotations and spec, gated again, unpinned, without its
+    former ProvisioningRequest booking) and releases it to host B, which has room."""
+    kubeconfig = require_kubeconfig()
+    run = f"ctl-{uuid.uuid4().hex[:6]}"
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    core = k8s.CoreV1Api(api)
+    full, free = f"{run}-a", f"{run}-b"
+    running: Running | None = None
+    try:
+        for name in (full, free):
+            await read_json(await core.create_node(_kwok_node(name, run, "2"), _preload_content=False))
+        namespace = {"metadata": {"name": run, "labels": {INSTANCE_ANNOTATION: run}}}  # skipped by local-up's webhook
+        await read_json(await core.create_namespace(namespace, _preload_content=False))
+        squatter = {
+            "metadata": {"name": "squatter"},
+            "spec": {
+                "nodeName": full,  # another scheduler's pod, bound first
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {"name": "c", "image": "registry.invalid/pause:3.10", "resources": {"requests": {"cpu": "1500m"}}}
+                ],
+            },
+        }
+        await read_json(await core.create_namespaced_pod(run, squatter, _preload_content=False))
+        stuck = _pod("stuck", run, "1")
+        stuck["spec"]["schedulingGates"] = []  # released ...
+        stuck["spec"]["affinity"] = {  # ... pinned to A, as release_patch leaves it
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [full]}]}
+                    ]
+                }
+            }
+        }
+        stuck["metadata"]["annotations"]["autoscaling.x-k8s.io/consume-provisioning-request"] = "gone-request"
+        stuck["metadata"]["labels"] = {"app": run}
+        made = await read_json(await core.create_namespaced_pod(run, stuck, _preload_content=False))
+
+        async def get(name: str) -> dict[str, Any]:
+            body: dict[str, Any] = await read_json(await core.read_namespaced_pod(name, run, _preload_content=False))
+            return body
+
+        async def unschedulable() -> bool:
+            conds = (await get("stuck"))["status"].get("conditions") or []
+            return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds)
+
+        await _eventually(unschedulable, "kube-scheduler to find the pinned pod Unschedulable")
+        running = await start(_config(kubeconfig, run, "a", requeue_pinned_seconds=2.0))
+
+        async def bound_elsewhere() -> dict[str, Any] | None:
+            with contextlib.suppress(ApiError):
+                p = await get("stuck")
+                return p if p["spec"].get("nodeName") == free else None
+            return None
+
+        got = await _eventually(bound_elsewhere, "the stuck pod re-queued and bound on the host with room", 45)
+        assert got["metadata"]["uid"] != made["metadata"]["uid"]  # a new pod under the same name
+        assert got["metadata"]["labels"] == {"app": run}
+        annotations = got["metadata"]["annotations"]
+        assert annotations["qos.kube-qos-extender.io/class"] == "silver"
+        assert "autoscaling.x-k8s.io/consume-provisioning-request" not in annotations
+        terms = got["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert terms["nodeSelectorTerms"] == [  # released again by the controller, pinned to B this time
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [free]}]}
+        ]
+
+        async def events() -> set[str]:
+            page = await read_json(await core.list_namespaced_event(run, _preload_content=False))
+            return {e["reason"] for e in page["items"]}
+
+        await _eventually(lambda: _has(events, {"QoSRequeued", "QoSReleased"}), "QoSRequeued and QoSReleased Events")
+        assert running.controller is not None
+        assert running.controller.metrics.requeued.labels("recreated")._value.get() == 1
+        assert (await get("squatter"))["spec"]["nodeName"] == full  # nothing else moved
+    finally:
+        if running is not None:
+            await running.stop()
+        with contextlib.suppress(ApiError):
+            coordination = k8s.CoordinationV1Api(api)
+            await read_json(
+                await coordination.delete_namespaced_lease(
+                    f"kube-qos-extender-{run}", "kube-system", _preload_content=False
+                )
+            )
+        with contextlib.suppress(ApiError):
+            await read_json(await core.delete_namespace(run, _preload_content=False))
+        for name in (full, free):
+            with contextlib.suppress(ApiError):
+                await read_json(await core.delete_node(name, _preload_content=False))
         await api.close()
 
 

@@ -29,7 +29,18 @@ from extender.controller.accounting import Account
 from extender.core import packing, qos, slack
 from extender.core.model import InvalidInputError, Node, Pod, Resources, WorkloadKind
 
-__all__ = ["Decision", "Evict", "GatedPod", "Release", "Settings", "World", "decide", "preemption_reason"]
+__all__ = [
+    "Decision",
+    "Evict",
+    "GatedPod",
+    "PinnedWait",
+    "Release",
+    "Settings",
+    "World",
+    "decide",
+    "preemption_reason",
+    "stuck_pins",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -822,3 +833,39 @@ def decide(world: World, policy: qos.QosPolicy, settings: Settings, rng: random.
             )
         )
     return Decision(tuple(evictions), tuple(releases), q_of_request, tuple(t[2] for t in order))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# pinned pods whose host lost its room
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedWait:
+    """A released pod pinned to ``node`` that kube-scheduler has found Unschedulable for ``waited`` seconds."""
+
+    pod: Pod
+    node: str
+    waited: float
+
+
+def stuck_pins(waiting: Sequence[PinnedWait], nodes: Mapping[str, Node], after_seconds: float) -> list[str]:
+    """The pinned pods to put back in the queue: Unschedulable for at least ``after_seconds`` while their host is
+    gone or no longer fits them counting only the pods bound there.
+
+    The controller pins a released pod to the host it chose (required node affinity on metadata.name), and that
+    affinity is immutable once the gate is off. Pods of other schedulers are invisible to its choice until
+    bound: the default profile can fill the chosen host first (a pending default-scheduler pod and our release
+    landing on the node cluster-autoscaler just bought), or the node can go. Such a pod never binds, and under
+    cluster-autoscaler it is never bought for either (it consumes a ProvisioningRequest). ``after_seconds`` is
+    the patience for the ordinary reasons a pinned pod waits (victims still terminating are counted gone by
+    the caller's node views, so they do not make a host look full); a host that still fits the pod keeps it
+    (kube-scheduler will bind it: its own back-off, not lost room)."""
+    out: list[str] = []
+    for w in waiting:
+        if w.waited < after_seconds:
+            continue
+        node = nodes.get(w.node)
+        if node is None or not packing.fits(node, w.pod):
+            out.append(w.pod.key)
+    return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client as k8s
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from extender.config import ExtenderConfig
 from extender.controller.accounting import (
@@ -38,10 +40,27 @@ from extender.controller.accounting import (
     due_writes,
     encode_account,
 )
-from extender.controller.decide import Decision, Evict, GatedPod, Release, Settings, World, decide
+from extender.controller.decide import (
+    Decision,
+    Evict,
+    GatedPod,
+    PinnedWait,
+    Release,
+    Settings,
+    World,
+    decide,
+    stuck_pins,
+)
 from extender.controller.metrics import ControllerMetrics, RequestSample
 from extender.controller.observe import observe
-from extender.controller.patches import INSTANCE_ANNOTATION, owner_instance, release_patch, route_known
+from extender.controller.patches import (
+    INSTANCE_ANNOTATION,
+    owner_instance,
+    release_patch,
+    requeue_action,
+    requeue_copy,
+    route_known,
+)
 from extender.controller.state import PodInfo, TrackingSnapshot
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod
 from extender.core.qos import availability
@@ -55,6 +74,7 @@ __all__ = ["ControllerEvents", "QosController"]
 log = logging.getLogger("extender.controller")
 
 _IN_FLIGHT_SECONDS = 30.0  # how long a patch/eviction is assumed pending before the watch must show it
+_REQUEUE_FINISH_SECONDS = 70.0  # a stopping controller waits this long for re-queues in flight (create retries: 60 s)
 _DEBOUNCE_SECONDS = 0.05  # coalesce a burst of watch events into one pass
 # A pass is O(pods) on the event loop that also answers the verbs: after a pass that took d seconds the next one
 # waits at least d x this factor, so passes take at most ~1/(1+factor) of the loop however fast events arrive
@@ -91,6 +111,11 @@ class _Owner:
     name: str
 
 
+def _uid_precondition(uid: str) -> Any:
+    """DeleteOptions that delete only this incarnation of the pod (never the copy that replaced it)."""
+    return {"preconditions": {"uid": uid}}
+
+
 def _owner(request: str) -> _Owner:
     parts = request.split("/")
     if len(parts) == 3:
@@ -125,6 +150,12 @@ class QosController:
             cycle_seconds=config.scheduling.scaling_cycle_seconds,
         )
         self.watchdog = self.cfg.watchdog_seconds / c
+        self.requeue_after = self.cfg.requeue_pinned_seconds / c
+        # pinned released pods kube-scheduler found Unschedulable: key -> (uid, first seen so), and those being
+        # re-queued now (one task each)
+        self._unschedulable_since: dict[str, tuple[str, float]] = {}
+        self._requeueing: set[str] = set()
+        self._requeues: set[asyncio.Task[None]] = set()
         self.absent_grace = max(60.0, 30.0 * self.watchdog)
         self.persist = self.cfg.persistence == "annotation"
         self.enforce_groups = config.node_groups.enforce
@@ -294,6 +325,10 @@ class QosController:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # A re-queue between its delete and its create is never cancelled (the pod would be lost): finished,
+            # within the create's own retry budget.
+            if self._requeues:
+                await asyncio.wait(self._requeues, timeout=_REQUEUE_FINISH_SECONDS)
 
     def _backlog_limit(self, now: float) -> int:
         """How many releases may still be queued when the next pass starts: as many as are applied while a
@@ -407,6 +442,7 @@ class QosController:
                 self._dirty.add(request)
         if self._dirty:
             self._writer_wake.set()
+        self._requeue_stuck(mine, now)
         if any(i.gated and not i.deleting for i in mine.values()) or self.last_decision is None:
             # decide is pure and takes seconds with a thousand pods gated on 500 nodes: in a thread, so the verbs,
             # the watch and the releases in flight keep being served (the GIL is handed over every few ms) instead
@@ -459,6 +495,132 @@ class QosController:
                 },
             )
         return decision
+
+    # ------------------------------------------------------------------------------------- re-queue
+
+    def _requeue_stuck(self, mine: Mapping[str, PodInfo], now: float) -> None:
+        """Put back in the queue the released pods whose pinned host lost its room (``decide.stuck_pins``)."""
+        snap = self.snapshot
+        waiting: list[PinnedWait] = []
+        seen: set[str] = set()
+        for key, info in mine.items():
+            if (
+                info.gated
+                or info.node_name
+                or info.deleting
+                or info.pinned_node is None
+                or not info.unschedulable
+                or key not in snap.pods
+            ):
+                continue
+            seen.add(key)
+            uid, since = self._unschedulable_since.get(key, ("", now))
+            if uid != info.uid:
+                since = now
+                self._unschedulable_since[key] = (info.uid, now)
+            if key not in self._requeueing:
+                waiting.append(PinnedWait(snap.pods[key].pod, info.pinned_node, now - since))
+        self._unschedulable_since = {k: v for k, v in self._unschedulable_since.items() if k in seen}
+        if not waiting:
+            return
+        gone = set(self._evicting)  # victims being evicted: their room is promised, not lost
+        nodes = {}
+        for name in {w.node for w in waiting}:
+            view = snap.node_view(name)
+            if view is not None:
+                nodes[name] = view.without_pods(gone) if gone & {p.key for p in view.pods} else view
+        for key in stuck_pins(waiting, nodes, self.requeue_after):
+            info = mine[key]
+            self._requeueing.add(key)
+            task = asyncio.create_task(self._requeue(info, now - self._unschedulable_since[key][1]))
+            self._requeues.add(task)
+            task.add_done_callback(self._requeues.discard)
+            task.add_done_callback(functools.partial(self._requeued, key))
+
+    def _requeued(self, key: str, _task: asyncio.Task[None]) -> None:
+        self._requeueing.discard(key)
+
+    async def _requeue(self, info: PodInfo, waited: float) -> None:
+        """Delete a stuck pinned pod for its owner to re-create, or re-create a bare one gated and unpinned. The
+        pod never ran (unbound), so nothing is lost but its place: the delete is conditional on its uid, and a
+        bare pod's copy is created (retried while the old one is still going) before anything else is tried."""
+        namespace, name = info.key.split("/", 1)
+        node = info.pinned_node or ""
+        try:
+            raw = await read_json(
+                await self.core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=self.timeout
+                )
+            )
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("stuck pinned pod not read", extra={"pod": info.key, "node": node, "error": str(exc)})
+            return
+        if (raw.get("metadata") or {}).get("uid") != info.uid:
+            return  # already replaced
+        action = requeue_action(raw)
+        why = f"Unschedulable for {waited:.0f}s pinned to {node}, which has no room for it any more (or is gone)"
+        if action == "keep":
+            self._event(info.key, info.uid, "QoSPinnedStuck", f"{why}; not re-queued: its owner would not "
+                        "re-create it (or a finalizer holds it). Delete it to queue it again.", "Warning")  # fmt: skip
+            return
+        copy = requeue_copy(raw, self.cfg.gate_name, node) if action == "recreate" else None
+        try:
+            await read_json(
+                await self.core.delete_namespaced_pod(
+                    name, namespace, body=_uid_precondition(info.uid),
+                    grace_period_seconds=0, _preload_content=False, _request_timeout=self.timeout,
+                )
+            )  # fmt: skip
+        except (ApiError, OSError, TimeoutError) as exc:
+            self.metrics.requeued.labels("failed").inc()
+            log.warning("stuck pinned pod not deleted", extra={"pod": info.key, "node": node, "error": str(exc)})
+            return
+        if copy is None:
+            self.metrics.requeued.labels("deleted").inc()
+            decision = {"requeue": "deleted", "waited": round(waited, 1)}
+            log.info("stuck pinned pod re-queued", extra={"pod": info.key, "node": node, "decision": decision})
+            self._event(info.key, info.uid, "QoSRequeued", f"{why}: deleted for its owner to re-create", "Warning")
+            return
+        created = await self._create_copy(info.key, copy)
+        if created is None:
+            self.metrics.requeued.labels("failed").inc()
+            log.error(
+                "stuck pinned pod deleted but not re-created: its spec follows, create it again by hand",
+                extra={"pod": info.key, "node": node, "decision": {"requeue": "failed", "pod": copy}},
+            )
+            return
+        self.metrics.requeued.labels("recreated").inc()
+        decision = {"requeue": "recreated", "waited": round(waited, 1)}
+        log.info("stuck pinned pod re-queued", extra={"pod": info.key, "node": node, "decision": decision})
+        self._event(info.key, created, "QoSRequeued", f"{why}: re-created gated and unpinned, queued again", "Warning")
+
+    async def _create_copy(self, key: str, body: Any) -> str | None:
+        """Create the bare pod's copy; 409 while the old pod is still being removed, and transient errors, are
+        retried for up to a minute. Returns the new uid, None when it could not be created."""
+        namespace = key.split("/", 1)[0]
+
+        def transient(exc: BaseException) -> bool:
+            if isinstance(exc, ApiError):
+                return exc.status in (409, 429) or exc.status >= 500
+            return isinstance(exc, OSError | TimeoutError)
+
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(transient),
+                wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
+                stop=stop_after_delay(60.0),
+                reraise=True,
+            ):
+                with attempt:
+                    made = await read_json(
+                        await self.core.create_namespaced_pod(
+                            namespace, body, _preload_content=False, _request_timeout=self.timeout
+                        )
+                    )
+        except (ApiError, OSError, TimeoutError) as exc:
+            log.warning("re-queued pod not created", extra={"pod": key, "error": str(exc)})
+            return None
+        return str((made.get("metadata") or {}).get("uid") or "")
 
     def _derivable(self, request: str) -> bool:
         """A bare pod's account its own timestamps rebuild (``derivable_from_pod``): not written."""

@@ -118,6 +118,14 @@ class ControllerMetrics:
             "Gates held longer than controller.max_gate_seconds and released.",
             registry=r,
         )
+        self.requeued = Counter(
+            "qos_extender_controller_requeued_pods",
+            "Released pods put back in the queue because the host they were pinned to lost its room (or went) "
+            "before kube-scheduler bound them: recreated (a bare pod, re-created gated and unpinned), deleted (an "
+            "owned pod, its owner re-creates it), failed (left as it was; retried next pass).",
+            ["outcome"],
+            registry=r,
+        )
         self.gate_wait = Histogram(
             "qos_extender_controller_gate_wait_seconds",
             "Wall-clock time a pod spent behind the ordering gate before release.",

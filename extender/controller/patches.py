@@ -6,10 +6,21 @@ makes the PATCH fail (422) instead of removing someone else's gate.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["INSTANCE_ANNOTATION", "admission_patch", "escape", "owner_instance", "pin_term", "release_patch"]
+__all__ = [
+    "BOOKING_ANNOTATIONS",
+    "INSTANCE_ANNOTATION",
+    "admission_patch",
+    "escape",
+    "owner_instance",
+    "pin_term",
+    "release_patch",
+    "requeue_action",
+    "requeue_copy",
+]
 
 # The controller instance that gated a pod and owns its ordering (controller.instance); also the namespace label
 # that routes a namespace to an instance. Pods without the annotation: see owner_instance.
@@ -146,3 +157,89 @@ def admission_patch(
         elif marker not in current:
             ops.append({"op": "add", "path": f"{base}/{part}/{escape(marker)}", "value": "1"})
     return ops
+
+
+# Annotations that tied a pod to capacity booked for it by its former attempt: cluster-autoscaler's
+# ProvisioningRequest consumer marker (both of its names). A re-queued pod is planned afresh, so they go.
+BOOKING_ANNOTATIONS = (
+    "autoscaling.x-k8s.io/consume-provisioning-request",
+    "cluster-autoscaler.kubernetes.io/consume-provisioning-request",
+)
+# Owners that re-create a deleted pod of theirs (a pod of any other owner is never deleted to re-queue it).
+RECREATING_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "Job", "ReplicationController"})
+_SERVER_SET = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+               "generation", "managedFields", "selfLink")  # fmt: skip
+
+
+def requeue_action(pod: Mapping[str, Any]) -> str:
+    """How a released pod stuck on a pinned host goes back to the queue: "delete" (an owner that re-creates
+    it will, and the admission webhook gates the new pod), "recreate" (a bare pod: the controller re-creates
+    it itself), or "keep" (already bound or going, held by someone's finalizer, or owned by a controller we
+    cannot count on to re-create it: deleting it would lose it)."""
+    meta = pod.get("metadata")
+    spec = pod.get("spec")
+    if (
+        not isinstance(meta, dict)
+        or not isinstance(spec, dict)
+        or spec.get("nodeName")
+        or meta.get("deletionTimestamp")
+    ):
+        return "keep"
+    owner = next(
+        (r for r in meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("controller") is True), None
+    )
+    if owner is not None:
+        return "delete" if owner.get("kind") in RECREATING_OWNERS else "keep"
+    return "keep" if meta.get("finalizers") else "recreate"
+
+
+def requeue_copy(pod: Mapping[str, Any], gate: str, node: str) -> dict[str, Any]:
+    """The bare pod to create in place of ``pod`` (same name, labels, annotations and spec): gated again by
+    ``gate``, with the pin to ``node`` that ``release_patch`` added taken out of every term (a term left empty
+    was ours alone and goes), without what the API server set or a former booking. The user's own affinity
+    stays as written."""
+    meta = {k: copy.deepcopy(v) for k, v in (pod.get("metadata") or {}).items() if k not in _SERVER_SET}
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in BOOKING_ANNOTATIONS}
+    if annotations:
+        meta["annotations"] = annotations
+    else:
+        meta.pop("annotations", None)
+    spec = copy.deepcopy(dict(pod.get("spec") or {}))
+    spec.pop("nodeName", None)
+    gates = [g for g in spec.get("schedulingGates") or [] if isinstance(g, dict)]
+    if not any(g.get("name") == gate for g in gates):
+        gates.append({"name": gate})
+    spec["schedulingGates"] = gates
+    _unpin(spec, node)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def _unpin(spec: dict[str, Any], node: str) -> None:
+    pin = pin_term(node)
+    affinity = spec.get("affinity")
+    node_aff = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = node_aff.get(_REQ) if isinstance(node_aff, dict) else None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list):
+        return
+    kept = []
+    for term in terms:
+        if not isinstance(term, dict):
+            kept.append(term)
+            continue
+        fields = [f for f in term.get("matchFields") or [] if f != pin]
+        if fields:
+            term["matchFields"] = fields
+        else:
+            term.pop("matchFields", None)
+        if term:
+            kept.append(term)
+    assert isinstance(required, dict) and isinstance(node_aff, dict) and isinstance(affinity, dict)
+    if kept:
+        required["nodeSelectorTerms"] = kept
+        return
+    del node_aff[_REQ]
+    if not node_aff:
+        del affinity["nodeAffinity"]
+    if not affinity:
+        del spec["affinity"]

@@ -39,6 +39,7 @@ class PodInfo:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     account_text: str | None = None  # our annotation on a bare pod (its own request)
     instance: str | None = None  # the controller instance whose webhook gated it (annotation), None: not gated
+    unschedulable: bool = False  # PodScheduled False, reason Unschedulable: kube-scheduler tried and found no node
 
 
 def _pinned(spec: Mapping[str, Any]) -> str | None:
@@ -78,9 +79,12 @@ def pod_info(obj: Mapping[str, Any], gate: str, account_annotation: str) -> PodI
     phase = str(status.get("phase") or "Pending")
     deleting = meta.get("deletionTimestamp") is not None
     running_since = None
+    unschedulable = False
     for cond in status.get("conditions") or []:
         if isinstance(cond, dict) and cond.get("type") == "Ready" and cond.get("status") == "True":
             running_since = parse_timestamp(cond.get("lastTransitionTime"))
+        if isinstance(cond, dict) and cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            unschedulable = cond.get("reason") == "Unschedulable"
     if running_since is None:
         running_since = parse_timestamp(status.get("startTime"))
     selector = spec.get("nodeSelector")
@@ -103,6 +107,7 @@ def pod_info(obj: Mapping[str, Any], gate: str, account_annotation: str) -> PodI
         node_selector=dict(selector) if isinstance(selector, dict) else {},
         account_text=annotations.get(account_annotation) if isinstance(annotations, dict) else None,
         instance=_instance(annotations),
+        unschedulable=unschedulable,
     )
 
 
