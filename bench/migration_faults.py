@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from e2e.ticks import LogFollower, logged_ticks  # noqa: E402
 from extender.agent.client import AgentClient, PeerError  # noqa: E402
-from extender.agent.config import TlsConfig  # noqa: E402
+from extender.agent.config import AgentTlsConfig  # noqa: E402
 from extender.config import ExtenderConfig, KubernetesConfig  # noqa: E402
 from extender.consolidation import decide  # noqa: E402
 from extender.consolidation.config import ConsolidationSettings  # noqa: E402
@@ -181,7 +181,7 @@ class Bench:
         self.flow = ConsolidationFlow(settings)
         self.api = self.loop.run_until_complete(new_api_client(KubernetesConfig(kubeconfig=env["KUBECONFIG"])))
         self.flow.attach(self.api, ExtenderConfig().bind)
-        self.client = AgentClient(TlsConfig(env["AGENT_CLIENT_CERT"], env["AGENT_CLIENT_KEY"], env["AGENT_CA"]),
+        self.client = AgentClient(AgentTlsConfig(cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"]),
                                   timeout_seconds=10)  # fmt: skip
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from extender.agent.backends.kubelet import (
 )
 from extender.agent.backends.simulated import PROGRESS_ANNOTATION, InMemoryProgressStore, SimulatedBackend
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import AgentConfig, AgentConfigError, TlsConfig, find_criu, load_agent_config
+from extender.agent.config import AgentConfig, AgentConfigError, AgentTlsConfig, find_criu, load_agent_config
 from extender.agent.events import RecordingEventSink, event_body
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.server import Agent
@@ -119,6 +119,27 @@ def test_unpack_refuses_hostile_archives(tmp_path: Path, kind: str) -> None:
 
 
 # ------------------------------------------------------------------ config, faults, CLI
+def test_config_refuses_strings_for_booleans_and_numbers_naming_every_error(tmp_path: Path) -> None:
+    """Issue 28's security defect: `allow_plaintext: "false"` (a string) was truthy and started the agent without
+    mTLS; `test_fault_injection: "false"` turned the fault endpoint on. Now each is refused by name, all at once."""
+    (tmp_path / "c.yaml").write_text(
+        'agent:\n  allow_plaintext: "false"\n  test_fault_injection: "false"\n  port: "9443"\n'
+        '  events: 1\n  retry: {attempts: "3"}\n  kubelet: {port: 10250.5}\n  typo: 1\n'
+    )
+    with pytest.raises(AgentConfigError) as err:
+        load_agent_config(str(tmp_path / "c.yaml"))
+    paths = [p for p, _ in err.value.problems]
+    assert sorted(paths) == sorted(
+        ["allow_plaintext", "test_fault_injection", "port", "events", "retry.attempts", "kubelet.port", "typo"]
+    )
+    for path in paths:
+        assert path in str(err.value)
+    assert "'false'" in str(err.value)  # the offending value is shown
+    # the same through the command line's overrides: a flag value is typed too
+    with pytest.raises(AgentConfigError, match="allow_plaintext"):
+        load_agent_config(None, allow_plaintext="true")
+
+
 def test_config_defaults_demand_mtls(tmp_path: Path) -> None:
     with pytest.raises(AgentConfigError, match="mTLS"):
         load_agent_config(None)
@@ -131,7 +152,7 @@ def test_config_defaults_demand_mtls(tmp_path: Path) -> None:
     assert cfg.retry.attempts == 5 and cfg.backend == "simulated"
     for text, msg in [
         ("allow_plaintext: true\nbackend: docker\n", "backend"),
-        ("allow_plaintext: true\nretyr: {}\n", "unknown key"),
+        ("allow_plaintext: true\nretyr: {}\n", "retyr: unknown option"),
         ("allow_plaintext: true\nretry: {attempts: 0}\n", "retry"),
         ("tls: {cert_file: a.crt}\n", "mTLS"),
     ]:
@@ -184,7 +205,7 @@ async def test_simulated_migration_carries_progress_and_rolls_back_with_an_event
     events = RecordingEventSink()
     src, dst = _agent(tmp_path, "kwok-1", store, events), _agent(tmp_path, "kwok-2", store, events)
     runners = []
-    client = AgentClient(TlsConfig())
+    client = AgentClient(AgentTlsConfig())
     try:
         r1, u1 = await serve_in_process(src)
         r2, u2 = await serve_in_process(dst, "127.0.0.2")
@@ -254,7 +275,7 @@ async def test_a_single_checkpoint_backend_takes_one_checkpoint_per_move(tmp_pat
     one = OneCheckpointBackend(store)
     cfg = AgentConfig(node_name="real-1", allow_plaintext=True, state_dir=str(tmp_path / "real-1"), backend="simulated")
     src, dst = Agent(cfg, one, events=events), _agent(tmp_path, "real-2", store, events)
-    client = AgentClient(TlsConfig())
+    client = AgentClient(AgentTlsConfig())
     runners = []
     try:
         r1, u1 = await serve_in_process(src)

@@ -126,9 +126,11 @@ def test_retry_defaults_are_three_attempts_with_backoff() -> None:
 def test_backoff_schedule_is_monotone_and_capped(attempts: int, initial: float, cap: float, mult: float) -> None:
     if cap < initial:
         with pytest.raises(ValueError):
-            RetryPolicy(attempts, initial, cap, mult)
+            RetryPolicy(attempts=attempts, initial_backoff_seconds=initial, max_backoff_seconds=cap, multiplier=mult)
         return
-    sched = backoff_schedule(RetryPolicy(attempts, initial, cap, mult))
+    sched = backoff_schedule(
+        RetryPolicy(attempts=attempts, initial_backoff_seconds=initial, max_backoff_seconds=cap, multiplier=mult)
+    )
     assert len(sched) == attempts - 1
     assert all(0 <= w <= cap for w in sched)
     assert sched == sorted(sched)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import TlsConfig, find_criu
+from extender.agent.config import AgentTlsConfig, find_criu
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -60,8 +60,10 @@ class Pki:
     dir: Path
     ca: Path
 
-    def tls(self, name: str) -> TlsConfig:
-        return TlsConfig(str(self.dir / f"{name}.crt"), str(self.dir / f"{name}.key"), str(self.ca))
+    def tls(self, name: str) -> AgentTlsConfig:
+        return AgentTlsConfig(
+            cert_file=str(self.dir / f"{name}.crt"), key_file=str(self.dir / f"{name}.key"), ca_file=str(self.ca)
+        )
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -101,7 +103,7 @@ class AgentProc:
     host: str
     port: int
     state_dir: Path
-    tls: TlsConfig
+    tls: AgentTlsConfig
     log: Path
     backend: str = "criu"
     extra: list[str] = field(default_factory=list)

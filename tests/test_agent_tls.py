@@ -12,7 +12,7 @@ import pytest
 
 from extender.agent.backends.simulated import InMemoryProgressStore, SimulatedBackend
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import AgentConfig, TlsConfig
+from extender.agent.config import AgentConfig, AgentTlsConfig
 from extender.agent.server import Agent
 from tests.test_agent_support import Pki, make_pki, serve_in_process
 
@@ -65,7 +65,7 @@ async def test_client_without_a_certificate_is_refused(agent_url: str, pki: Pki)
 
 async def test_client_with_a_cert_from_another_ca_is_refused(agent_url: str, pki: Pki, other_pki: Pki) -> None:
     tls = other_pki.tls("ctl")
-    c = AgentClient(TlsConfig(tls.cert_file, tls.key_file, str(pki.ca)))
+    c = AgentClient(AgentTlsConfig(cert_file=tls.cert_file, key_file=tls.key_file, ca_file=str(pki.ca)))
     try:
         with pytest.raises(PeerError) as err:
             await c.request("GET", f"{agent_url}/v1/info")
@@ -76,7 +76,7 @@ async def test_client_with_a_cert_from_another_ca_is_refused(agent_url: str, pki
 
 async def test_a_server_not_signed_by_our_ca_is_not_trusted(agent_url: str, pki: Pki, other_pki: Pki) -> None:
     tls = pki.tls("ctl")
-    c = AgentClient(TlsConfig(tls.cert_file, tls.key_file, str(other_pki.ca)))
+    c = AgentClient(AgentTlsConfig(cert_file=tls.cert_file, key_file=tls.key_file, ca_file=str(other_pki.ca)))
     try:
         with pytest.raises(PeerError, match=r"[Cc]ertificate"):
             await c.request("GET", f"{agent_url}/v1/info")

@@ -16,7 +16,7 @@ import aiohttp
 import orjson
 
 from extender.agent.archive import CHUNK, ArchiveInfo
-from extender.agent.config import TlsConfig
+from extender.agent.config import AgentTlsConfig
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.protocol import ARCHIVE_SHA256_HEADER, ARCHIVE_SIZE_HEADER, FailureKind, Stage
 
@@ -31,7 +31,7 @@ class PeerError(Exception):
         self.status = status
 
 
-def client_ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
+def client_ssl_context(tls: AgentTlsConfig) -> ssl.SSLContext | None:
     """Verify the peer against the agents' CA and present this agent's certificate."""
     if not tls.enabled:
         return None
@@ -51,7 +51,7 @@ def _kind_of(status: int) -> FailureKind:
 class AgentClient:
     def __init__(
         self,
-        tls: TlsConfig,
+        tls: AgentTlsConfig,
         timeout_seconds: float = 60.0,
         faults: FaultInjection | None = None,
     ) -> None:

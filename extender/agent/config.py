@@ -1,118 +1,155 @@
-"""Agent configuration: a YAML file (all keys optional) plus command-line overrides, validated up front."""
+"""Agent settings: a YAML file (every key optional) plus command-line overrides, validated at start on the strict
+settings base (extender.settings): a string where a boolean belongs (``allow_plaintext: "false"``) is refused by
+name instead of read as true, and every error of the file is reported at once. The reference with every option
+and its description is generated from these models: config/agent/agent.reference.yaml (a test keeps it so)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import Field, model_validator
 
 from extender.agent.protocol import RetryPolicy
+from extender.settings import Settings, SettingsError, load_settings
 
 __all__ = [
     "BACKENDS",
     "AgentConfig",
     "AgentConfigError",
+    "AgentTlsConfig",
     "CriuConfig",
     "KubeletConfig",
-    "TlsConfig",
     "find_criu",
     "load_agent_config",
 ]
 
 BACKENDS = ("criu", "kubelet", "simulated")
+Backend = Literal["criu", "kubelet", "simulated"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 
 
-class AgentConfigError(ValueError):
-    """A configuration that cannot start an agent; the message names the key."""
+class AgentConfigError(SettingsError):
+    """A configuration that cannot start an agent; the message names every offending key."""
 
 
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """mTLS: this agent's certificate and key, and the CA that signs every agent's and controller's cert.
-
+class AgentTlsConfig(Settings):
+    """mTLS: this agent's certificate and key, and the CA that signs every agent's and controller's certificate.
     The server requires a client certificate signed by ``ca_file``; the client presents ``cert_file`` and
-    verifies the peer against ``ca_file``. Use a CA dedicated to the agents: any cert it signed is trusted.
-    """
+    verifies the peer against ``ca_file``. Use a CA dedicated to the agents: any certificate it signed is
+    trusted."""
 
     cert_file: str | None = None
+    """This agent's certificate (PEM), served and presented as a client to peer agents."""
     key_file: str | None = None
+    """Its private key (PEM)."""
     ca_file: str | None = None
+    """The agents' CA (PEM): peers and callers must present a certificate it signed."""
 
     @property
     def enabled(self) -> bool:
         return self.cert_file is not None
 
+    @model_validator(mode="after")
+    def _all_or_none(self) -> AgentTlsConfig:
+        if self.cert_file is not None and (self.key_file is None or self.ca_file is None):
+            raise ValueError("cert_file, key_file and ca_file must be set together (mTLS)")
+        if self.cert_file is None and (self.key_file is not None or self.ca_file is not None):
+            raise ValueError("key_file and ca_file need cert_file (mTLS)")
+        return self
 
-@dataclass(frozen=True, slots=True)
-class CriuConfig:
-    path: str | None = None  # None: $QOS_CRIU, the hack/build-criu.sh cache, then PATH
+
+class CriuConfig(Settings):
+    """The criu backend: process checkpoints by PID with the criu binary (not for pods: see backend)."""
+
+    path: str | None = None
+    """The criu binary; null: $QOS_CRIU, then hack/build-criu.sh's cache, then PATH."""
     extra_dump_args: tuple[str, ...] = ()
+    """Appended to every `criu dump`."""
     extra_restore_args: tuple[str, ...] = ()
-    pid_free_timeout_seconds: float = 10.0
-    command_timeout_seconds: float = 120.0
+    """Appended to every `criu restore`."""
+    pid_free_timeout_seconds: float = Field(10.0, gt=0, allow_inf_nan=False)
+    """How long a restore waits for the checkpointed PID to be free on this node."""
+    command_timeout_seconds: float = Field(120.0, gt=0, allow_inf_nan=False)
+    """Longest one criu command may run."""
 
 
-@dataclass(frozen=True, slots=True)
-class KubeletConfig:
-    port: int = 10250
+class KubeletConfig(Settings):
+    """The kubelet backend: KEP-2008 container checkpoints through the kubelet API; the destination imports the
+    checkpoint image into its node's containerd."""
+
+    port: int = Field(10250, ge=1, le=65535)
+    """The kubelet's port on $NODE_IP."""
     cert_file: str | None = None
+    """Client certificate allowed to create nodes/checkpoint (PEM)."""
     key_file: str | None = None
+    """Its private key (PEM)."""
     ca_file: str | None = None
-    checkpoint_timeout_seconds: int = 60
-    checkpoint_dir: str = "/var/lib/kubelet/checkpoints"  # the kubelet's <root-dir>/checkpoints, as mounted here
-    # Destination: the node's containerd (checkpoint images are imported into it, namespace k8s.io); None: this
-    # node refuses to be a destination (prepare answers 409).
+    """CA of the kubelet's serving certificate (it must carry the node's IP)."""
+    checkpoint_timeout_seconds: int = Field(60, ge=1)
+    """The kubelet's checkpoint timeout (whole seconds: its API takes an integer)."""
+    checkpoint_dir: str = "/var/lib/kubelet/checkpoints"
+    """The kubelet's <root-dir>/checkpoints as mounted here (the kubelet answers its own path)."""
     containerd_socket: str | None = "/run/containerd/containerd.sock"
+    """Destination side: the node's containerd, into which checkpoint images are imported; null: this node
+    refuses to be a migration destination (prepare answers 409)."""
     containerd_namespace: str = "k8s.io"
-    image_prefix: str = "localhost/qos-checkpoint"  # checkpoint images: <prefix>/<namespace>.<pod>:<sha256[:20]>
-    import_timeout_seconds: float = 300.0
+    """containerd namespace of the imported images (CRI's)."""
+    image_prefix: str = "localhost/qos-checkpoint"
+    """Checkpoint images are named <image_prefix>/<namespace>.<pod>:<sha256[:20]>."""
+    import_timeout_seconds: float = Field(300.0, gt=0, allow_inf_nan=False)
+    """Longest an image import may take."""
 
 
-@dataclass(frozen=True, slots=True)
-class AgentConfig:
-    node_name: str = field(default_factory=socket.gethostname)
+class AgentConfig(Settings):
+    """`qos-extender agent`: the node agent that checkpoints batch containers and restores them on another node."""
+
+    node_name: str = Field(
+        default_factory=socket.gethostname, min_length=1, json_schema_extra={"default_doc": "<the host name>"}
+    )
+    """This node's name (the DaemonSet passes --node-name from the Downward API); default: the host name."""
     host: str = "127.0.0.1"
-    port: int = 9443
-    tls: TlsConfig = field(default_factory=TlsConfig)
+    """Address to listen on."""
+    port: int = Field(9443, ge=0, le=65535)
+    """Port to listen on (0: any free port)."""
+    tls: AgentTlsConfig = AgentTlsConfig()
+    """mTLS, required unless allow_plaintext."""
     allow_plaintext: bool = False
+    """TESTS ONLY: serve and call without TLS."""
     state_dir: str = "/var/lib/kube-qos-extender/agent"
-    backend: str = "criu"
-    criu: CriuConfig = field(default_factory=CriuConfig)
-    kubelet: KubeletConfig = field(default_factory=KubeletConfig)
-    simulated_store: str = "memory"  # memory | kubernetes
+    """Journal and archives (a hostPath in the DaemonSet, so a restarted agent finishes or rolls back)."""
+    backend: Backend = "criu"
+    """kubelet (pods, KEP-2008), criu (processes by PID) or simulated (kwok nodes: a SIMULATION)."""
+    criu: CriuConfig = CriuConfig()
+    kubelet: KubeletConfig = KubeletConfig()
+    simulated_store: Literal["memory", "kubernetes"] = "memory"
+    """Where the simulated backend keeps progress."""
     kubeconfig: str | None = None
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    request_timeout_seconds: float = 60.0
-    resolve_timeout_seconds: float = 30.0
-    max_archive_bytes: int = 16 * 2**30
+    """Kubeconfig for the API (Events, the simulated store); null: in-cluster."""
+    retry: RetryPolicy = RetryPolicy()
+    request_timeout_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
+    """Longest one call to a peer agent may take."""
+    resolve_timeout_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)
+    """Longest resolving a pod's container on this node may take."""
+    max_archive_bytes: int = Field(16 * 2**30, gt=0)
+    """Largest archive accepted from a peer."""
     events: bool = True
-    log_level: str = "INFO"
+    """Post Kubernetes Events on the pods moved."""
+    log_level: LogLevel = "INFO"
     test_fault_injection: bool = False
+    """TEST ONLY (PUT /v1/test/faults): never in a cluster."""
 
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise AgentConfigError(f"backend: must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if not (0 <= self.port <= 65535):
-            raise AgentConfigError(f"port: must be 0..65535, got {self.port}")
-        if self.tls.enabled and (self.tls.key_file is None or self.tls.ca_file is None):
-            raise AgentConfigError("tls: cert_file, key_file and ca_file must be set together (mTLS)")
+    @model_validator(mode="after")
+    def _mtls_unless_plaintext(self) -> AgentConfig:
         if not self.tls.enabled and not self.allow_plaintext:
-            raise AgentConfigError(
+            raise ValueError(
                 "tls: agents talk mTLS; set tls.cert_file/key_file/ca_file, or allow_plaintext: true (tests only)"
             )
-        if self.simulated_store not in ("memory", "kubernetes"):
-            raise AgentConfigError(f"simulated_store: memory or kubernetes, got {self.simulated_store!r}")
-        for name in ("request_timeout_seconds", "resolve_timeout_seconds"):
-            if not getattr(self, name) > 0:
-                raise AgentConfigError(f"{name}: must be > 0")
-        if self.max_archive_bytes <= 0:
-            raise AgentConfigError("max_archive_bytes: must be > 0")
+        return self
 
 
 def find_criu(configured: str | None = None) -> str | None:
@@ -131,42 +168,34 @@ def find_criu(configured: str | None = None) -> str | None:
     return shutil.which("criu")
 
 
-def _section(raw: Any, name: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise AgentConfigError(f"{name}: must be a mapping")
-    return raw
-
-
-def _build(cls: Any, raw: dict[str, Any], name: str) -> Any:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise AgentConfigError(f"{name}: unknown key(s) {', '.join(unknown)}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, AgentConfigError):
-            raise
-        raise AgentConfigError(f"{name}: {exc}") from exc
-
-
 def load_agent_config(path: str | None = None, **overrides: Any) -> AgentConfig:
-    """Read ``path`` (YAML, top-level key ``agent:`` or the keys directly) and apply non-None overrides."""
+    """Read ``path`` (YAML, top-level key ``agent:`` or the keys directly) and apply the non-None ``overrides``
+    (command-line flags; a nested section is given as a mapping and replaces the file's keys it names)."""
     raw: dict[str, Any] = {}
+    source = path or "agent"
     if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text())
         except (OSError, yaml.YAMLError) as exc:
-            raise AgentConfigError(f"cannot read {path}: {exc}") from exc
-        raw = dict(_section(loaded, path))
+            raise AgentConfigError(source, [("", f"cannot read: {exc}")]) from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise AgentConfigError(source, [("", f"must be a mapping, got {type(loaded).__name__}")])
+        raw = dict(loaded or {})
         if "agent" in raw:
-            raw = dict(_section(raw["agent"], "agent"))
-    nested = {"tls": TlsConfig, "criu": CriuConfig, "kubelet": KubeletConfig, "retry": RetryPolicy}
-    for key, cls in nested.items():
-        if key in raw:
-            raw[key] = _build(cls, _section(raw[key], key), key)
-    raw.update({k: v for k, v in overrides.items() if v is not None})
-    return _build(AgentConfig, raw, "agent")  # type: ignore[no-any-return]
+            inner = raw.pop("agent")
+            if raw:
+                raise AgentConfigError(source, [(k, "unknown option (beside agent:)") for k in sorted(raw)])
+            if inner is not None and not isinstance(inner, dict):
+                raise AgentConfigError(source, [("agent", f"must be a mapping, got {type(inner).__name__}")])
+            raw = dict(inner or {})
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    try:
+        return load_settings(AgentConfig, raw, source)
+    except SettingsError as exc:
+        raise AgentConfigError(exc.source, exc.problems) from None

@@ -30,10 +30,9 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_agent_command(args: argparse.Namespace) -> int:
     import asyncio
-    import dataclasses
 
     from extender.agent.backends.base import BackendError
-    from extender.agent.config import AgentConfigError, CriuConfig, TlsConfig, load_agent_config
+    from extender.agent.config import AgentConfigError, load_agent_config
     from extender.agent.server import run_agent
     from extender.logs import setup_logging
 
@@ -47,11 +46,12 @@ def run_agent_command(args: argparse.Namespace) -> int:
         "test_fault_injection": args.enable_test_fault_injection,
     }
     if args.tls_cert or args.tls_key or args.tls_ca:
-        overrides["tls"] = TlsConfig(args.tls_cert, args.tls_key, args.tls_ca)
+        given = {"cert_file": args.tls_cert, "key_file": args.tls_key, "ca_file": args.tls_ca}
+        overrides["tls"] = {k: v for k, v in given.items() if v is not None}
+    if args.criu:
+        overrides["criu"] = {"path": args.criu}
     try:
         config = load_agent_config(args.config, **overrides)
-        if args.criu:
-            config = dataclasses.replace(config, criu=dataclasses.replace(config.criu or CriuConfig(), path=args.criu))
     except AgentConfigError as exc:
         print(f"qos-extender agent: {exc}", file=sys.stderr)
         return 2

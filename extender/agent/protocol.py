@@ -24,10 +24,13 @@ locally.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from extender.settings import Settings
 
 __all__ = [
     "ARCHIVE_SHA256_HEADER",
@@ -162,27 +165,25 @@ def check_migration_id(value: str) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
+class RetryPolicy(Settings):
     """Retries of one protocol step (tenacity: attempts, exponential backoff, capped, with jitter)."""
 
-    attempts: int = 3
-    initial_backoff_seconds: float = 0.2
-    max_backoff_seconds: float = 2.0
-    multiplier: float = 2.0
-    jitter_seconds: float = 0.05
+    attempts: int = Field(3, ge=1)
+    """Tries of one step, the first included."""
+    initial_backoff_seconds: float = Field(0.2, ge=0, allow_inf_nan=False)
+    """Wait after the first failure."""
+    max_backoff_seconds: float = Field(2.0, ge=0, allow_inf_nan=False)
+    """Cap of every wait (>= initial_backoff_seconds)."""
+    multiplier: float = Field(2.0, ge=1, allow_inf_nan=False)
+    """Each wait is the previous one times this."""
+    jitter_seconds: float = Field(0.05, ge=0, allow_inf_nan=False)
+    """Random extra wait, up to this, so agents retrying together spread out."""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ValueError(f"retry attempts must be an integer >= 1, got {self.attempts!r}")
-        for name in ("initial_backoff_seconds", "max_backoff_seconds", "jitter_seconds"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"retry {name} must be a finite number >= 0, got {v!r}")
-        if not math.isfinite(self.multiplier) or self.multiplier < 1:
-            raise ValueError(f"retry multiplier must be >= 1, got {self.multiplier!r}")
+    @model_validator(mode="after")
+    def _cap_above_initial(self) -> RetryPolicy:
         if self.max_backoff_seconds < self.initial_backoff_seconds:
-            raise ValueError("retry max_backoff_seconds must be >= initial_backoff_seconds")
+            raise ValueError("max_backoff_seconds must be >= initial_backoff_seconds")
+        return self
 
 
 def backoff_schedule(policy: RetryPolicy) -> list[float]:

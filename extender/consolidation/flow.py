@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from kubernetes_asyncio import client as k8s
 
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import TlsConfig
+from extender.agent.config import AgentTlsConfig
 from extender.agent.protocol import FailureKind
 from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.events import AutoscalerEvents
@@ -135,7 +135,7 @@ class ConsolidationFlow:
         self._core = k8s.CoreV1Api(api_client)
         self._binder = KubeBinder(api_client, bind)
         self._events = events
-        tls = TlsConfig(self.s.cert_file, self.s.key_file, self.s.ca_file)
+        tls = AgentTlsConfig(cert_file=self.s.cert_file, key_file=self.s.key_file, ca_file=self.s.ca_file)
         self._client = AgentClient(tls, timeout_seconds=self.s.migration_timeout_seconds)
 
     async def stop(self) -> None:

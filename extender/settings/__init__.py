@@ -1,0 +1,7 @@
+"""Typed settings: every option of every process declared once (type, default, bounds, description) on one strict
+base, so a wrong type is refused by name, every error of a file is reported at once, and the reference YAML and
+JSON Schema are generated from the same declarations (issue 28)."""
+
+from extender.settings.base import Settings, SettingsError, json_schema, load_settings, reference_yaml
+
+__all__ = ["Settings", "SettingsError", "json_schema", "load_settings", "reference_yaml"]

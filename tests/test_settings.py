@@ -1,0 +1,136 @@
+"""The typed settings base (issue 28): no string ever becomes a boolean or a number, every error of a file is
+named at once, the generated reference and schema are the ones in the repo, and deployed files hold only what
+differs from the defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import Field
+
+from extender.agent.config import AgentConfig, load_agent_config
+from extender.settings import Settings, SettingsError, load_settings
+from extender.processes.settings_reference import generated
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs" / "settings"
+
+
+class _Inner(Settings):
+    """An inner section."""
+
+    ratio: float = Field(0.5, ge=0, le=1)
+    """A bounded number."""
+    names: tuple[str, ...] = ("a",)
+
+
+class _Probe(Settings):
+    flag: bool = False
+    count: int = Field(1, ge=1)
+    name: str = "x"
+    inner: _Inner = _Inner()
+
+
+@pytest.mark.parametrize(
+    ("raw", "path"),
+    [
+        ({"flag": "false"}, "flag"),
+        ({"flag": "true"}, "flag"),
+        ({"flag": 0}, "flag"),
+        ({"flag": "yes"}, "flag"),
+        ({"count": "3"}, "count"),
+        ({"count": 2.5}, "count"),
+        ({"count": True}, "count"),
+        ({"name": 5}, "name"),
+        ({"inner": {"ratio": "0.1"}}, "inner.ratio"),
+        ({"inner": {"names": "a"}}, "inner.names"),
+        ({"inner": {"names": [1]}}, "inner.names[0]"),
+        ({"inner": []}, "inner"),
+        ({"typo": 1}, "typo"),
+        ({"count": 0}, "count"),
+        ({"inner": {"ratio": 2}}, "inner.ratio"),
+    ],
+)
+def test_no_value_is_coerced_and_the_error_names_the_option(raw: dict[str, Any], path: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        load_settings(_Probe, raw, "probe.yaml")
+    assert [p for p, _ in err.value.problems] == [path]
+    assert str(err.value).startswith(f"probe.yaml: {path}: ")
+
+
+def test_every_error_of_a_file_is_named_at_once() -> None:
+    raw = {"flag": "false", "count": "2", "inner": {"ratio": 7, "extra": 1}, "other": None}
+    with pytest.raises(SettingsError) as err:
+        load_settings(_Probe, raw, "f.yaml")
+    assert sorted(p for p, _ in err.value.problems) == ["count", "flag", "inner.extra", "inner.ratio", "other"]
+    assert "5 problems" in str(err.value)
+
+
+def test_lists_become_tuples_and_integers_floats_nothing_else() -> None:
+    got = load_settings(_Probe, {"inner": {"ratio": 1, "names": ["p", "q"]}, "count": 3})
+    assert got.inner.names == ("p", "q") and got.inner.ratio == 1.0 and isinstance(got.inner.ratio, float)
+    assert load_settings(_Probe, None) == _Probe()  # an empty file: the defaults
+    with pytest.raises(SettingsError, match="must be a mapping"):
+        load_settings(_Probe, ["not", "a", "mapping"])
+    with pytest.raises(SettingsError, match="not plain data"):
+        load_settings(_Probe, {"name": object()})
+
+
+@given(st.one_of(st.text(), st.integers(), st.floats(allow_nan=False), st.lists(st.integers(), max_size=2)))
+def test_a_boolean_option_takes_only_a_boolean(value: object) -> None:
+    with pytest.raises(SettingsError):
+        load_settings(_Probe, {"flag": value})
+
+
+def test_settings_are_frozen() -> None:
+    s = _Probe()
+    with pytest.raises(ValueError):
+        s.flag = True  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------------------- generated files
+
+
+def test_the_generated_reference_and_schema_are_the_ones_in_the_repo() -> None:
+    files = generated()
+    assert files, "nothing generated"
+    for name, text in files.items():
+        on_disk = DOCS / name
+        assert on_disk.is_file(), f"{on_disk} missing: run `python -m extender.processes.settings_reference`"
+        assert on_disk.read_text() == text, f"{on_disk} is stale: run `python -m extender.processes.settings_reference`"
+    assert sorted(p.name for p in DOCS.iterdir()) == sorted(files)  # nothing left over from a removed model
+
+
+def test_the_agent_reference_loads_back_to_the_defaults() -> None:
+    """The generated reference is a file users may copy: it must mean exactly the defaults."""
+    got = load_agent_config(str(DOCS / "agent.yaml"), node_name="n", allow_plaintext=True)
+    assert got == AgentConfig(node_name="n", allow_plaintext=True)
+    schema = json.loads((DOCS / "agent.schema.json").read_text())
+    assert schema["additionalProperties"] is False and "allow_plaintext" in schema["properties"]
+    assert schema["properties"]["allow_plaintext"]["type"] == "boolean"
+
+
+def _leaves(doc: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(doc, dict):
+        out: dict[str, Any] = {}
+        for k, v in doc.items():
+            out |= _leaves(v, f"{prefix}.{k}" if prefix else k)
+        return out
+    return {prefix: doc}
+
+
+def test_the_deployed_agent_config_holds_only_what_differs_from_the_defaults() -> None:
+    raw = yaml.safe_load((ROOT / "config" / "agent" / "agent.yaml").read_text())["agent"]
+    defaults = AgentConfig(node_name="n", allow_plaintext=True).model_dump(mode="json")
+    for path, value in _leaves(raw).items():
+        default: Any = defaults
+        for part in path.split("."):
+            default = default[part]
+        assert value != default, f"config/agent/agent.yaml sets {path} to its default ({value!r}): drop it"
+    load_agent_config(str(ROOT / "config" / "agent" / "agent.yaml"), node_name="n")  # and it is valid
