@@ -181,7 +181,10 @@ class Bench:
         self.flow = ConsolidationFlow(settings)
         self.api = self.loop.run_until_complete(new_api_client(KubernetesConfig(kubeconfig=env["KUBECONFIG"])))
         self.flow.attach(self.api, ExtenderConfig().bind)
-        self.client = AgentClient(AgentTlsConfig(cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"]),
+        self.client = AgentClient(
+            AgentTlsConfig(
+                cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"]
+            ),
                                   timeout_seconds=10)  # fmt: skip
 
     def close(self) -> None:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from pydantic import Field
 
 from extender.agent.config import AgentConfig, load_agent_config
-from extender.settings import Settings, SettingsError, load_settings
 from extender.processes.settings_reference import generated
+from extender.settings import Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "settings"
