@@ -46,7 +46,7 @@ from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE
 from extender.autoscaler.main import start_autoscaler
 from extender.config import ExtenderConfig, KubernetesConfig
 from extender.consolidation import decide
-from extender.consolidation.config import ConsolidationSettings
+from extender.consolidation.config import AgentEndpoint, ConsolidationSettings
 from extender.consolidation.flow import ConsolidationFlow
 from extender.core.model import Flavour, Resources
 from extender.kube.client import ApiError, new_api_client, read_json
@@ -237,8 +237,13 @@ async def test_underutilised_batch_node_is_emptied_through_the_agents_and_delete
             metrics_port=0,
         )
         cert, key = pki.tls("ctl").cert_file, pki.tls("ctl").key_file
-        flow = ConsolidationFlow(ConsolidationSettings(enabled=True, cert_file=cert, key_file=key, ca_file=str(pki.ca),
-                                                       left_alone_seconds=3600.0))  # fmt: skip
+        flow = ConsolidationFlow(
+            ConsolidationSettings(
+                enabled=True,
+                agent=AgentEndpoint(cert_file=cert, key_file=key, ca_file=str(pki.ca)),
+                left_alone_seconds=3600.0,
+            )
+        )
         running = await start_autoscaler(config, settings, handoff=flow)
         await flow.start(running)
         try:
@@ -275,8 +280,11 @@ async def test_underutilised_batch_node_is_emptied_through_the_agents_and_delete
             await w.create_pod(_pod("job-c", node["flaky"], "500m", progress=77.0))
             await _until("job-c Running", 30, lambda: w.running("job-c"))
             t2 = time.monotonic()
-            await _until("a consolidation attempt on 'flaky'", 60,
-                         lambda: _async([o for o in flow.outcomes if o.node == node["flaky"]]))  # fmt: skip
+            await _until(
+                "a consolidation attempt on 'flaky'",
+                60,
+                lambda: _async([o for o in flow.outcomes if o.node == node["flaky"]]),
+            )
             t_failed = time.monotonic() - t2
             failed = next(o for o in flow.outcomes if o.node == node["flaky"])
             assert not failed.removed and [m["outcome"] for m in failed.moves] == ["rolled_back"], failed

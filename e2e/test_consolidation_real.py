@@ -49,7 +49,7 @@ from extender.autoscaler.loop import ProvisionRequest
 from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
 from extender.config import ExtenderConfig, KubernetesConfig
 from extender.consolidation import decide
-from extender.consolidation.config import ConsolidationSettings
+from extender.consolidation.config import AgentEndpoint, ConsolidationSettings
 from extender.consolidation.flow import ConsolidationFlow
 from extender.core.model import Flavour, Resources
 
@@ -181,16 +181,26 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
     settings = AutoscalerSettings(
         scheduler_names=("qos-scheduler",),
         flavours=(Flavour("m1.large", Resources(4000, 8 * GI, 110), 0.2),),
-        scan_interval_seconds=0.5, burst_debounce_seconds=0.2, batch_cycle_seconds=300.0,
+        scan_interval_seconds=0.5,
+        burst_debounce_seconds=0.2,
+        batch_cycle_seconds=300.0,
         idle_seconds=3600.0,  # empty-node removal is not what is tested: only the flow removes a node here
-        underutil_sustain_seconds=2.0, batch_queue_quiet_seconds=2.0, metrics_port=0,
-    )  # fmt: skip
-    flow = ConsolidationFlow(ConsolidationSettings(
-        enabled=True, cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"],
-        migration_timeout_seconds=180, destination_ready_timeout_seconds=90,
-        left_alone_seconds=3.0,  # the skipped node is looked at again soon after the annotation goes
-        provisioned_only=False,  # real nodes are not bought by the autoscaler; this test owns them
-    ))  # fmt: skip
+        underutil_sustain_seconds=2.0,
+        batch_queue_quiet_seconds=2.0,
+        metrics_port=0,
+    )
+    flow = ConsolidationFlow(
+        ConsolidationSettings(
+            enabled=True,
+            agent=AgentEndpoint(
+                cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"]
+            ),
+            migration_timeout_seconds=180,
+            destination_ready_timeout_seconds=90,
+            left_alone_seconds=3.0,  # the skipped node is looked at again soon after the annotation goes
+            provisioned_only=False,  # real nodes are not bought by the autoscaler; this test owns them
+        )
+    )
     machines = RealMachineProvider(env)
 
     async def start() -> RunningAutoscaler:
@@ -294,8 +304,17 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
     assert {"ConsolidationSkipped", "ConsolidationStarted", "ConsolidatedNodeRemoved"} <= reasons, reasons
     product.timings.update({"consolidation_unpinned_to_removed_seconds": round(seconds, 3),
                             "consolidation_move_seconds": float(move["seconds"])})  # fmt: skip
-    print("\nconsolidation on real nodes:", json.dumps({
-        "source": source, "destination": dest, "unpinned_to_removed_seconds": round(seconds, 3),
-        "move_seconds": move["seconds"], "archive_bytes": record["meta"]["archive_bytes"],
-        "first_restored_tick": after[0], "last_tick_before_cutover": before_cut[-1],
-    }))  # fmt: skip
+    print(
+        "\nconsolidation on real nodes:",
+        json.dumps(
+            {
+                "source": source,
+                "destination": dest,
+                "unpinned_to_removed_seconds": round(seconds, 3),
+                "move_seconds": move["seconds"],
+                "archive_bytes": record["meta"]["archive_bytes"],
+                "first_restored_tick": after[0],
+                "last_tick_before_cutover": before_cut[-1],
+            }
+        ),
+    )

@@ -34,7 +34,7 @@ import pytest
 from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
 from e2e.ticks import LogFollower, logged_ticks
 from extender.config import ExtenderConfig, KubernetesConfig
-from extender.consolidation.config import ConsolidationSettings
+from extender.consolidation.config import AgentEndpoint, ConsolidationSettings
 from extender.consolidation.decide import MoveVerdict
 from extender.consolidation.flow import ConsolidationFlow
 from extender.kube.client import new_api_client
@@ -93,9 +93,13 @@ def flow(product: Product) -> Iterator[ConsolidationFlow]:  # noqa: F811
     missing = [k for k in ("AGENT_CA", "AGENT_CLIENT_CERT", "AGENT_CLIENT_KEY") if not env.get(k)]
     assert not missing, f"hack/deploy-local.sh did not print {missing}"
     settings = ConsolidationSettings(
-        enabled=True, cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"],
-        migration_timeout_seconds=180, destination_ready_timeout_seconds=90,
-    )  # fmt: skip
+        enabled=True,
+        agent=AgentEndpoint(
+            cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"]
+        ),
+        migration_timeout_seconds=180,
+        destination_ready_timeout_seconds=90,
+    )
     f = ConsolidationFlow(settings)
     loop = asyncio.new_event_loop()
     api = loop.run_until_complete(new_api_client(KubernetesConfig(kubeconfig=env["KUBECONFIG"])))

@@ -17,12 +17,13 @@ import yaml
 
 from extender.autoscaler.config import AutoscalerSettings, parse_autoscaler_config
 from extender.autoscaler.view import GATED_DEMAND_SECONDS
-from extender.config import ConfigError, ExtenderConfig, parse_config
+from extender.config import ExtenderConfig, parse_config
 from extender.consolidation.config import ConsolidationSettings, parse_consolidation_config
 from extender.core.model import InvalidInputError
 from extender.processes import agent as agent_process
 from extender.processes import autoscaler as autoscaler_process
 from extender.processes import serve as serve_process
+from extender.settings import SettingsError
 
 if TYPE_CHECKING:
     from extender.sim.product import ProductSettings
@@ -108,7 +109,7 @@ def load_product_settings(config_dir: str | Path) -> ProductSettings:
         extender = parse_config(ext)
         autoscaler = parse_autoscaler_config(scaler, extender)
         consolidation = parse_consolidation_config(cons)
-    except ConfigError as exc:
+    except SettingsError as exc:
         raise InvalidInputError(f"--product-config {root}: {exc}") from exc
     return product_settings(extender, autoscaler, consolidation)
 

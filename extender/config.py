@@ -28,6 +28,7 @@ from extender.core.model import (
     memory_bytes,
 )
 from extender.core.qos import RECOMMENDED_HYSTERESIS_SECONDS, RECOMMENDED_QUANTUM_SECONDS, QosPolicy
+from extender.settings import SettingsError
 
 T = TypeVar("T")
 
@@ -73,7 +74,7 @@ SCHEDULER_CLIENT_CN = "kube-scheduler-extender-client"
 METRICS_CLIENT_CN = "prometheus-extender-client"
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingsError):
     """The configuration file is unusable; the message names the offending option."""
 
 

@@ -11,7 +11,7 @@ import pytest
 from extender.agent.backends.simulated import PROGRESS_ANNOTATION, STOPPED_ANNOTATION
 from extender.agent.protocol import check_migration_id
 from extender.autoscaler.handoff import Consolidation
-from extender.config import ConfigError, ExtenderConfig
+from extender.config import ExtenderConfig
 from extender.consolidation import decide
 from extender.consolidation.config import ConsolidationSettings, load_consolidation_config, parse_consolidation_config
 from extender.consolidation.decide import MoveVerdict
@@ -19,6 +19,7 @@ from extender.core import reschedule
 from extender.core.model import Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.core.reschedule import MigrationPlan
 from extender.kube.convert import node_from_k8s, pod_from_k8s
+from extender.settings import SettingsError
 from tests.test_autoscaler_loop import LARGE, SMALL, loop, node, pod, snap
 
 GI = 2**30
@@ -350,9 +351,9 @@ def test_node_from_k8s_sees_our_cordon() -> None:
 
 def test_config_defaults_off_and_strict(tmp_path: Path) -> None:
     assert parse_consolidation_config({}) == ConsolidationSettings()
-    with pytest.raises(ConfigError, match=r"consolidation\.agent: cert_file"):
+    with pytest.raises(SettingsError, match=r"consolidation\.agent: cert_file"):
         parse_consolidation_config({"consolidation": {"enabled": True}})
-    with pytest.raises(ConfigError, match=r"consolidation\.bogus"):
+    with pytest.raises(SettingsError, match=r"consolidation\.bogus"):
         parse_consolidation_config({"consolidation": {"bogus": 1}})
     for name in ("c.crt", "c.key", "ca.crt"):
         (tmp_path / name).write_text("x")
@@ -364,8 +365,8 @@ def test_config_defaults_off_and_strict(tmp_path: Path) -> None:
     s = load_consolidation_config(f)
     assert s.enabled and s.agent_port == 9555 and s.cert_file == str(tmp_path / "c.crt")
     assert s.left_alone_seconds == 10.0 and s.batch_queue_quiet_seconds == 0.0
-    default = Path(__file__).resolve().parents[1] / "extender" / "consolidation" / "consolidation.yaml"
-    assert load_consolidation_config(default) == ConsolidationSettings()
+    default = Path(__file__).resolve().parents[1] / "docs" / "settings" / "consolidation.yaml"
+    assert load_consolidation_config(default) == ConsolidationSettings()  # the generated reference: the defaults
 
 
 def test_cli_consolidation_config_errors_exit_2_and_the_default_file_checks(
@@ -379,7 +380,7 @@ def test_cli_consolidation_config_errors_exit_2_and_the_default_file_checks(
     args = build_parser().parse_args(["autoscaler", "--consolidation-config", str(bad), "--check-config"])
     assert run_autoscaler_command(args) == 2
     assert "consolidation.agent: cert_file" in capsys.readouterr().err
-    default = Path(__file__).resolve().parents[1] / "extender" / "consolidation" / "consolidation.yaml"
+    default = Path(__file__).resolve().parents[1] / "docs" / "settings" / "consolidation.yaml"
     args = build_parser().parse_args(["autoscaler", "--consolidation-config", str(default), "--check-config"])
     assert run_autoscaler_command(args) == 0
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pydantic import Field
 
 from extender.agent.config import AgentConfig, load_agent_config
+from extender.consolidation.config import ConsolidationSettings
 from extender.processes.settings_reference import generated
 from extender.settings import Settings, SettingsError, load_settings
 
@@ -125,12 +126,26 @@ def _leaves(doc: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: doc}
 
 
-def test_the_deployed_agent_config_holds_only_what_differs_from_the_defaults() -> None:
-    raw = yaml.safe_load((ROOT / "config" / "agent" / "agent.yaml").read_text())["agent"]
-    defaults = AgentConfig(node_name="n", allow_plaintext=True).model_dump(mode="json")
-    for path, value in _leaves(raw).items():
-        default: Any = defaults
-        for part in path.split("."):
+DEPLOYED: list[tuple[str, str, Any]] = [
+    ("config/agent/agent.yaml", "agent", AgentConfig(node_name="n", allow_plaintext=True)),
+    ("config/autoscaler/consolidation/consolidation.yaml", "consolidation", ConsolidationSettings()),
+]
+
+
+@pytest.mark.parametrize(("path", "top", "defaults"), DEPLOYED, ids=[d[0] for d in DEPLOYED])
+def test_a_deployed_config_holds_only_what_differs_from_the_defaults(path: str, top: str, defaults: Any) -> None:
+    """No whole copies of the defaults in the manifests (they drifted from the code before): each key a deployed
+    file sets is one whose value differs, and every key is an option (the loader refuses unknown ones)."""
+    raw = yaml.safe_load((ROOT / path).read_text())
+    assert list(raw) == [top]
+    values = defaults.model_dump(mode="json")
+    for leaf, value in _leaves(raw[top]).items():
+        default: Any = values
+        for part in leaf.split("."):
+            assert isinstance(default, dict) and part in default, f"{path}: {leaf} is no option"
             default = default[part]
-        assert value != default, f"config/agent/agent.yaml sets {path} to its default ({value!r}): drop it"
-    load_agent_config(str(ROOT / "config" / "agent" / "agent.yaml"), node_name="n")  # and it is valid
+        assert value != default, f"{path} sets {leaf} to its default ({value!r}): drop it"
+
+
+def test_the_deployed_agent_config_is_valid() -> None:
+    load_agent_config(str(ROOT / "config" / "agent" / "agent.yaml"), node_name="n")

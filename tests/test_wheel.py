@@ -48,7 +48,6 @@ T = TypeVar("T")
 PACKAGE_DATA = (
     "extender/py.typed",
     "extender/autoscaler/autoscaler.yaml",
-    "extender/consolidation/consolidation.yaml",
     "extender/sim/data/validation1.csv",
     "extender/sim/data/validation-20-hosts.txt",
 )

@@ -1,95 +1,102 @@
-"""Configuration of the consolidation flow: the ``consolidation:`` section of its own YAML file
-(``qos-extender autoscaler --consolidation-config FILE``), strict like the other config files."""
+"""Settings of the consolidation flow: the ``consolidation:`` section of its own YAML file
+(``qos-extender autoscaler --consolidation-config FILE``), on the strict settings base (extender.settings).
+Every option with its default: docs/settings/consolidation.yaml (generated from these models)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from extender.config import (
-    ConfigError,
-    load_yaml_config,
-    read_bool,
-    read_file_path,
-    read_int,
-    read_number,
-    read_req_str,
-    section,
-)
+from pydantic import Field, model_validator
 
-__all__ = ["ConsolidationSettings", "load_consolidation_config", "parse_consolidation_config"]
+from extender.settings import ExistingFile, Settings, load_settings, load_yaml_file
+
+__all__ = ["AgentEndpoint", "ConsolidationSettings", "load_consolidation_config", "parse_consolidation_config"]
 
 
-@dataclass(frozen=True, slots=True)
-class ConsolidationSettings:
+class AgentEndpoint(Settings):
+    """The node agents (`qos-extender agent`, a DaemonSet on the host network). A node's agent is the URL in its
+    annotation qos.kube-qos-extender.io/agent-url, else scheme://<node InternalIP>:port."""
+
+    port: int = Field(9443, ge=1, le=65535)
+    """The agents' port."""
+    scheme: Literal["https", "http"] = "https"
+    """https (mTLS) in every real cluster; http only against plaintext test agents."""
+    cert_file: ExistingFile | None = None
+    """mTLS client certificate signed by the agents' CA (required with https when enabled)."""
+    key_file: ExistingFile | None = None
+    """Its private key."""
+    ca_file: ExistingFile | None = None
+    """The agents' CA."""
+
+
+class ConsolidationSettings(Settings):
+    """The consolidation flow (issue 8): empty under-used nodes by migrating their batch pods, then hand the empty
+    node to the autoscaler. Off unless enabled. When and which nodes (threshold, sustain period, quiet batch queue)
+    are the autoscaler's options (underutil_threshold, underutil_sustain_seconds, batch_queue_quiet_seconds)."""
+
     enabled: bool = False
-    # the agents (DaemonSet, host network): node annotation qos.kube-qos-extender.io/agent-url, else
-    # scheme://<node InternalIP>:agent_port; mTLS with a certificate signed by the agents' CA
-    agent_port: int = 9443
-    agent_scheme: str = "https"
-    cert_file: str | None = None
-    key_file: str | None = None
-    ca_file: str | None = None
-    migration_timeout_seconds: float = 300.0  # one POST /v1/migrations answers when the migration has ended
-    request_attempts: int = 3  # a POST without an answer is repeated with the same id (idempotent)
-    destination_scheduler_name: str = "qos-consolidation"  # served by nobody: only our Binding places the pod
-    destination_ready_timeout_seconds: float = 60.0
-    left_alone_seconds: float = 3600.0  # a node whose plan could not complete is not tried again before this
-    provisioned_only: bool = True  # only nodes labelled provisioned-by=qos-autoscaler are consolidated
-    batch_queue_quiet_seconds: float | None = None  # None: the autoscaler's batch_queue_quiet_seconds
+    """Run the flow."""
+    agent: AgentEndpoint = AgentEndpoint()
+    migration_timeout_seconds: float = Field(300.0, gt=0, allow_inf_nan=False)
+    """One POST /v1/migrations answers when the migration has ended (checkpoint, transfer, restore)."""
+    request_attempts: int = Field(3, ge=1, le=100)
+    """An unanswered migration request is repeated (same id: the agent answers the recorded outcome)."""
+    destination_scheduler_name: str = Field("qos-consolidation", min_length=1, max_length=253)
+    """Destination pods are created with this schedulerName (served by no scheduler) and bound by our binder."""
+    destination_ready_timeout_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
+    """How long a restored destination pod may take to become Ready."""
+    left_alone_seconds: float = Field(3600.0, ge=0, allow_inf_nan=False)
+    """A node whose plan could not complete is uncordoned and not tried again for this long."""
+    provisioned_only: bool = True
+    """Only nodes labelled qos.kube-qos-extender.io/provisioned-by=qos-autoscaler are consolidated (and deleted);
+    false under cluster-autoscaler, whose nodes carry no such label."""
+    batch_queue_quiet_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
+    """Extra quiet-queue gate checked right before a node is started; null: the autoscaler's value."""
 
+    @model_validator(mode="after")
+    def _mtls_when_enabled(self) -> ConsolidationSettings:
+        a = self.agent
+        if self.enabled and a.scheme == "https" and (a.cert_file is None or a.key_file is None or a.ca_file is None):
+            raise ValueError(
+                "agent: cert_file, key_file and ca_file are required (the agents accept mTLS clients only)"
+            )
+        return self
 
-SECTION = {
-    "enabled",
-    "agent",
-    "migration_timeout_seconds",
-    "request_attempts",
-    "destination_scheduler_name",
-    "destination_ready_timeout_seconds",
-    "left_alone_seconds",
-    "provisioned_only",
-    "batch_queue_quiet_seconds",
-}
+    # the flow's names for the agent endpoint
+    @property
+    def agent_port(self) -> int:
+        return self.agent.port
+
+    @property
+    def agent_scheme(self) -> str:
+        return self.agent.scheme
+
+    @property
+    def cert_file(self) -> str | None:
+        return self.agent.cert_file
+
+    @property
+    def key_file(self) -> str | None:
+        return self.agent.key_file
+
+    @property
+    def ca_file(self) -> str | None:
+        return self.agent.ca_file
 
 
 def parse_consolidation_config(raw: object, base: Path | None = None) -> ConsolidationSettings:
-    top = section(raw, "", {"consolidation"})
-    p = "consolidation"
-    c = section(top.get("consolidation"), p, SECTION)
-    a = section(c.get("agent"), f"{p}.agent", {"port", "scheme", "cert_file", "key_file", "ca_file"})
-    scheme = read_req_str(a, "scheme", f"{p}.agent", "https", choices=("https", "http"))
-    cert, key, ca = (read_file_path(a, k, f"{p}.agent", base) for k in ("cert_file", "key_file", "ca_file"))
-    enabled = read_bool(c, "enabled", p, False)
-    if enabled and scheme == "https" and (cert is None or key is None or ca is None):
-        raise ConfigError(
-            f"{p}.agent: cert_file, key_file and ca_file are required (the agents accept mTLS clients only)"
-        )
-    quiet = c.get("batch_queue_quiet_seconds")
-    name = read_req_str(c, "destination_scheduler_name", p, "qos-consolidation")
-    if not name or len(name) > 253:
-        raise ConfigError(f"{p}.destination_scheduler_name: must be a non-empty name, got {name!r}")
-    return ConsolidationSettings(
-        enabled=enabled,
-        agent_port=read_int(a, "port", f"{p}.agent", 9443, minimum=1, maximum=65535),
-        agent_scheme=scheme,
-        cert_file=cert,
-        key_file=key,
-        ca_file=ca,
-        migration_timeout_seconds=read_number(c, "migration_timeout_seconds", p, 300.0, minimum=0, exclusive_min=True),
-        request_attempts=read_int(c, "request_attempts", p, 3, minimum=1, maximum=100),
-        destination_scheduler_name=name,
-        destination_ready_timeout_seconds=read_number(
-            c, "destination_ready_timeout_seconds", p, 60.0, minimum=0, exclusive_min=True
-        ),
-        left_alone_seconds=read_number(c, "left_alone_seconds", p, 3600.0, minimum=0),
-        provisioned_only=read_bool(c, "provisioned_only", p, True),
-        batch_queue_quiet_seconds=None
-        if quiet is None
-        else read_number(c, "batch_queue_quiet_seconds", p, 0, minimum=0),
-    )
+    """A parsed document of the file (``{consolidation: {...}}``); ``base`` resolves relative certificate paths."""
+    if raw is None:
+        raw = {}
+    if isinstance(raw, dict) and set(raw) <= {"consolidation"}:
+        return load_settings(ConsolidationSettings, raw.get("consolidation"), prefix="consolidation", base=base)
+    return load_settings(_File, raw, base=base).consolidation
+
+
+class _File(Settings):
+    consolidation: ConsolidationSettings = ConsolidationSettings()
 
 
 def load_consolidation_config(path: str | Path) -> ConsolidationSettings:
-    return load_yaml_config(
-        Path(path), "consolidation config", lambda raw, base: parse_consolidation_config(raw, base=base)
-    )
+    return load_yaml_file(ConsolidationSettings, path, top="consolidation")

@@ -12,7 +12,8 @@ import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
-from extender.config import ConfigError, ExtenderConfig, load_config
+from extender.config import ExtenderConfig, load_config
+from extender.settings import SettingsError
 from extender.signals import stop_event
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, help="override autoscaler.metrics.port (0: any free port)")
     parser.add_argument(
         "--consolidation-config",
-        help="consolidation YAML (issue #8; extender/consolidation/consolidation.yaml): with `enabled: true` the "
+        help="consolidation YAML (issue #8; docs/settings/consolidation.yaml): with `enabled: true` the "
         "autoscaler empties under-utilised batch nodes through the node agents and deletes them",
     )
     parser.add_argument("--check-config", action="store_true", help="validate both files, print the catalogue, exit")
@@ -71,7 +72,7 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
             from extender.consolidation.config import load_consolidation_config
 
             consolidation = load_consolidation_config(args.consolidation_config)
-    except ConfigError as exc:
+    except SettingsError as exc:
         print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
         return 2
     if args.metrics_port is not None:
@@ -95,7 +96,7 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     try:
         asyncio.run(_autoscaler_process(config, settings, consolidation))
-    except ConfigError as exc:
+    except SettingsError as exc:
         print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
         return 2
     return 0

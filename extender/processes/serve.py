@@ -12,7 +12,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from extender.config import DEFAULT_CONFIG_PATH, ConfigError, ExtenderConfig, load_config
+from extender.config import DEFAULT_CONFIG_PATH, ExtenderConfig, load_config
+from extender.settings import SettingsError
 
 __all__ = ["run_serve_command", "slack_term"]
 
@@ -77,7 +78,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     try:
         config = load_config(path)
         slack = parse_slack_config(config.slack, config.policy.classes, path.resolve().parent)
-    except ConfigError as exc:
+    except SettingsError as exc:
         print(f"qos-extender serve: {exc}", file=sys.stderr)
         return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -86,7 +87,7 @@ def run_serve_command(args: argparse.Namespace) -> int:
     setup_logging(config.log_level)
     try:
         asyncio.run(_serve(config, slack))
-    except ConfigError as exc:
+    except SettingsError as exc:
         print(f"qos-extender serve: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -9,17 +9,15 @@ from pathlib import Path
 
 from extender.settings import Settings, json_schema, reference_yaml
 
-__all__ = ["FILES", "generated"]
+__all__ = ["generated"]
 
 
 def _models() -> dict[str, tuple[type[Settings], str | None]]:
     # imported here: settings sits below the shells in the layers, the generator reads their models
     from extender.agent.config import AgentConfig
+    from extender.consolidation.config import ConsolidationSettings
 
-    return {"agent": (AgentConfig, "agent")}
-
-
-FILES = ("agent",)
+    return {"agent": (AgentConfig, "agent"), "consolidation": (ConsolidationSettings, "consolidation")}
 
 
 def generated() -> dict[str, str]:

@@ -2,6 +2,22 @@
 base, so a wrong type is refused by name, every error of a file is reported at once, and the reference YAML and
 JSON Schema are generated from the same declarations (issue 28)."""
 
-from extender.settings.base import Settings, SettingsError, json_schema, load_settings, reference_yaml
+from extender.settings.base import (
+    ExistingFile,
+    Settings,
+    SettingsError,
+    json_schema,
+    load_settings,
+    load_yaml_file,
+    reference_yaml,
+)
 
-__all__ = ["Settings", "SettingsError", "json_schema", "load_settings", "reference_yaml"]
+__all__ = [
+    "ExistingFile",
+    "Settings",
+    "SettingsError",
+    "json_schema",
+    "load_settings",
+    "load_yaml_file",
+    "reference_yaml",
+]

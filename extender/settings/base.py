@@ -13,14 +13,25 @@ carried into the generated reference YAML and JSON Schema.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
 
-__all__ = ["Settings", "SettingsError", "json_schema", "load_settings", "reference_yaml"]
+__all__ = [
+    "ExistingFile",
+    "Settings",
+    "SettingsError",
+    "json_schema",
+    "load_settings",
+    "load_yaml_file",
+    "reference_yaml",
+]
 
 M = TypeVar("M", bound="Settings")
 
@@ -42,7 +53,9 @@ class SettingsError(ValueError):
     """Settings that cannot start a process. ``problems`` holds every (option path, message) found, and the
     message names them all, one per line, so a file is fixed in one pass instead of one error per restart."""
 
-    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+    def __init__(self, source: str, problems: list[tuple[str, str]] | None = None) -> None:
+        if problems is None:  # one message, already naming its option (the older loaders' form)
+            source, problems = "", [("", source)]
         self.source = source
         self.problems = problems
         lines = [f"{path}: {msg}" if path else msg for path, msg in problems]
@@ -51,6 +64,21 @@ class SettingsError(ValueError):
             super().__init__(head + lines[0])
         else:
             super().__init__(head + f"{len(lines)} problems\n  " + "\n  ".join(lines))
+
+
+def _existing_file(value: str, info: ValidationInfo) -> str:
+    """A path to a file that must exist at start; relative paths are taken from the settings file's folder
+    (validation context ``base``), so a file and the certificates beside it move together."""
+    path = Path(value)
+    base = (info.context or {}).get("base")
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    if not path.is_file():
+        raise ValueError(f"file {str(path)!r} does not exist")
+    return str(path)
+
+
+ExistingFile = Annotated[str, AfterValidator(_existing_file)]
 
 
 def _path(prefix: str, loc: tuple[int | str, ...]) -> str:
@@ -69,17 +97,29 @@ def problems_of(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         msg = err["msg"]
+        path = _path(prefix, loc)
+        if err["type"] == "value_error":  # a validator of ours: its own words, "option: why" naming the option
+            msg = str((err.get("ctx") or {}).get("error") or msg)
+            head, sep, rest = msg.partition(": ")
+            if sep and _OPTION.match(head):
+                path, msg = (f"{path}.{head}" if path else head), rest
+            out.append((path, msg))
+            continue
         if err["type"] == "extra_forbidden":
             msg = "unknown option"
         elif err["type"] not in ("missing",) and "input" in err and not isinstance(err["input"], dict | list):
             msg = f"{msg} (got {err['input']!r})"
-        out.append((_path(prefix, loc), msg))
+        out.append((path, msg))
     return out
 
 
-def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "") -> M:
+_OPTION = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
+
+
+def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "", base: Path | None = None) -> M:
     """Validate ``raw`` (parsed YAML: mappings, lists, scalars; None for an empty file) into ``model``; every
-    error of it raised at once as a ``SettingsError`` naming each option by its path (``prefix`` first)."""
+    error of it raised at once as a ``SettingsError`` naming each option by its path (``prefix`` first).
+    ``base``: the folder relative ``ExistingFile`` paths are read from."""
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
@@ -89,9 +129,32 @@ def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "
     except TypeError as exc:  # a YAML timestamp or a non-string key: not a value any option takes
         raise SettingsError(source, [(prefix, f"not plain data: {exc}")]) from exc
     try:
-        return model.model_validate_json(text)
+        return model.model_validate_json(text, context={"base": base})
     except ValidationError as exc:
         raise SettingsError(source, problems_of(exc, prefix)) from None
+
+
+def load_yaml_file(model: type[M], path: str | Path, top: str | None = None) -> M:
+    """Read one settings file: YAML, optionally all under one ``top`` key (``consolidation:``); every error
+    reported at once, prefixed with the file's name. Relative file options are read from the file's folder."""
+    p = Path(path)
+    source = str(p)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(source, [("", f"cannot read: {exc.strerror or exc}")]) from exc
+    except yaml.YAMLError as exc:
+        raise SettingsError(source, [("", f"not valid YAML: {exc}")]) from exc
+    if top is not None:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise SettingsError(source, [("", f"must be a mapping with {top}:, got {type(raw).__name__}")])
+        others = sorted(str(k) for k in raw if k != top)
+        if others:
+            raise SettingsError(source, [(k, f"unknown option (this file holds only {top}:)") for k in others])
+        raw = raw.get(top)
+    return load_settings(model, raw, source, prefix=top or "", base=p.resolve().parent)
 
 
 def json_schema(model: type[Settings]) -> str:

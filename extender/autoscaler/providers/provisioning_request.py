@@ -143,6 +143,7 @@ class TrackedRequest:
     templates: tuple[str, ...] = ()
     provisioned_at: float | None = None
     done: set[str] = field(default_factory=set)  # ledger names whose pods all bound (or went)
+    outcome: str | None = None  # how it ended: fulfilled, failed, delivered, timed_out, deleted (None: open)
 
 
 def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -322,6 +323,7 @@ class ProvisioningRequestProvider:
             self._withdrawn.add(name)  # retried at the next sync, never adopted meanwhile
         if tracked is None:
             return
+        tracked.outcome = outcome
         for node in tracked.nodes:
             self._by_node.pop(node, None)
         await self._delete_templates(tracked.templates)
@@ -435,6 +437,7 @@ class ProvisioningRequestProvider:
         for name in [n for n in self.requests if n not in seen and now - self.requests[n].created_at > 30]:
             # deleted by someone else: its nodes are forgotten like a failure (planned again if still needed)
             tracked = self.requests.pop(name)
+            tracked.outcome = "deleted"
             for node in tracked.nodes:
                 self._by_node.pop(node, None)
             self.failed.extend(tracked.nodes)
