@@ -117,6 +117,16 @@ def test_the_agent_reference_loads_back_to_the_defaults() -> None:
     assert schema["properties"]["allow_plaintext"]["type"] == "boolean"
 
 
+def test_every_generated_reference_means_the_defaults() -> None:
+    from extender.controller.slack_config import SlackConfig, parse_slack_config
+
+    consolidation = yaml.safe_load((DOCS / "consolidation.yaml").read_text())
+    assert load_settings(ConsolidationSettings, consolidation["consolidation"]) == ConsolidationSettings()
+    slack = yaml.safe_load((DOCS / "slack.yaml").read_text())
+    assert parse_slack_config(slack["slack"]) == SlackConfig()
+    assert "# Classes per resource" in (DOCS / "slack.yaml").read_text()  # the descriptions are carried
+
+
 def _leaves(doc: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(doc, dict):
         out: dict[str, Any] = {}

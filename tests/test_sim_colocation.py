@@ -226,7 +226,7 @@ def test_missing_alibaba_file_unknown_policy_and_misplaced_flags_are_clear_error
     short = ServiceUsage(usage.sample_seconds, {}, {})
     with pytest.raises(InvalidInputError, match="no usage trace for services"):
         simulate_colocation(w, short, "product-colocate")
-    settings = dataclasses.replace(colocation_settings(), refresh_seconds=450.0)
+    settings = colocation_settings().model_copy(update={"refresh_seconds": 450.0})
     with pytest.raises(InvalidInputError, match="multiple of the usage sample step"):
         simulate_colocation(w, usage, "product-colocate", settings=settings)
     assert main(["simulate", "--workload", "htas-stable", "--days", "3"]) == 2

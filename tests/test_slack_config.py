@@ -8,17 +8,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from extender.config import DEFAULT_CONFIG_PATH, load_config
 from extender.controller.slack import settings_from_config
 from extender.controller.slack_config import SlackConfig, parse_slack_config
 from extender.core.model import DEFAULT_CLASSES
+from extender.settings import SettingsError
 
 
 def test_the_shipped_section_is_the_defaults_and_off() -> None:
     config = load_config(DEFAULT_CONFIG_PATH)
     got = parse_slack_config(config.slack, config.policy.classes)
     assert got == SlackConfig() and not got.enabled and not got.colocate.enabled
-    assert got.characterise.k == 20 and len(got.characterise.seeds) == 10 and got.characterise.slots == 96
+    assert (
+        got.characterise.k == 20
+        and got.characterise.seeds == 10
+        and len(got.characterise.core().seeds) == 10
+        and got.characterise.slots == 96
+    )
     assert parse_slack_config(None) == SlackConfig()
 
 
@@ -45,21 +51,21 @@ def test_an_enabled_section_reaches_the_controller_settings(tmp_path: Path) -> N
     ("raw", "message"),
     [
         ({"enabeld": True}, "slack.enabeld: unknown option"),
-        ({"enabled": "yes"}, "slack.enabled: must be true or false"),
+        ({"enabled": "yes"}, "slack.enabled: Input should be a valid boolean (got 'yes')"),
         ({"prometheus_url": "prometheus:9090"}, "slack.prometheus_url: must be an http"),
         ({"rate_window": "1m) or vector(1"}, "slack.rate_window: must be a duration"),
-        ({"refresh_seconds": 0}, "slack.refresh_seconds: must be >= 1"),
+        ({"refresh_seconds": 0}, "slack.refresh_seconds: Input should be greater than or equal to 1"),
         ({"classify_seconds": 60}, "slack.classify_seconds: must cover"),
-        ({"miss_tolerance": 1}, "slack.miss_tolerance: must be <= 0.99"),
-        ({"characterise": {"k": 0}}, "slack.characterise.k: must be between 1"),
+        ({"miss_tolerance": 1}, "slack.miss_tolerance: Input should be less than or equal to 0.99"),
+        ({"characterise": {"k": 0}}, "slack.characterise.k: Input should be greater than or equal to 1"),
         ({"characterise": {"interval_seconds": 7}}, "slack.characterise: interval_seconds must be a positive"),
         ({"colocate": {"classes": ["platinum"]}}, "slack.colocate.classes: unknown class 'platinum'"),
-        ({"colocate": {"classes": []}}, "slack.colocate.classes: must be a non-empty list"),
+        ({"colocate": {"classes": []}}, "slack.colocate.classes: Tuple should have at least 1 item"),
         ([], "slack: must be a mapping"),
     ],
 )
 def test_bad_values_are_refused_naming_the_option(raw: object, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_slack_config(raw, DEFAULT_CLASSES)
 
 
@@ -78,14 +84,16 @@ def test_serve_refuses_a_bad_section_at_start(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 2 and "slack.characterise.k: must be between 1" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "slack.characterise.k: Input should be greater than or equal to 1" in proc.stderr, (
+        proc.stderr
+    )
 
 
 def test_colocation_without_the_publisher_is_refused_naming_both_options() -> None:
     """Co-located pods request batch resources only the publisher sets on nodes: without it they stay Pending."""
-    with pytest.raises(ConfigError, match=r"slack\.colocate\.enabled.*slack\.enabled"):
+    with pytest.raises(SettingsError, match=r"slack\.colocate\.enabled.*slack\.enabled"):
         parse_slack_config({"colocate": {"enabled": True}}, DEFAULT_CLASSES)
-    with pytest.raises(ConfigError, match=r"slack\.colocate\.enabled.*slack\.enabled"):
+    with pytest.raises(SettingsError, match=r"slack\.colocate\.enabled.*slack\.enabled"):
         parse_slack_config({"enabled": False, "colocate": {"enabled": True}}, DEFAULT_CLASSES)
     got = parse_slack_config({"enabled": True, "colocate": {"enabled": True}}, DEFAULT_CLASSES)
     assert got.enabled and got.colocate.enabled

@@ -802,7 +802,7 @@ def settings_from_config(cfg: SlackConfig, classes: Mapping[str, ServiceClass], 
     """The controller's settings from a validated ``slack`` section (:mod:`extender.controller.slack_config`)."""
     return SlackSettings(
         model_path=Path(cfg.model_path),
-        config=cfg.characterise,
+        config=cfg.characterise.core(),
         history_seconds=cfg.history_seconds,
         classify_seconds=cfg.classify_seconds,
         step_seconds=cfg.step_seconds,

@@ -3,9 +3,9 @@
 Why a module of its own and not a parser in ``extender/config.py``: the section's types (the
 characterisation knobs, :class:`extender.controller.slack.SlackSettings`) belong to the slack controller, and
 config sits below the controller in the import layers. ``extender.config`` keeps the section as given
-(``ExtenderConfig.slack``); ``qos-extender serve`` validates it here at start with the same strict readers
-(unknown key, wrong type or out-of-range value: an error naming the option, exit 2), and the admission
-webhook reads its ``colocate`` part the same way.
+(``ExtenderConfig.slack``); ``qos-extender serve`` validates it here at start on the strict settings base
+(extender.settings: unknown key, wrong type or out-of-range value, every one named at once, exit 2), and the
+admission webhook reads its ``colocate`` part the same way.
 
 Off by default: lending a service's idle capacity changes what kube-scheduler admits and evicts batch pods
 when a prediction is wrong, and it needs a Prometheus that has scraped the kubelets' usage for the
@@ -14,78 +14,146 @@ observation time. A user turns it on knowing both; with it off nothing is publis
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from extender.config import ConfigError, read_bool, read_int, read_number, read_str, section
+from pydantic import Field, field_validator, model_validator
+
 from extender.core.characterise import CharacteriseConfig
 from extender.core.model import InvalidInputError, ServiceClass
+from extender.settings import Settings, SettingsError, load_settings
 
-__all__ = ["ColocateConfig", "SlackConfig", "parse_slack_config"]
+__all__ = ["CharacteriseSettings", "ColocateConfig", "SlackConfig", "parse_slack_config"]
 
 DEFAULT_PROMETHEUS_URL = "http://prometheus.monitoring.svc:9090"
 DEFAULT_MODEL_PATH = "/var/lib/kube-qos-extender/workload-model.json"
-_CHARACTERISE_KEYS = {
-    "k",
-    "seeds",
-    "interval_seconds",
-    "observation_seconds",
-    "recluster_seconds",
-    "prediction_seconds",
-}
-_KEYS = {
-    "enabled",
-    "prometheus_url",
-    "rate_window",
-    "model_path",
-    "refresh_seconds",
-    "history_seconds",
-    "classify_seconds",
-    "step_seconds",
-    "node_selector",
-    "evict",
-    "miss_tolerance",
-    "stale_seconds",
-    "characterise",
-    "colocate",
-}
+_PROMQL_DURATION = re.compile(r"^[1-9][0-9]*[smh]$")
 
 
-@dataclass(frozen=True, slots=True)
-class ColocateConfig:
+class CharacteriseSettings(Settings):
+    """Paper 004's characterisation: classes per resource (paper: 20), k-means++ seeding runs (best inertia kept),
+    interval of the day (must divide 86400), observation time before a new service gets a class (EOT),
+    re-clustering cycle and the prediction window of Eq. 3, all in seconds."""
+
+    k: int = Field(20, ge=1, le=1000)
+    """Classes per resource (an upper bound: fewer distinct services give fewer classes)."""
+    seeds: int = Field(10, ge=1, le=1000)
+    """k-means++ seeding runs; the lowest inertia wins."""
+    interval_seconds: int = Field(900, ge=1, le=86_400)
+    """One interval of the day (must divide 86400)."""
+    observation_seconds: float = Field(86_400.0, gt=0, allow_inf_nan=False)
+    """How long a new service is watched before it is given a class."""
+    recluster_seconds: float = Field(86_400.0, gt=0, allow_inf_nan=False)
+    """The re-clustering cycle."""
+    prediction_seconds: float = Field(900.0, gt=0, allow_inf_nan=False)
+    """The window of Eq. 3's max."""
+
+    def core(self) -> CharacteriseConfig:
+        """The core's knobs (seeds 0..n-1)."""
+        return CharacteriseConfig(
+            k=self.k,
+            seeds=tuple(range(self.seeds)),
+            interval_seconds=self.interval_seconds,
+            observation_seconds=self.observation_seconds,
+            recluster_seconds=self.recluster_seconds,
+            prediction_seconds=self.prediction_seconds,
+        )
+
+    @model_validator(mode="after")
+    def _core_accepts(self) -> CharacteriseSettings:
+        try:
+            self.core()
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+    # the controller's reads of the core knobs
+    @property
+    def slots(self) -> int:
+        return self.core().slots
+
+
+class ColocateConfig(Settings):
     """Which pods the admission webhook moves onto the slack: pods annotated
     ``qos.kube-qos-extender.io/colocate: "true"`` whose class is in ``classes`` (and of kind batch)."""
 
     enabled: bool = False
-    classes: tuple[str, ...] = ("bronze",)
+    """Move such pods onto the slack (needs slack.enabled: only the publisher sets the batch resources)."""
+    classes: tuple[str, ...] = Field(("bronze",), min_length=1)
+    """Service classes whose annotated batch pods are co-located."""
+
+    @field_validator("classes")
+    @classmethod
+    def _names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not all(value):
+            raise ValueError("class names must be non-empty")
+        return value
 
 
-@dataclass(frozen=True, slots=True)
-class SlackConfig:
+class SlackConfig(Settings):
+    """Batch on the slack of long-running services (paper 004, issue 16): every refresh_seconds the controller
+    classifies the running services from their usage in Prometheus, predicts what each will leave idle in the next
+    interval (Eq. 3) and publishes each node's sum as the extended resources qos.kube-qos-extender.io/batch-cpu and
+    .../batch-memory. Off by default."""
+
     enabled: bool = False
+    """Publish slack and evict on wrong predictions."""
     prometheus_url: str = DEFAULT_PROMETHEUS_URL
+    """Prometheus scraping the kubelets' /metrics/resource (or cAdvisor): http:// or https:// URL."""
     rate_window: str = "1m"
-    model_path: str = DEFAULT_MODEL_PATH
-    refresh_seconds: float = 900.0
-    history_seconds: float = 8 * 86_400.0
-    classify_seconds: float = 86_400.0
-    step_seconds: float = 60.0
-    node_selector: str | None = None
+    """Rate window of the cpu usage counter (a PromQL duration like 30s, 1m, 5m: at least two scrapes)."""
+    model_path: str = Field(DEFAULT_MODEL_PATH, min_length=1)
+    """The fitted model, kept across restarts (relative: from the config file's folder)."""
+    refresh_seconds: float = Field(900.0, ge=1.0, allow_inf_nan=False)
+    """Publish, check and evict this often."""
+    history_seconds: float = Field(8 * 86_400.0, gt=0, allow_inf_nan=False)
+    """Usage history a (re)fit reads (the paper: 8 days)."""
+    classify_seconds: float = Field(86_400.0, gt=0, allow_inf_nan=False)
+    """Usage read each refresh to classify services (must cover characterise.observation_seconds)."""
+    step_seconds: float = Field(60.0, ge=1.0, allow_inf_nan=False)
+    """Resolution of those range queries."""
+    node_selector: str | None = Field(None, min_length=1)
+    """Label selector of the nodes to publish on; null: every node."""
     evict: bool = True
-    miss_tolerance: float = 0.05
-    stale_seconds: float = 1800.0
-    characterise: CharacteriseConfig = field(default_factory=CharacteriseConfig)
-    colocate: ColocateConfig = field(default_factory=ColocateConfig)
+    """false: prediction misses are counted but nothing is evicted."""
+    miss_tolerance: float = Field(0.05, ge=0.0, le=0.99)
+    """A service leaving less idle than predicted by more than this fraction of its request is a miss."""
+    stale_seconds: float = Field(1800.0, gt=0, allow_inf_nan=False)
+    """Seconds the usage may stay unreadable before every node publishes 0 batch capacity."""
+    characterise: CharacteriseSettings = CharacteriseSettings()
+    colocate: ColocateConfig = ColocateConfig()
 
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
 
-def _rate_window(value: str, path: str) -> str:
-    """A PromQL duration (``30s``, ``1m``, ``5m``): it goes into a query, so nothing else is accepted."""
-    digits = value[:-1] if value[-1:] in ("s", "m", "h") else ""
-    if not digits.isdigit() or int(digits) == 0:
-        raise ConfigError(f"{path}: must be a duration like 30s, 1m or 5m, got {value!r}")
-    return value
+    @field_validator("rate_window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        # it goes into a PromQL query: nothing but a duration is accepted
+        if not _PROMQL_DURATION.match(value):
+            raise ValueError(f"must be a duration like 30s, 1m or 5m, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross(self) -> SlackConfig:
+        observation = self.characterise.observation_seconds
+        if self.classify_seconds < observation:
+            raise ValueError(
+                f"classify_seconds: must cover characterise.observation_seconds ({observation}), got "
+                f"{self.classify_seconds} (no new service could ever be classified)"
+            )
+        if self.colocate.enabled and not self.enabled:
+            raise ValueError(
+                "colocate.enabled: true needs slack.enabled: true (co-located pods request the batch resources"
+                " only the slack publisher sets on nodes; without it they would stay Pending)"
+            )
+        return self
 
 
 def parse_slack_config(
@@ -94,72 +162,17 @@ def parse_slack_config(
     """Validate the ``slack`` section (None: every default, i.e. off). ``classes``: the config's service
     classes, which ``colocate.classes`` must name; ``base``: the config file's folder (a relative
     ``model_path`` is resolved against it)."""
-    path = "slack"
-    s = section(raw, path, _KEYS)
-    c = section(s.get("characterise"), f"{path}.characterise", _CHARACTERISE_KEYS)
-    cp = f"{path}.characterise"
-    seeds = read_int(c, "seeds", cp, 10, minimum=1, maximum=1000)
-    try:
-        characterise = CharacteriseConfig(
-            k=read_int(c, "k", cp, 20, minimum=1, maximum=1000),
-            seeds=tuple(range(seeds)),
-            interval_seconds=read_int(c, "interval_seconds", cp, 900, minimum=1, maximum=86_400),
-            observation_seconds=read_number(c, "observation_seconds", cp, 86_400.0, minimum=0, exclusive_min=True),
-            recluster_seconds=read_number(c, "recluster_seconds", cp, 86_400.0, minimum=0, exclusive_min=True),
-            prediction_seconds=read_number(c, "prediction_seconds", cp, 900.0, minimum=0, exclusive_min=True),
-        )
-    except InvalidInputError as exc:
-        raise ConfigError(f"{cp}: {exc}") from exc
-    co = section(s.get("colocate"), f"{path}.colocate", {"enabled", "classes"})
-    names = co.get("classes", ["bronze"])
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
-        raise ConfigError(f"{path}.colocate.classes: must be a non-empty list of class names, got {names!r}")
+    got = load_settings(SlackConfig, raw, prefix="slack")
     if classes is not None:
-        unknown = sorted(set(names) - set(classes))
+        unknown = sorted(set(got.colocate.classes) - set(classes))
         if unknown:
-            raise ConfigError(
-                f"{path}.colocate.classes: unknown class {unknown[0]!r} (known: {', '.join(sorted(classes))})"
+            raise SettingsError(
+                "",
+                [("slack.colocate.classes", f"unknown class {unknown[0]!r} (known: {', '.join(sorted(classes))})")],
             )
-    model_path = read_str(s, "model_path", path, DEFAULT_MODEL_PATH)
-    assert model_path is not None
-    if base is not None and not Path(model_path).is_absolute():
-        model_path = str(base / model_path)
-    observation = characterise.observation_seconds
-    classify = read_number(s, "classify_seconds", path, 86_400.0, minimum=0, exclusive_min=True)
-    if classify < observation:
-        raise ConfigError(
-            f"{path}.classify_seconds: must cover characterise.observation_seconds ({observation}), got {classify}"
-            " (no new service could ever be classified)"
-        )
-    url = read_str(s, "prometheus_url", path, DEFAULT_PROMETHEUS_URL)
-    assert url is not None
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{path}.prometheus_url: must be an http:// or https:// URL, got {url!r}")
-    window = read_str(s, "rate_window", path, "1m")
-    assert window is not None
-    enabled = read_bool(s, "enabled", path, False)
-    colocate = read_bool(co, "enabled", f"{path}.colocate", False)
-    if colocate and not enabled:
-        raise ConfigError(
-            f"{path}.colocate.enabled: true needs {path}.enabled: true (co-located pods request the batch"
-            " resources only the slack publisher sets on nodes; without it they would stay Pending)"
-        )
-    return SlackConfig(
-        enabled=enabled,
-        prometheus_url=url,
-        rate_window=_rate_window(window, f"{path}.rate_window"),
-        model_path=model_path,
-        refresh_seconds=read_number(s, "refresh_seconds", path, 900.0, minimum=1.0),
-        history_seconds=read_number(s, "history_seconds", path, 8 * 86_400.0, minimum=0, exclusive_min=True),
-        classify_seconds=classify,
-        step_seconds=read_number(s, "step_seconds", path, 60.0, minimum=1.0),
-        node_selector=read_str(s, "node_selector", path, None),
-        evict=read_bool(s, "evict", path, True),
-        miss_tolerance=read_number(s, "miss_tolerance", path, 0.05, minimum=0.0, maximum=0.99),
-        stale_seconds=read_number(s, "stale_seconds", path, 1800.0, minimum=0, exclusive_min=True),
-        characterise=characterise,
-        colocate=ColocateConfig(enabled=colocate, classes=tuple(names)),
-    )
+    if base is not None and not Path(got.model_path).is_absolute():
+        got = got.model_copy(update={"model_path": str(base / got.model_path)})
+    return got
 
 
 def config_section(config: Any) -> object:

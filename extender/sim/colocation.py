@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -97,7 +97,7 @@ def colocation_settings() -> SlackConfig:
     """The slack section the simulator runs with: the live defaults (slack_config.SlackConfig: 15-min refresh,
     1-day observation and classification window, k = 20, 10 seeds, 24 h re-clustering, 5 % miss tolerance,
     evictions on) with co-location switched on for bronze."""
-    return replace(SlackConfig(), enabled=True, colocate=ColocateConfig(enabled=True, classes=("bronze",)))
+    return SlackConfig(enabled=True, colocate=ColocateConfig(enabled=True, classes=("bronze",)))
 
 
 @dataclass(frozen=True)
@@ -348,7 +348,7 @@ class Colocation(UsageMeter):
         st = self.stats
         st.refreshes += 1
         now = sim.now
-        cfg = self.settings.characterise
+        cfg = self.settings.characterise.core()
         nodes = [sim._core_node(n) for n in sim.nodes.values()]
         services = {p.key: p.requests for n in nodes for p in n.pods if p.kind is WorkloadKind.SERVICE}
         classes: dict[str, dict[str, int]] = {}
