@@ -213,6 +213,21 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
 
             await until("all 31 pods bound", 240, all_bound, every=0.25)
             default_seconds = bound_at["default-0"]
+
+            # ---- fulfilled requests are deleted (CA's booking ends); awaited before the purchases are compared, so
+            # every request has its outcome (one whose pods bound elsewhere is withdrawn unbought)
+            async def requests_gone() -> bool:
+                got = await read_json(
+                    await custom.list_namespaced_custom_object(
+                        "autoscaling.x-k8s.io", "v1", ns, "provisioningrequests", _preload_content=False
+                    )
+                )
+                return not got["items"]
+
+            await until("our ProvisioningRequests deleted once their pods bound", 60, requests_gone)
+            assert all(req.outcome is not None for req in provider.history), [
+                (r.name, r.outcome) for r in provider.history
+            ]
             pods = {
                 p["metadata"]["name"]: p
                 for p in (await read_json(await core.list_namespaced_pod(ns, _preload_content=False)))["items"]
@@ -279,17 +294,7 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             assert _samples(text, "qos_extender_autoscaler_expander_requests_total", "outcome").get("ok", 0) >= 1
             assert "qos_extender_autoscaler_provisioning_request_nodes_total" in text
 
-            # ---- fulfilled requests are deleted (CA's booking ends) ...
-            async def requests_gone() -> bool:
-                got = await read_json(
-                    await custom.list_namespaced_custom_object(
-                        "autoscaling.x-k8s.io", "v1", ns, "provisioningrequests", _preload_content=False
-                    )
-                )
-                return not got["items"]
-
-            await until("our ProvisioningRequests deleted once their pods bound", 60, requests_gone)
-            # ---- ... and once the pods end, CA alone removes the nodes, never one we hold: (kwok mode) a node we
+            # ---- once the pods end, CA alone removes the nodes, never one we hold: (kwok mode) a node we
             # are emptying by migration carries scale-down-disabled (consolidation.decide.cordon_patch), and a pod
             # the controller pinned keeps its node
             kept: set[str] = set()

@@ -598,3 +598,17 @@ def test_our_control_plane_prefers_nodes_consolidation_will_not_empty() -> None:
             "preferredDuringSchedulingIgnoredDuringExecution"
         ]
         assert any(want in p["preference"]["matchExpressions"] for p in preferred), path
+
+
+def test_the_controller_role_grants_its_pod_calls_and_the_local_copy_is_the_same() -> None:
+    """The QoS controller's pod verbs (release patch, re-queue get/delete/create, the watch the extender shares)
+    are granted by config/controller's ClusterRole, not more; hack/manifests' copy for local-up's extender (its
+    client-certificate user) grants the same. A copy that lagged once left a re-queue refused with 403 in CI."""
+    text = (ROOT / "extender" / "controller" / "loop.py").read_text()
+    called = set(re.findall(r"self\.core\.(\w+)\(", text))
+    pods = set().union(*(METHODS[m] for m in called if m in METHODS))
+    assert {v for _, r, v in pods if r == "pods"} == {"get", "delete", "create", "patch"}
+    granted = role_rules(CONFIG / "controller" / "clusterrole.yaml", "qos-extender-controller")
+    assert {rule for rule in granted if rule[1] == "pods"} == pods | {("", "pods", "list"), ("", "pods", "watch")}
+    local = role_rules(ROOT / "hack" / "manifests" / "qos-controller-rbac.yaml", "qos-extender-controller")
+    assert local == granted
