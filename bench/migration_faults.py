@@ -62,7 +62,7 @@ from extender.agent.client import AgentClient, PeerError  # noqa: E402
 from extender.agent.config import AgentTlsConfig  # noqa: E402
 from extender.config import ExtenderConfig, KubernetesConfig  # noqa: E402
 from extender.consolidation import decide  # noqa: E402
-from extender.consolidation.config import ConsolidationSettings  # noqa: E402
+from extender.consolidation.config import AgentEndpoint, ConsolidationSettings  # noqa: E402
 from extender.consolidation.flow import ConsolidationFlow  # noqa: E402
 from extender.kube.client import new_api_client  # noqa: E402
 from extender.kube.sync_client import Kube, KubeError  # noqa: E402
@@ -173,9 +173,11 @@ class Bench:
         env = cluster.env
         self.c = cluster
         self.loop = asyncio.new_event_loop()
+        agent = AgentEndpoint(
+            cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"], ca_file=env["AGENT_CA"]
+        )
         settings = ConsolidationSettings(
-            enabled=True, cert_file=env["AGENT_CLIENT_CERT"], key_file=env["AGENT_CLIENT_KEY"],
-            ca_file=env["AGENT_CA"], migration_timeout_seconds=180, destination_ready_timeout_seconds=60,
+            enabled=True, agent=agent, migration_timeout_seconds=180, destination_ready_timeout_seconds=60,
             request_attempts=40,  # a killed source agent is back after the kubelet's restart back-off (10 s, 20 s ..)
         )  # fmt: skip
         self.flow = ConsolidationFlow(settings)
