@@ -26,7 +26,13 @@ from kubernetes_asyncio import client as k8s
 
 from e2e.kwok_autoscaling import autoscaled_namespace, burst_pod
 from e2e.kwok_autoscaling import until as _until
-from extender.autoscaler.config import AutoscalerSettings, LagDistribution
+from extender.autoscaler.config import (
+    AutoscalerSettings,
+    KwokSettings,
+    LagDistribution,
+    LagSettings,
+    MetricsSettings,
+)
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, Decisions
 from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
 from extender.config import ExtenderConfig, KubernetesConfig
@@ -80,9 +86,9 @@ async def test_burst_scale_up_ledger_and_idle_scale_down(cluster: tuple[Any, str
         provisioning_timeout_seconds=60.0,
         underutil_sustain_seconds=600.0,
         batch_queue_quiet_seconds=600.0,
-        lag_default_seconds=5.0,
-        metrics_port=0,
-        kwok_lag=LagDistribution("uniform", seconds=4.0, minimum=3.0, maximum=5.0, seed=7),
+        lag=LagSettings(default_seconds=5.0),
+        metrics=MetricsSettings(port=0),
+        kwok=KwokSettings(lag=LagDistribution(distribution="uniform", seconds=4.0, minimum=3.0, maximum=5.0, seed=7)),
     )
     running: RunningAutoscaler = await start_autoscaler(config, settings)
     decisions: list[Decisions] = []

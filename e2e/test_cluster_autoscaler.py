@@ -42,7 +42,9 @@ from extender.autoscaler.config import (
     AutoscalerSettings,
     CaExpanderSettings,
     CloudProviderSettings,
+    KwokSettings,
     LagDistribution,
+    MetricsSettings,
     ProvisioningRequestSettings,
 )
 from extender.autoscaler.main import start_autoscaler
@@ -157,9 +159,9 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
         provisioning_timeout_seconds=240.0,
         underutil_sustain_seconds=600.0,
         batch_queue_quiet_seconds=600.0,
-        metrics_port=0,
-        kwok_lag=LagDistribution("uniform", seconds=1.5, minimum=1.0, maximum=2.0, seed=5),
-        expander=CaExpanderSettings(
+        metrics=MetricsSettings(port=0),
+        kwok=KwokSettings(lag=LagDistribution(distribution="uniform", seconds=1.5, minimum=1.0, maximum=2.0, seed=5)),
+        cluster_autoscaler=CaExpanderSettings(
             listen="127.0.0.1:0",
             cert_file=str(certs["server.crt"]),
             key_file=str(certs["server.key"]),

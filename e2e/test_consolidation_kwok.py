@@ -41,7 +41,10 @@ from extender.agent.client import AgentClient
 from extender.agent.config import AgentConfig
 from extender.agent.events import KubeEventSink
 from extender.agent.server import Agent
-from extender.autoscaler.config import AutoscalerSettings
+from extender.autoscaler.config import (
+    AutoscalerSettings,
+    MetricsSettings,
+)
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE
 from extender.autoscaler.main import start_autoscaler
 from extender.config import ExtenderConfig, KubernetesConfig
@@ -234,7 +237,7 @@ async def test_underutilised_batch_node_is_emptied_through_the_agents_and_delete
             idle_seconds=3600.0,  # empty-node removal is not what is tested: only the flow deletes here
             underutil_sustain_seconds=2.0,
             batch_queue_quiet_seconds=2.0,
-            metrics_port=0,
+            metrics=MetricsSettings(port=0),
         )
         cert, key = pki.tls("ctl").cert_file, pki.tls("ctl").key_file
         flow = ConsolidationFlow(

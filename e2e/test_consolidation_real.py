@@ -44,7 +44,10 @@ import pytest
 from e2e.test_deployed import ROOT, Product, _ready, namespace, product  # noqa: F401  (fixtures)
 from e2e.test_migration_real import GROUP, _cid, _counter, _history, _logs, _running_tasks
 from e2e.ticks import LogFollower
-from extender.autoscaler.config import AutoscalerSettings
+from extender.autoscaler.config import (
+    AutoscalerSettings,
+    MetricsSettings,
+)
 from extender.autoscaler.loop import ProvisionRequest
 from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
 from extender.config import ExtenderConfig, KubernetesConfig
@@ -187,7 +190,7 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
         idle_seconds=3600.0,  # empty-node removal is not what is tested: only the flow removes a node here
         underutil_sustain_seconds=2.0,
         batch_queue_quiet_seconds=2.0,
-        metrics_port=0,
+        metrics=MetricsSettings(port=0),
     )
     flow = ConsolidationFlow(
         ConsolidationSettings(

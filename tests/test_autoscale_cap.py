@@ -19,7 +19,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.loop import AutoscalerLoop
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.view import AutoscalerSnapshot
@@ -27,6 +26,7 @@ from extender.config import ExtenderConfig
 from extender.core import autoscale, autoscale_scan
 from extender.core.autoscale_scan import ScanSettings, ScanState
 from extender.core.model import Flavour, InvalidInputError, Pod, Resources, WorkloadKind
+from tests.autoscaler_settings import make_settings
 
 GI = 2**30
 # cheapest per core: C1 (0.050) < C4 (0.055) < C8 (0.0575): uncapped, small pods are planned onto C1
@@ -202,7 +202,7 @@ def pod_json(name: str) -> dict[str, object]:
 
 
 def sidecar(max_nodes: int, per_cycle: int) -> tuple[AutoscalerLoop, AutoscalerSnapshot]:
-    s = AutoscalerSettings(
+    s = make_settings(
         scheduler_names=("qos-scheduler",), flavours=CATALOGUE, max_nodes=max_nodes, max_nodes_per_cycle=per_cycle
     )
     snap = AutoscalerSnapshot(CONFIG)

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, RETIRING_LABEL, AutoscalerLoop
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ExtenderConfig
@@ -30,6 +29,7 @@ from extender.sim import engine
 from extender.sim.engine import SimConfig, Simulator, State
 from extender.sim.product import ProductSettings
 from extender.sim.workloads import htas
+from tests.autoscaler_settings import make_settings
 
 CONFIG = ExtenderConfig()
 SCHEDULER = "qos-scheduler"
@@ -43,7 +43,7 @@ def _stamp(t: float) -> str:
 def _sidecar(sim: Simulator) -> AutoscalerLoop:
     """The sidecar with the product's settings (the simulator's ``ProductSettings``, as config/ ships them)."""
     p = sim.prod
-    settings = AutoscalerSettings(
+    settings = make_settings(
         scheduler_names=(SCHEDULER,),
         flavours=tuple(sim.w.flavours),
         weights=p.weights,

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, RETIRING_LABEL, AutoscalerLoop
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ExtenderConfig
 from extender.core import autoscale, autoscale_scan
 from extender.core.autoscale_scan import ScanSettings, ScanState
 from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
+from tests.autoscaler_settings import make_settings
 
 GI = 2**30
 C1 = Flavour("c1", Resources(1000, 2 * GI, 110), 0.05)
@@ -238,7 +238,7 @@ def pod_json(name: str, node: str | None, runtime: float = 600.0) -> dict[str, A
 
 
 def sidecar(**kw: Any) -> AutoscalerLoop:
-    s = AutoscalerSettings(
+    s = make_settings(
         scheduler_names=("qos-scheduler",),
         flavours=CATALOGUE,
         max_nodes=3,

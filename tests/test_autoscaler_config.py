@@ -9,8 +9,9 @@ import pytest
 
 from extender.autoscaler.config import load_autoscaler_config, parse_autoscaler_config
 from extender.cli import build_parser
-from extender.config import ConfigError, ExtenderConfig, load_config
+from extender.config import ExtenderConfig, load_config
 from extender.processes.autoscaler import run_autoscaler_command
+from extender.settings import SettingsError
 
 EXT = ExtenderConfig()  # no flavours of its own
 
@@ -39,17 +40,19 @@ def test_default_file_with_the_extender_catalogue() -> None:
         ({"flavours": []}, "empty"),
         ({}, "empty"),  # neither file has a catalogue
         ({"flavours": flavours(), "autoscaler": {"idle_second": 5}}, "unknown option"),
-        ({"flavours": flavours(), "autoscaler": {"provider": "aws"}}, "must be one of"),
+        ({"flavours": flavours(), "autoscaler": {"provider": "aws"}}, "autoscaler.provider: Input should be 'kwok'"),
         ({"flavours": flavours(), "autoscaler": {"provider": "cluster-autoscaler"}}, "cert_file"),
         ({"flavours": flavours(), "autoscaler": {"score_weights": {"cpu": 0, "memory": 0}}}, "both be zero"),
-        ({"flavours": flavours(), "autoscaler": {"kwok": {"lag": {"distribution": "gamma"}}}}, "must be one of"),
+        ({"flavours": flavours(), "autoscaler": {"kwok": {"lag": {"distribution": "gamma"}}}}, "kwok.lag.distribution"),
         ({"flavours": flavours(), "autoscaler": {"node_name_prefix": "Bad_Prefix"}}, "node_name_prefix"),
         ({"flavours": flavours(), "autoscaler": {"scan_interval_seconds": 0}}, "scan_interval_seconds"),
         ({"flavours": flavours(), "autoscaler": {"limits": {"max_nodes": 0}}}, "max_nodes"),
+        ({"flavours": flavours(), "autoscaler": {"dry_run": "false"}}, "autoscaler.dry_run: Input should be a valid"),
+        ({"flavours": flavours(), "autoscaler": {"flavours": []}}, "autoscaler.flavours"),
     ],
 )
 def test_bad_config_is_a_clear_error(doc: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(SettingsError, match=message):
         parse(doc)
 
 

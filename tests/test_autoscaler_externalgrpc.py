@@ -28,9 +28,10 @@ from extender.autoscaler.protogen import load_externalgrpc
 from extender.autoscaler.providers.externalgrpc import CloudProviderServer, NodeGroupOptions, node_message
 from extender.autoscaler.providers.kwok import node_manifest
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ConfigError, ExtenderConfig
+from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources, parse_quantity
+from extender.settings import SettingsError
 from tests.cloud_provider_client import CloudConfig, CloudProviderClient, pod_message
 
 GI = 2**30
@@ -709,11 +710,17 @@ def test_cloud_provider_config(pki: Pki, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
     bad = {
-        "cert_file": ({k: v for k, v in tls.items() if k != "cert_file"}, "cloud_provider.cert_file: required"),
-        "key_file": ({k: v for k, v in tls.items() if k != "key_file"}, "cloud_provider.key_file: required"),
-        "client_ca_file": ({**tls, "client_ca_file": None}, "cloud_provider.client_ca_file: required"),
+        "cert_file": ({k: v for k, v in tls.items() if k != "cert_file"}, "cloud_provider.cert_file: Field required"),
+        "key_file": ({k: v for k, v in tls.items() if k != "key_file"}, "cloud_provider.key_file: Field required"),
+        "client_ca_file": (
+            {**tls, "client_ca_file": None},
+            "cloud_provider.client_ca_file: Input should be a valid string",
+        ),
         "missing file": ({**tls, "cert_file": str(tmp_path / "nope.crt")}, "cloud_provider.cert_file: file"),
-        "wrong key": ({**tls, "key_file": str(pki.client_key)}, "cloud_provider.cert_file / key_file"),
+        "wrong key": (
+            {**tls, "key_file": str(pki.client_key)},
+            "cloud_provider.cert_file: with key_file, not a matching PEM",
+        ),
         "bad bundle": ({**tls, "client_ca_file": str(garbage)}, "cloud_provider.client_ca_file: not a PEM"),
         "groups": ({**tls, "groups": ["gpu"]}, "cloud_provider.groups"),
         "sizes": ({**tls, "min_size": 3, "max_size": 2}, "cloud_provider.max_size"),
@@ -721,10 +728,10 @@ def test_cloud_provider_config(pki: Pki, tmp_path: Path) -> None:
         "same port": ({**tls, "listen": "127.0.0.1:7000"}, "cloud_provider.listen: must differ"),
     }
     for what, (cloud, message) in bad.items():
-        with pytest.raises(ConfigError) as info:
+        with pytest.raises(SettingsError) as info:
             _cfg(cloud, **pem)
         assert message in str(info.value), (what, str(info.value))
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         _cfg(tls, provider="kwok", **pem)
     assert "cloud_provider: only with provider cluster-autoscaler" in str(info.value)
 
@@ -752,7 +759,7 @@ def test_cli_names_the_missing_certificate(pki: Pki, tmp_path: Path) -> None:
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert "autoscaler.cluster_autoscaler.cloud_provider.client_ca_file: required" in proc.stderr
+    assert "autoscaler.cluster_autoscaler.cloud_provider.client_ca_file: Field required" in proc.stderr
     cloud["client_ca_file"] = str(pki.ca_crt)
     path.write_text(yaml.safe_dump(doc))
     proc = subprocess.run(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from extender.autoscaler.view import GATED_DEMAND_SECONDS, AutoscalerSnapshot
 from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources
+from tests.autoscaler_settings import make_settings
 
 GI = 2**30
 SMALL = Flavour("s.small", Resources(2000, 4 * GI, 110), 0.10)
@@ -25,16 +25,16 @@ CONFIG = ExtenderConfig()
 
 
 def settings(**kw: Any) -> AutoscalerSettings:
-    base = AutoscalerSettings(
-        scheduler_names=("qos-scheduler",),
-        flavours=CATALOGUE,
-        batch_cycle_seconds=300.0,
-        idle_seconds=300.0,
-        provisioning_timeout_seconds=600.0,
-        underutil_sustain_seconds=60.0,
-        batch_queue_quiet_seconds=60.0,
-    )
-    return dataclasses.replace(base, **kw)
+    base: dict[str, Any] = {
+        "scheduler_names": ("qos-scheduler",),
+        "flavours": CATALOGUE,
+        "batch_cycle_seconds": 300.0,
+        "idle_seconds": 300.0,
+        "provisioning_timeout_seconds": 600.0,
+        "underutil_sustain_seconds": 60.0,
+        "batch_queue_quiet_seconds": 60.0,
+    }
+    return make_settings(**{**base, **kw})
 
 
 def counter() -> Any:

@@ -5,13 +5,17 @@ real cluster-autoscaler is e2e/test_cluster_autoscaler.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import orjson
 import pytest
 
-from extender.autoscaler.config import CaExpanderSettings, ProvisioningRequestSettings, parse_autoscaler_config
+from extender.autoscaler.config import (
+    CaExpanderSettings,
+    NodeReserve,
+    ProvisioningRequestSettings,
+    parse_autoscaler_config,
+)
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, AutoscalerLoop, ProvisionRequest
 from extender.autoscaler.providers.provisioning_request import (
     PLAN_ANNOTATION,
@@ -21,12 +25,13 @@ from extender.autoscaler.providers.provisioning_request import (
     provisioning_request,
 )
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ConfigError
 from extender.core import autoscale
 from extender.core.model import NodeGroup, Resources
+from extender.settings import SettingsError
 from tests.test_autoscaler_loop import CATALOGUE, CONFIG, LARGE, SMALL, counter, loop, node, pod, settings, snap
 
 GI = 2**30
+CERT = __file__  # CaExpanderSettings checks that its certificate files exist; these tests never serve TLS
 
 
 def gpod(name: str, cpu: str = "1", memory: str = "1Gi", **kw: Any) -> dict[str, Any]:
@@ -37,8 +42,12 @@ def gpod(name: str, cpu: str = "1", memory: str = "1Gi", **kw: Any) -> dict[str,
 
 
 def ca_loop(**kw: Any) -> AutoscalerLoop:
-    s = settings(provider="cluster-autoscaler", dry_run=True, expander=CaExpanderSettings(cert_file="c", key_file="k"))
-    return AutoscalerLoop(dataclasses.replace(s, **kw), CONFIG.node_groups, name_suffix=counter())
+    base: dict[str, Any] = {
+        "provider": "cluster-autoscaler",
+        "dry_run": True,
+        "expander": CaExpanderSettings(cert_file=CERT, key_file=CERT),
+    }
+    return AutoscalerLoop(settings(**{**base, **kw}), CONFIG.node_groups, name_suffix=counter())
 
 
 def test_under_cluster_autoscaler_the_loop_buys_as_requests_with_each_nodes_demand() -> None:
@@ -59,7 +68,11 @@ def test_under_cluster_autoscaler_the_loop_buys_as_requests_with_each_nodes_dema
 
 def test_without_provisioning_requests_the_ca_loop_stays_a_dry_run() -> None:
     s = snap([], [gpod("svc-0", "1500m", "1Gi")])
-    lp = ca_loop(expander=CaExpanderSettings(cert_file="c", key_file="k", provisioning_requests=None))
+    lp = ca_loop(
+        expander=CaExpanderSettings(
+            cert_file=CERT, key_file=CERT, provisioning_requests=ProvisioningRequestSettings(enabled=False)
+        )
+    )
     d = lp.step(s, now=100.0)
     assert d.provision == [] and d.plans and d.plans[0].flavour_counts
 
@@ -152,11 +165,11 @@ def test_a_request_that_never_reached_ca_does_not_count_against_the_pod() -> Non
 def test_dry_run_under_cluster_autoscaler_hands_nothing_over() -> None:
     from extender.autoscaler.main import ca_mode_settings
 
-    base = settings(provider="cluster-autoscaler", expander=CaExpanderSettings(cert_file="c", key_file="k"))
+    base = settings(provider="cluster-autoscaler", expander=CaExpanderSettings(cert_file=CERT, key_file=CERT))
     live = ca_mode_settings(base)
-    assert live.dry_run and live.expander.provisioning_requests is not None
-    quiet = ca_mode_settings(dataclasses.replace(base, dry_run=True))
-    assert quiet.dry_run and quiet.expander.provisioning_requests is None
+    assert live.dry_run and live.expander.provreq is not None
+    quiet = ca_mode_settings(base.model_copy(update={"dry_run": True}))
+    assert quiet.dry_run and quiet.expander.provreq is None
     s = snap([], [gpod("a", "1500m", "1Gi")])
     lp = AutoscalerLoop(quiet, CONFIG.node_groups, name_suffix=counter())
     d = lp.step(s, now=100.0)
@@ -209,7 +222,7 @@ def test_provisioning_request_options_are_validated() -> None:
             "autoscaler": {"provider": "kwok", "cluster_autoscaler": {"provisioning_requests": extra}},
             "flavours": [{"name": "s.small", "cpu": "2", "memory": "4Gi", "price_per_hour": 0.1}],
         }
-        return parse_autoscaler_config(doc, CONFIG).expander.provisioning_requests
+        return parse_autoscaler_config(doc, CONFIG).expander.provreq
 
     assert parse({}) == ProvisioningRequestSettings()
     assert parse({"enabled": False}) is None
@@ -221,7 +234,7 @@ def test_provisioning_request_options_are_validated() -> None:
         ({"delivered_grace_seconds": 0}, "delivered_grace_seconds"),
         ({"surprise": 1}, "surprise"),
     ):
-        with pytest.raises(ConfigError, match=word):
+        with pytest.raises(SettingsError, match=word):
             parse(bad)
 
 
@@ -235,7 +248,7 @@ def test_gated_pods_are_handed_to_ca_after_the_shorter_gated_demand_seconds() ->
     assert ca_loop().step(s, now=104.0).provision == []
     assert [k for r in ca_loop().step(s, now=105.0).provision for k in r.pods] == ["default/held"]
     slow = CaExpanderSettings(
-        cert_file="c", key_file="k", provisioning_requests=ProvisioningRequestSettings(gated_demand_seconds=30.0)
+        cert_file=CERT, key_file=CERT, provisioning_requests=ProvisioningRequestSettings(gated_demand_seconds=30.0)
     )
     assert ca_loop(expander=slow).step(s, now=120.0).provision == []
     assert loop().step(s, now=105.0).provision == []  # the kwok mode keeps the simulator's 15 s
@@ -253,7 +266,9 @@ def test_planned_nodes_keep_room_for_daemonsets_and_the_reserve() -> None:
         r.requests.cpu_milli <= SMALL.capacity.cpu_milli - 100 for r in d.provision if r.flavour.name == SMALL.name
     )
     none = CaExpanderSettings(
-        cert_file="c", key_file="k", provisioning_requests=ProvisioningRequestSettings(node_reserve=Resources())
+        cert_file=CERT,
+        key_file=CERT,
+        provisioning_requests=ProvisioningRequestSettings(node_reserve=NodeReserve(cpu=0, memory=0)),
     )
     assert [len(r.pods) for r in ca_loop(expander=none).step(s, now=100.0).provision] == [2]
     # a DaemonSet pod of 300m on a node of ours is room every planned node keeps too

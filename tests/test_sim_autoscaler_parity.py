@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, AutoscalerLoop, Decisions
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.config import ExtenderConfig
@@ -27,6 +26,7 @@ from extender.core.model import NodeGroup, WorkloadKind
 from extender.sim import engine
 from extender.sim.engine import Simulator, State
 from extender.sim.workloads import load_workload
+from tests.autoscaler_settings import make_settings
 
 CONFIG = ExtenderConfig()
 SCHEDULER = "qos-scheduler"
@@ -39,7 +39,7 @@ def _stamp(t: float) -> str:
 def _sidecar(sim: Simulator) -> AutoscalerLoop:
     """The sidecar with the simulator's knobs, and no limit the simulator does not have."""
     cfg = sim.cfg
-    settings = AutoscalerSettings(
+    settings = make_settings(
         scheduler_names=(SCHEDULER,),
         flavours=tuple(sim.w.flavours),
         weights=cfg.weights,

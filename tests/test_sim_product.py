@@ -164,10 +164,10 @@ def test_the_sidecar_runs_the_same_slo_trigger_on_a_gated_pod() -> None:
     """AutoscalerLoop.step passes the scan how long each gated pod has waited and its lag estimate: with the
     classes' SLOs (as `qos-extender autoscaler` builds it) a short batch pod held by the QoS gate gets a node
     between batch cycles; without them it waits for the cycle."""
-    from extender.autoscaler.config import AutoscalerSettings
     from extender.autoscaler.loop import AutoscalerLoop
     from extender.autoscaler.view import GATED_DEMAND_SECONDS, AutoscalerSnapshot
     from extender.config import ExtenderConfig
+    from tests.autoscaler_settings import make_settings
 
     config = ExtenderConfig()
     pod = {
@@ -188,7 +188,7 @@ def test_the_sidecar_runs_the_same_slo_trigger_on_a_gated_pod() -> None:
         },
         "status": {"phase": "Pending"},
     }
-    settings = AutoscalerSettings(flavours=htas("stable").flavours)
+    settings = make_settings(flavours=htas("stable").flavours)
     slo = {n: c.slo for n, c in config.policy.classes.items()}
 
     def bought(with_slo: bool) -> int:

@@ -9,7 +9,7 @@ module path asserted to be inside the venv, so nothing is found through the sour
 - ``simulate`` replays the built-in qos-validation1 workload (its CSV and hosts file are package data);
 - ``serve`` gets past config loading and answers /healthz, /readyz says "not synced": its kubeconfig points at
   a closed 127.0.0.1 port;
-- ``autoscaler`` with the default autoscaler.yaml (no --autoscaler-config) validates and runs; with the
+- ``autoscaler`` with no --autoscaler-config (every default) validates and runs; with the
   cluster-autoscaler provider it generates the gRPC stubs from the packaged .proto files and serves them;
 - ``agent`` refuses to start without mTLS, and starts with certificates made by openssl.
 
@@ -47,7 +47,6 @@ T = TypeVar("T")
 # Data files the code opens at run time (Path(__file__) / importlib.resources), beside the .proto files.
 PACKAGE_DATA = (
     "extender/py.typed",
-    "extender/autoscaler/autoscaler.yaml",
     "extender/sim/data/validation1.csv",
     "extender/sim/data/validation-20-hosts.txt",
 )
@@ -284,8 +283,8 @@ def test_wheel_contains_package_data(installed: Installed) -> None:
 
 def test_runs_from_the_venv_not_the_source_tree(installed: Installed) -> None:
     code = (
-        "import json, extender, extender.cli, extender.autoscaler.config as a, extender.autoscaler.protogen as p\n"
-        "print(json.dumps([extender.__file__, str(a.DEFAULT_AUTOSCALER_CONFIG), str(p.PROTO_DIR)]))"
+        "import json, extender, extender.cli, extender.config as c, extender.autoscaler.protogen as p\n"
+        "print(json.dumps([extender.__file__, str(c.DEFAULT_CONFIG_PATH), str(p.PROTO_DIR)]))"
     )
     out = subprocess.run(
         [str(installed.venv / "bin" / "python"), "-c", code],
@@ -296,11 +295,11 @@ def test_runs_from_the_venv_not_the_source_tree(installed: Installed) -> None:
         check=True,
         timeout=60,
     )
-    module, autoscaler_yaml, protos = (Path(p) for p in json.loads(out.stdout))
+    module, extender_yaml, protos = (Path(p) for p in json.loads(out.stdout))
     site = installed.venv.resolve()
     assert module.resolve().is_relative_to(site), f"extender imported from {module}, not from {site}"
     assert not module.resolve().is_relative_to(ROOT)
-    assert Path(autoscaler_yaml).is_file() and Path(autoscaler_yaml).is_relative_to(site)
+    assert Path(extender_yaml).is_file() and Path(extender_yaml).is_relative_to(site)
     assert list(Path(protos).rglob("*.proto"))
 
 
@@ -331,7 +330,7 @@ def test_serve_gets_past_config(installed: Installed) -> None:
 
 
 def test_autoscaler_default_config(installed: Installed) -> None:
-    """No --autoscaler-config: the packaged autoscaler.yaml is found, validated and run."""
+    """No --autoscaler-config: every default, validated and run."""
     kubeconfig = closed_port_kubeconfig(installed.tmp / "closed-as.kubeconfig")
     cfg = extender_config(installed.tmp / "autoscaler-extender.yaml", 0, str(kubeconfig))
     r = installed.run("autoscaler", "--config", str(cfg), "--check-config")

@@ -1,422 +1,412 @@
-"""Configuration of `qos-extender autoscaler`: its own strict YAML file beside config/extender.yaml.
+"""Settings of `qos-extender autoscaler`: its own strict YAML file beside config/extender.yaml, on the typed
+settings base (extender.settings): unknown keys, wrong types and out-of-range values are refused, every error of
+the file at once, naming each option. Every option with its default and its meaning: docs/settings/autoscaler.yaml
+(generated from these models). A catalogue no plan can come from (empty, a zero price, duplicate names) stops the
+process too -- never a silent default, never an endless scale-up.
 
 The extender file (``--config``) still supplies what both share: Kubernetes access, node-group selectors,
-pod defaults and classes, and the flavour catalogue (``flavours``; may be overridden here). Everything the
-sidecar alone decides is in this file; ``extender/autoscaler/autoscaler.yaml`` is the documented default.
-Loading is as strict as the extender's: unknown keys, wrong types, out-of-range values and a catalogue no
-plan can come from (empty, a zero price, duplicate names) stop the process with a message naming the
-option -- never a silent default, never an endless scale-up.
+pod defaults and classes, the batch cycle's default and the flavour catalogue (``flavours``; may be overridden at
+the top of this file).
 """
 
 from __future__ import annotations
 
-import math
 import ssl
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from extender.config import (
-    ConfigError,
-    ExtenderConfig,
-    load_yaml_config,
-    parse_flavours,
-    read_bool,
-    read_file_path,
-    read_int,
-    read_number,
-    read_req_str,
-    section,
-)
+import yaml
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from extender.config import ExtenderConfig, parse_flavours
 from extender.core.autoscale import ScoreWeights, validate_catalogue
 from extender.core.model import Flavour, InvalidInputError, NodeGroup, Resources, cpu_millicores, memory_bytes
+from extender.settings import ExistingFile, Settings, SettingsError, load_settings
 
 __all__ = [
-    "DEFAULT_AUTOSCALER_CONFIG",
     "AutoscalerSettings",
     "CaExpanderSettings",
     "CloudProviderSettings",
     "LagDistribution",
+    "ProvisioningRequestSettings",
     "load_autoscaler_config",
     "parse_autoscaler_config",
 ]
 
-DEFAULT_AUTOSCALER_CONFIG = Path(__file__).resolve().parent / "autoscaler.yaml"
-PROVIDERS = ("kwok", "cluster-autoscaler")
-DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
-BACKENDS = ("kwok",)
+PROVREQ_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io",)
+_DNS_ISH = "lowercase letters, digits and '-'"
 
 
-@dataclass(frozen=True, slots=True)
-class LagDistribution:
-    """Acquisition lag of the kwok provider (the stand-in for a cloud's boot time), in seconds.
-
-    fixed: ``seconds``; uniform: [min, max]; normal: mean ``seconds``, ``sd``, clipped at ``min``;
-    lognormal: median ``seconds``, shape ``sigma``. Paper 001 measured GKE at mean 157.4 s, sd 4.2 s.
-    """
-
-    distribution: str = "fixed"
-    seconds: float = 30.0
-    minimum: float = 0.0
-    maximum: float = 0.0
-    sd: float = 0.0
-    sigma: float = 0.0
-    seed: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CloudProviderSettings:
-    """The externalgrpc cloud provider cluster-autoscaler calls with --cloud-provider=externalgrpc (mTLS).
-
-    Node groups = ``groups`` x the flavour catalogue, each between ``min_size`` and ``max_size`` nodes; new nodes
-    come from ``backend`` (kwok: the local stand-in for a cloud API). ``node_group_options``: answer
-    NodeGroupGetOptions with CA's defaults but our idle period and provisioning timeout (false: UNIMPLEMENTED, CA
-    keeps its flags)."""
-
-    cert_file: str
-    key_file: str
-    client_ca_file: str
-    listen: str = "127.0.0.1:8086"
-    backend: str = "kwok"
-    groups: tuple[NodeGroup, ...] = (NodeGroup.SERVICE, NodeGroup.BATCH)
-    min_size: int = 0
-    max_size: int = 10
-    node_name_prefix: str = "qos-ca"
-    gpu_label: str = "qos.kube-qos-extender.io/accelerator"
-    node_group_options: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ProvisioningRequestSettings:
-    """Demand handed to cluster-autoscaler as ProvisioningRequests (providers/provisioning_request.py): the
-    namespace where the requests and their PodTemplates live (the sidecar's own), and the class CA runs them with.
-    CA needs ``--enable-provisioning-requests`` and the CRD (config/cluster-autoscaler/README.md)."""
-
-    namespace: str = "kube-qos-system"
-    class_name: str = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
-    # after CA marked a request Provisioned, pods of it still waiting this long are planned again: the nodes
-    # joined and pods released earlier in Q order took their room (cover a cloud's node boot time)
-    delivered_grace_seconds: float = 300.0
-    # room each planned node keeps free besides the DaemonSet pods the sidecar sees on nodes of the group: what
-    # CA's node templates hold before any pod (the kwok and GCE providers add a 100m kube-proxy pod)
-    node_reserve: Resources = field(default_factory=lambda: Resources(100, 0, 0))
-    # a pod the QoS controller kept gated this long (and that fits no node now) is demand handed to CA. Shorter than
-    # the kwok mode's 15 s (view.GATED_DEMAND_SECONDS, the simulator's): while qos demand is hidden, CA buys for
-    # other pending pods of the group and released qos pods take those nodes, so CA buys again
-    gated_demand_seconds: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class CaExpanderSettings:
-    """The gRPC expander server cluster-autoscaler calls with --expander=grpc (TLS is mandatory there), and the
-    optional externalgrpc cloud provider (``cloud_provider``; None: not served)."""
-
-    listen: str = "127.0.0.1:7000"
-    cert_file: str | None = None
-    key_file: str | None = None
-    cloud_provider: CloudProviderSettings | None = None
-    # None: the sidecar only answers CA's expander (plans as metrics); gated qos pods then never reach CA
-    provisioning_requests: ProvisioningRequestSettings | None = field(default_factory=ProvisioningRequestSettings)
-
-
-@dataclass(frozen=True, slots=True)
-class AutoscalerSettings:
-    scheduler_names: tuple[str, ...] = ("qos-scheduler",)
-    provider: str = "kwok"
-    dry_run: bool = False
-    scan_interval_seconds: float = 30.0  # service group (and every other check) at least this often
-    batch_cycle_seconds: float = 300.0  # paper 000 Table 6: batch-group scale-up cycle
-    burst_debounce_seconds: float = 2.0  # a new unschedulable pod wakes the loop after this
-    idle_seconds: float = 300.0  # paper 004: empty nodes go after this
-    provisioning_timeout_seconds: float = 900.0
-    underutil_threshold: float = 0.5
-    underutil_sustain_seconds: float = 30.0  # two scans in a row (extender/sim/README.md: the product figures)
-    batch_queue_quiet_seconds: float = 30.0
-    weights: ScoreWeights = field(default_factory=ScoreWeights)
-    lag_default_seconds: float = 120.0
-    lag_window: int = 20
-    lag_quantile: float = 0.9
-    max_nodes_per_cycle: int = 50
-    max_nodes: int = 200
-    # a node is cordoned for capacity (core.autoscale_scan.retire_for_cap) only if its pods end within this; 0: never
-    retire_drain_seconds: float = 3600.0
-    max_attempts_per_pod: int = 3
-    node_name_prefix: str = "qos-as"
-    scale_down_provisioned_only: bool = True
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 8890
-    flavours: tuple[Flavour, ...] = ()
-    kwok_lag: LagDistribution = field(default_factory=LagDistribution)
-    expander: CaExpanderSettings = field(default_factory=CaExpanderSettings)
-
-
-def _names(raw: dict[str, Any], key: str, path: str, default: tuple[str, ...]) -> tuple[str, ...]:
-    value = raw.get(key, list(default))
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ConfigError(f"{path}.{key}: must be a non-empty list of names, got {value!r}")
-    return tuple(value)
-
-
-def _parse_lag(raw: object, path: str) -> LagDistribution:
-    s = section(raw, path, {"distribution", "seconds", "min", "max", "sd", "sigma", "seed"})
-    dist = read_req_str(s, "distribution", path, "fixed", choices=DISTRIBUTIONS)
-    seconds = read_number(s, "seconds", path, 30.0, minimum=0)
-    minimum = read_number(s, "min", path, 0.0, minimum=0)
-    maximum = read_number(s, "max", path, max(seconds, minimum), minimum=0)
-    if dist == "uniform" and maximum < minimum:
-        raise ConfigError(f"{path}.max: must be >= min ({minimum}), got {maximum}")
-    seed = s.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ConfigError(f"{path}.seed: must be an integer, got {seed!r}")
-    return LagDistribution(
-        distribution=dist,
-        seconds=seconds,
-        minimum=minimum,
-        maximum=maximum,
-        sd=read_number(s, "sd", path, 0.0, minimum=0),
-        sigma=read_number(s, "sigma", path, 0.0, minimum=0),
-        seed=seed,
-    )
-
-
-def _listen(s: dict[str, Any], path: str, default: str) -> str:
-    listen = read_req_str(s, "listen", path, default)
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ConfigError(f"{path}.listen: must be host:port, got {listen!r}")
-    return listen
-
-
-def _required_file(s: dict[str, Any], key: str, path: str, base: Path | None, why: str) -> str:
-    value = read_file_path(s, key, path, base)
-    if value is None:
-        raise ConfigError(f"{path}.{key}: required ({why})")
+def _prefix(value: str) -> str:
+    if not value.replace("-", "").isalnum() or value != value.lower() or len(value) > 40:
+        raise ValueError(f"must be {_DNS_ISH} (<= 40), got {value!r}")
     return value
 
 
-def _check_tls(cert: str, key: str, client_ca: str, path: str) -> None:
-    """Read the PEM files now, so a wrong file is a config error at start, not a failed handshake later."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        ctx.load_cert_chain(cert, key)
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(f"{path}.cert_file / key_file: not a matching PEM certificate and key ({exc})") from exc
-    try:
-        ctx.load_verify_locations(cafile=client_ca)
-    except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(f"{path}.client_ca_file: not a PEM CA bundle ({exc})") from exc
+def _listen(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"must be host:port, got {value!r}")
+    return value
 
 
-CLOUD_PROVIDER = {
-    "listen",
-    "cert_file",
-    "key_file",
-    "client_ca_file",
-    "backend",
-    "groups",
-    "min_size",
-    "max_size",
-    "node_name_prefix",
-    "gpu_label",
-    "node_group_options",
-}
+class LagDistribution(Settings):
+    """Acquisition lag of the kwok provider (the stand-in for a cloud's boot time), in seconds. fixed: seconds;
+    uniform: [min, max]; normal: mean seconds, sd, clipped at min; lognormal: median seconds, shape sigma.
+    Paper 001 measured GKE at mean 157.4 s, sd 4.2 s."""
+
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
+    distribution: Literal["fixed", "uniform", "normal", "lognormal"] = "fixed"
+    seconds: float = Field(30.0, ge=0, allow_inf_nan=False)
+    minimum: float = Field(0.0, ge=0, allow_inf_nan=False, alias="min")
+    maximum: float | None = Field(None, ge=0, allow_inf_nan=False, alias="max")
+    """uniform's upper bound; null: max(seconds, min)."""
+    sd: float = Field(0.0, ge=0, allow_inf_nan=False)
+    sigma: float = Field(0.0, ge=0, allow_inf_nan=False)
+    seed: int | None = None
+    """Seed of the draws; null: a fresh one each start."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> LagDistribution:
+        if self.maximum is None:
+            object.__setattr__(self, "maximum", max(self.seconds, self.minimum))
+        elif self.distribution == "uniform" and self.maximum < self.minimum:
+            raise ValueError(f"max: must be >= min ({self.minimum}), got {self.maximum}")
+        return self
+
+    @property
+    def upper(self) -> float:
+        return self.maximum if self.maximum is not None else max(self.seconds, self.minimum)
 
 
-def _parse_cloud_provider(raw: object, path: str, base: Path | None) -> CloudProviderSettings:
-    s = section(raw, path, CLOUD_PROVIDER)
-    why = "cluster-autoscaler's externalgrpc provider speaks mTLS"
-    cert = _required_file(s, "cert_file", path, base, f"{why}: the server certificate CA's cloud-config cacert trusts")
-    key = _required_file(s, "key_file", path, base, f"{why}: the key of cert_file")
-    client_ca = _required_file(
-        s, "client_ca_file", path, base, f"{why}: the CA that signed CA's client certificate (cloud-config cert)"
+class CloudProviderSettings(Settings):
+    """The externalgrpc cloud provider cluster-autoscaler calls with --cloud-provider=externalgrpc (mTLS). Node
+    groups = groups x the flavour catalogue, each between min_size and max_size nodes; new nodes come from backend
+    (kwok: the local stand-in for a cloud API). node_group_options: answer NodeGroupGetOptions with CA's defaults
+    but our idle period and provisioning timeout (false: UNIMPLEMENTED, CA keeps its flags)."""
+
+    cert_file: ExistingFile
+    """Server certificate CA's cloud-config cacert trusts (cluster-autoscaler's externalgrpc provider speaks mTLS)."""
+    key_file: ExistingFile
+    """The key of cert_file."""
+    client_ca_file: ExistingFile
+    """The CA that signed CA's client certificate (cloud-config cert)."""
+    listen: str = "127.0.0.1:8086"
+    """host:port to serve on."""
+    backend: Literal["kwok"] = "kwok"
+    groups: tuple[NodeGroup, ...] = Field((NodeGroup.SERVICE, NodeGroup.BATCH), min_length=1)
+    """Node groups offered (each x every flavour), distinct."""
+    min_size: int = Field(0, ge=0, le=10_000)
+    max_size: int = Field(10, ge=1, le=10_000)
+    node_name_prefix: str = "qos-ca"
+    gpu_label: str = Field("qos.kube-qos-extender.io/accelerator", min_length=1)
+    node_group_options: bool = False
+
+    _v_listen = field_validator("listen")(classmethod(lambda cls, v: _listen(v)))
+    _v_prefix = field_validator("node_name_prefix")(classmethod(lambda cls, v: _prefix(v)))
+
+    @model_validator(mode="after")
+    def _check(self) -> CloudProviderSettings:
+        if len(set(self.groups)) != len(self.groups):
+            raise ValueError(f"groups: must be distinct, got {[g.value for g in self.groups]}")
+        if self.max_size < self.min_size:
+            raise ValueError(f"max_size: must be >= min_size ({self.min_size}), got {self.max_size}")
+        # read the PEM files now: a wrong file is an error at start, not a failed handshake later
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"cert_file: with key_file, not a matching PEM certificate and key ({exc})") from exc
+        try:
+            ctx.load_verify_locations(cafile=self.client_ca_file)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(f"client_ca_file: not a PEM CA bundle ({exc})") from exc
+        return self
+
+
+class NodeReserve(Settings):
+    """Room each planned node keeps free besides the DaemonSet pods the sidecar sees on nodes of the group: what
+    CA's node templates hold before any pod (the kwok and GCE providers add a 100m kube-proxy pod)."""
+
+    cpu: str | int | float = "100m"
+    """A Kubernetes cpu quantity."""
+    memory: str | int = 0
+    """A Kubernetes memory quantity."""
+
+    @model_validator(mode="after")
+    def _quantities(self) -> NodeReserve:
+        try:
+            self.resources()
+        except (InvalidInputError, ValueError, TypeError) as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+    def resources(self) -> Resources:
+        return Resources(cpu_millicores(self.cpu), memory_bytes(self.memory), 0)
+
+
+class ProvisioningRequestSettings(Settings):
+    """Demand handed to cluster-autoscaler as ProvisioningRequests (providers/provisioning_request.py): the
+    namespace where the requests and their PodTemplates live (the sidecar's own), and the class CA runs them with.
+    CA needs --enable-provisioning-requests and the CRD (config/cluster-autoscaler/README.md). Disabled: the sidecar
+    only answers CA's expander (plans as metrics); gated qos pods then never reach CA."""
+
+    enabled: bool = True
+    namespace: str = Field("kube-qos-system", min_length=1, max_length=63)
+    """Namespace of the requests and their PodTemplates."""
+    class_name: Literal["best-effort-atomic-scale-up.autoscaling.x-k8s.io"] = (
+        "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
     )
-    _check_tls(cert, key, client_ca, path)
-    groups_raw = s.get("groups", ["service", "batch"])
-    names = [g.value for g in NodeGroup]
-    if (
-        not isinstance(groups_raw, list)
-        or not groups_raw
-        or not all(isinstance(g, str) and g in names for g in groups_raw)
-        or len(set(groups_raw)) != len(groups_raw)
-    ):
-        raise ConfigError(
-            f"{path}.groups: must be a non-empty list of distinct {' / '.join(names)}, got {groups_raw!r}"
-        )
-    min_size = read_int(s, "min_size", path, 0, minimum=0, maximum=10_000)
-    max_size = read_int(s, "max_size", path, 10, minimum=1, maximum=10_000)
-    if max_size < min_size:
-        raise ConfigError(f"{path}.max_size: must be >= min_size ({min_size}), got {max_size}")
-    prefix = read_req_str(s, "node_name_prefix", path, "qos-ca")
-    if not prefix.replace("-", "").isalnum() or prefix != prefix.lower() or len(prefix) > 40:
-        raise ConfigError(f"{path}.node_name_prefix: must be lowercase letters, digits and '-' (<= 40), got {prefix!r}")
-    return CloudProviderSettings(
-        cert_file=cert,
-        key_file=key,
-        client_ca_file=client_ca,
-        listen=_listen(s, path, "127.0.0.1:8086"),
-        backend=read_req_str(s, "backend", path, "kwok", choices=BACKENDS),
-        groups=tuple(NodeGroup(g) for g in groups_raw),
-        min_size=min_size,
-        max_size=max_size,
-        node_name_prefix=prefix,
-        gpu_label=read_req_str(s, "gpu_label", path, "qos.kube-qos-extender.io/accelerator"),
-        node_group_options=read_bool(s, "node_group_options", path, False),
-    )
+    """check-capacity never buys (it only simulates against existing nodes): not a way to hand demand over."""
+    delivered_grace_seconds: float = Field(300.0, ge=1.0, le=86_400.0)
+    """After CA marked a request Provisioned, pods of it still waiting this long are planned again: the nodes joined
+    and pods released earlier in Q order took their room (cover a cloud's node boot time)."""
+    node_reserve: NodeReserve = NodeReserve()
+    gated_demand_seconds: float = Field(5.0, ge=0.0, le=3600.0)
+    """A pod the QoS controller kept gated this long (and that fits no node now) is demand handed to CA."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        if not value.replace("-", "").isalnum() or value != value.lower():
+            raise ValueError(f"must be a namespace name ({_DNS_ISH}), got {value!r}")
+        return value
 
 
-PROVREQ_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io",)
+class CaExpanderSettings(Settings):
+    """The gRPC expander server cluster-autoscaler calls with --expander=grpc (TLS is mandatory there), the optional
+    externalgrpc cloud provider, and demand handed over as ProvisioningRequests."""
+
+    listen: str = "127.0.0.1:7000"
+    """host:port to serve the expander on."""
+    cert_file: ExistingFile | None = None
+    """Serving certificate (required with provider cluster-autoscaler)."""
+    key_file: ExistingFile | None = None
+    """Its key."""
+    cloud_provider: CloudProviderSettings | None = None
+    """Serve CA's externalgrpc cloud provider too; null: not served."""
+    provisioning_requests: ProvisioningRequestSettings = ProvisioningRequestSettings()
+
+    _v_listen = field_validator("listen")(classmethod(lambda cls, v: _listen(v)))
+
+    @model_validator(mode="after")
+    def _check(self) -> CaExpanderSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be set together")
+        if self.cloud_provider is not None and self.cloud_provider.listen == self.listen:
+            raise ValueError(f"cloud_provider.listen: must differ from listen ({self.listen})")
+        return self
+
+    @property
+    def provreq(self) -> ProvisioningRequestSettings | None:
+        """The ProvisioningRequest settings when enabled, else None."""
+        return self.provisioning_requests if self.provisioning_requests.enabled else None
 
 
-def _parse_provreq(raw: object, path: str) -> ProvisioningRequestSettings | None:
-    s = section(
-        raw,
-        path,
-        {"enabled", "namespace", "class_name", "delivered_grace_seconds", "node_reserve", "gated_demand_seconds"},
-    )
-    if not read_bool(s, "enabled", path, True):
-        return None
-    namespace = read_req_str(s, "namespace", path, "kube-qos-system")
-    if not namespace.replace("-", "").isalnum() or namespace != namespace.lower() or len(namespace) > 63:
-        raise ConfigError(
-            f"{path}.namespace: must be a namespace name (lowercase letters, digits, '-'), got {namespace!r}"
-        )
-    # check-capacity never buys (it only simulates against existing nodes): not a way to hand demand over
-    class_name = read_req_str(s, "class_name", path, PROVREQ_CLASSES[0], choices=PROVREQ_CLASSES)
-    grace = read_number(s, "delivered_grace_seconds", path, 300.0, minimum=1.0, maximum=86_400.0)
-    r = section(s.get("node_reserve"), f"{path}.node_reserve", {"cpu", "memory"})
-    try:
-        reserve = Resources(cpu_millicores(r.get("cpu", "100m")), memory_bytes(r.get("memory", 0)), 0)
-    except (InvalidInputError, ValueError, TypeError) as exc:
-        raise ConfigError(f"{path}.node_reserve: {exc}") from exc
-    gated = read_number(s, "gated_demand_seconds", path, 5.0, minimum=0.0, maximum=3600.0)
-    return ProvisioningRequestSettings(
-        namespace=namespace,
-        class_name=class_name,
-        delivered_grace_seconds=grace,
-        node_reserve=reserve,
-        gated_demand_seconds=gated,
-    )
+class ScoreWeightsSettings(Settings):
+    """w1 / w2 of the cost-efficiency score nc (paper 000: 0.5 / 0.5; paper 004: 0.38 / 0.62); only the ratio
+    matters."""
+
+    cpu: float = Field(0.5, ge=0, allow_inf_nan=False)
+    memory: float = Field(0.5, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _not_both_zero(self) -> ScoreWeightsSettings:
+        if self.cpu + self.memory <= 0:
+            raise ValueError("score weights must not both be zero")
+        return self
+
+    def core(self) -> ScoreWeights:
+        return ScoreWeights(self.cpu, self.memory)
 
 
-def _parse_expander(raw: object, path: str, base: Path | None) -> CaExpanderSettings:
-    s = section(raw, path, {"listen", "cert_file", "key_file", "cloud_provider", "provisioning_requests"})
-    listen = _listen(s, path, "127.0.0.1:7000")
-    cert, key = read_file_path(s, "cert_file", path, base), read_file_path(s, "key_file", path, base)
-    if (cert is None) != (key is None):
-        raise ConfigError(f"{path}: cert_file and key_file must be set together")
-    cloud = None
-    if s.get("cloud_provider") is not None:
-        cloud = _parse_cloud_provider(s["cloud_provider"], f"{path}.cloud_provider", base)
-        if cloud.listen == listen:
-            raise ConfigError(f"{path}.cloud_provider.listen: must differ from {path}.listen ({listen})")
-    provreq = _parse_provreq(s.get("provisioning_requests"), f"{path}.provisioning_requests")
-    return CaExpanderSettings(
-        listen=listen, cert_file=cert, key_file=key, cloud_provider=cloud, provisioning_requests=provreq
-    )
+class LagSettings(Settings):
+    """The node acquisition lag the planner expects: measured from the nodes it bought, the quantile of the last
+    window joins; default_seconds until there is one."""
+
+    default_seconds: float = Field(120.0, ge=0, allow_inf_nan=False)
+    window: int = Field(20, ge=1, le=10_000)
+    quantile: float = Field(0.9, gt=0, le=1.0)
 
 
-TOP = {"autoscaler", "flavours"}
-SECTION = {
-    "scheduler_names",
-    "provider",
-    "dry_run",
-    "scan_interval_seconds",
-    "batch_cycle_seconds",
-    "burst_debounce_seconds",
-    "idle_seconds",
-    "provisioning_timeout_seconds",
-    "underutil_threshold",
-    "underutil_sustain_seconds",
-    "batch_queue_quiet_seconds",
-    "score_weights",
-    "lag",
-    "limits",
-    "node_name_prefix",
-    "scale_down_provisioned_only",
-    "metrics",
-    "kwok",
-    "cluster_autoscaler",
-}
+class LimitsSettings(Settings):
+    """Bounds on what the sidecar buys."""
+
+    max_nodes_per_cycle: int = Field(50, ge=1, le=10_000)
+    """Nodes bought in one scan, at most."""
+    max_nodes: int = Field(200, ge=1, le=100_000)
+    """Nodes provisioned by us (joined + being provisioned), at most."""
+    retire_drain_seconds: float = Field(3600.0, ge=0, allow_inf_nan=False)
+    """A node is cordoned for capacity only if its pods end within this; 0: never."""
+    max_attempts_per_pod: int = Field(3, ge=1, le=1000)
+    """Nodes bought for one pod that still does not schedule, then an Event and stop."""
+
+
+class MetricsSettings(Settings):
+    """The sidecar's /metrics listener."""
+
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(8890, ge=0, le=65535)
+
+
+class KwokSettings(Settings):
+    """The kwok provider (the local stand-in for a cloud API)."""
+
+    lag: LagDistribution = LagDistribution()
+
+
+class AutoscalerSettings(Settings):
+    """`qos-extender autoscaler`: the sidecar that expands (and shrinks) the cluster with a cost-efficient mix of
+    node flavours, by itself (provider kwok) or through the cluster-autoscaler users run (provider
+    cluster-autoscaler)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    scheduler_names: tuple[str, ...] = Field(("qos-scheduler",), min_length=1)
+    """Pods of these schedulers are the demand."""
+    provider: Literal["kwok", "cluster-autoscaler"] = "kwok"
+    """Who buys nodes: kwok (the sidecar, local stand-in for a cloud) or cluster-autoscaler."""
+    dry_run: bool = False
+    """Plan and report, buy and remove nothing."""
+    scan_interval_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)
+    """Service group (and every other check) at least this often."""
+    batch_cycle_seconds: float = Field(300.0, gt=0, allow_inf_nan=False)
+    """Batch-group scale-up cycle (paper 000 Table 6); unset: the extender's scheduling.scaling_cycle_seconds."""
+    burst_debounce_seconds: float = Field(2.0, ge=0, allow_inf_nan=False)
+    """A new unschedulable pod wakes the loop after this."""
+    idle_seconds: float = Field(300.0, ge=0, allow_inf_nan=False)
+    """Empty nodes go after this (paper 004)."""
+    provisioning_timeout_seconds: float = Field(900.0, gt=0, allow_inf_nan=False)
+    """A node not joined by then is given up."""
+    underutil_threshold: float = Field(0.5, gt=0, le=1.0)
+    """A batch node below this utilisation is a consolidation candidate (paper 000 Alg. 5: 50 %)."""
+    underutil_sustain_seconds: float = Field(30.0, ge=0, allow_inf_nan=False)
+    """... for this long."""
+    batch_queue_quiet_seconds: float = Field(30.0, ge=0, allow_inf_nan=False)
+    """... while no batch pod waited for this long."""
+    score_weights: ScoreWeightsSettings = ScoreWeightsSettings()
+    lag: LagSettings = LagSettings()
+    limits: LimitsSettings = LimitsSettings()
+    node_name_prefix: str = "qos-as"
+    """Names of the nodes the sidecar buys."""
+    scale_down_provisioned_only: bool = True
+    """Only nodes labelled provisioned-by=qos-autoscaler are removed when idle."""
+    metrics: MetricsSettings = MetricsSettings()
+    kwok: KwokSettings = KwokSettings()
+    cluster_autoscaler: CaExpanderSettings = CaExpanderSettings()
+    flavours: SkipJsonSchema[tuple[Flavour, ...]] = Field((), exclude=True)
+    """Set by the loader from the file's top-level flavours, else the extender's (not an option of this section)."""
+
+    _v_prefix = field_validator("node_name_prefix")(classmethod(lambda cls, v: _prefix(v)))
+
+    @field_validator("flavours", mode="before")
+    @classmethod
+    def _flavours_not_here(cls, value: Any, info: ValidationInfo) -> Any:
+        # the default () passes; from a file (a JSON array) never: the catalogue is set beside autoscaler:
+        if (info.mode == "json" and not isinstance(value, tuple)) or not all(isinstance(f, Flavour) for f in value):
+            raise ValueError("set at the top level of the file (beside autoscaler:), not in it")
+        return tuple(value or ())
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscalerSettings:
+        if self.provider == "cluster-autoscaler" and self.cluster_autoscaler.cert_file is None:
+            raise ValueError(
+                "cluster_autoscaler.cert_file: required with provider cluster-autoscaler "
+                "(CA's gRPC expander refuses insecure connections)"
+            )
+        if self.cluster_autoscaler.cloud_provider is not None and self.provider != "cluster-autoscaler":
+            raise ValueError(
+                f"cluster_autoscaler.cloud_provider: only with provider cluster-autoscaler (got {self.provider!r}): "
+                "with the kwok provider the sidecar buys the nodes itself"
+            )
+        return self
+
+    # The loop's names for the sections (read-only views, not options of their own).
+    @property
+    def weights(self) -> ScoreWeights:
+        return self.score_weights.core()
+
+    @property
+    def lag_default_seconds(self) -> float:
+        return self.lag.default_seconds
+
+    @property
+    def lag_window(self) -> int:
+        return self.lag.window
+
+    @property
+    def lag_quantile(self) -> float:
+        return self.lag.quantile
+
+    @property
+    def max_nodes_per_cycle(self) -> int:
+        return self.limits.max_nodes_per_cycle
+
+    @property
+    def max_nodes(self) -> int:
+        return self.limits.max_nodes
+
+    @property
+    def retire_drain_seconds(self) -> float:
+        return self.limits.retire_drain_seconds
+
+    @property
+    def max_attempts_per_pod(self) -> int:
+        return self.limits.max_attempts_per_pod
+
+    @property
+    def metrics_host(self) -> str:
+        return self.metrics.host
+
+    @property
+    def metrics_port(self) -> int:
+        return self.metrics.port
+
+    @property
+    def kwok_lag(self) -> LagDistribution:
+        return self.kwok.lag
+
+    @property
+    def expander(self) -> CaExpanderSettings:
+        return self.cluster_autoscaler
 
 
 def parse_autoscaler_config(raw: object, extender: ExtenderConfig, base: Path | None = None) -> AutoscalerSettings:
-    """Validate the autoscaler document; the flavour catalogue comes from it or from the extender file."""
-    top = section(raw, "", TOP)
-    a = section(top.get("autoscaler"), "autoscaler", SECTION)
-    p = "autoscaler"
-    flavours = parse_flavours(top["flavours"]) if "flavours" in top else extender.flavours
+    """Validate the autoscaler document ({autoscaler: {...}, flavours: [...]}); the flavour catalogue comes from it
+    or from the extender file, the batch cycle's default from the extender's scheduling.scaling_cycle_seconds."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SettingsError("", [("", f"must be a mapping, got {type(raw).__name__}")])
+    unknown = sorted(str(k) for k in raw if k not in ("autoscaler", "flavours"))
+    if unknown:
+        raise SettingsError("", [(k, "unknown option (known: autoscaler, flavours)") for k in unknown])
+    section = raw.get("autoscaler") or {}
+    settings = load_settings(AutoscalerSettings, section, prefix="autoscaler", base=base)
+    if "batch_cycle_seconds" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"batch_cycle_seconds": extender.scheduling.scaling_cycle_seconds})
+    flavours = parse_flavours(raw["flavours"]) if "flavours" in raw else extender.flavours
     try:
         validate_catalogue(flavours)
     except InvalidInputError as exc:
-        raise ConfigError(f"flavours: {exc} (set `flavours` here or in the extender config)") from exc
-    w = section(a.get("score_weights"), f"{p}.score_weights", {"cpu", "memory"})
-    try:
-        weights = ScoreWeights(
-            read_number(w, "cpu", f"{p}.score_weights", 0.5, minimum=0),
-            read_number(w, "memory", f"{p}.score_weights", 0.5, minimum=0),
-        )
-    except InvalidInputError as exc:
-        raise ConfigError(f"{p}.score_weights: {exc}") from exc
-    lag = section(a.get("lag"), f"{p}.lag", {"default_seconds", "window", "quantile"})
-    quantile = read_number(lag, "quantile", f"{p}.lag", 0.9, minimum=0, maximum=1.0, exclusive_min=True)
-    limits = section(
-        a.get("limits"),
-        f"{p}.limits",
-        {"max_nodes_per_cycle", "max_nodes", "max_attempts_per_pod", "retire_drain_seconds"},
-    )
-    metrics = section(a.get("metrics"), f"{p}.metrics", {"host", "port"})
-    kwok = section(a.get("kwok"), f"{p}.kwok", {"lag"})
-    cycle = read_number(
-        a, "batch_cycle_seconds", p, extender.scheduling.scaling_cycle_seconds, minimum=0, exclusive_min=True
-    )
-    prefix = read_req_str(a, "node_name_prefix", p, "qos-as")
-    if not prefix.replace("-", "").isalnum() or prefix != prefix.lower() or len(prefix) > 40:
-        raise ConfigError(f"{p}.node_name_prefix: must be lowercase letters, digits and '-' (<= 40), got {prefix!r}")
-    settings = AutoscalerSettings(
-        scheduler_names=_names(a, "scheduler_names", p, ("qos-scheduler",)),
-        provider=read_req_str(a, "provider", p, "kwok", choices=PROVIDERS),
-        dry_run=read_bool(a, "dry_run", p, False),
-        scan_interval_seconds=read_number(a, "scan_interval_seconds", p, 30.0, minimum=0, exclusive_min=True),
-        batch_cycle_seconds=cycle,
-        burst_debounce_seconds=read_number(a, "burst_debounce_seconds", p, 2.0, minimum=0),
-        idle_seconds=read_number(a, "idle_seconds", p, 300.0, minimum=0),
-        provisioning_timeout_seconds=read_number(
-            a, "provisioning_timeout_seconds", p, 900.0, minimum=0, exclusive_min=True
-        ),
-        underutil_threshold=read_number(a, "underutil_threshold", p, 0.5, minimum=0, maximum=1.0, exclusive_min=True),
-        underutil_sustain_seconds=read_number(a, "underutil_sustain_seconds", p, 30.0, minimum=0),
-        batch_queue_quiet_seconds=read_number(a, "batch_queue_quiet_seconds", p, 30.0, minimum=0),
-        weights=weights,
-        lag_default_seconds=read_number(lag, "default_seconds", f"{p}.lag", 120.0, minimum=0),
-        lag_window=read_int(lag, "window", f"{p}.lag", 20, minimum=1, maximum=10_000),
-        lag_quantile=quantile,
-        max_nodes_per_cycle=read_int(limits, "max_nodes_per_cycle", f"{p}.limits", 50, minimum=1, maximum=10_000),
-        max_nodes=read_int(limits, "max_nodes", f"{p}.limits", 200, minimum=1, maximum=100_000),
-        retire_drain_seconds=read_number(limits, "retire_drain_seconds", f"{p}.limits", 3600.0, minimum=0),
-        max_attempts_per_pod=read_int(limits, "max_attempts_per_pod", f"{p}.limits", 3, minimum=1, maximum=1000),
-        node_name_prefix=prefix,
-        scale_down_provisioned_only=read_bool(a, "scale_down_provisioned_only", p, True),
-        metrics_host=read_req_str(metrics, "host", f"{p}.metrics", "127.0.0.1"),
-        metrics_port=read_int(metrics, "port", f"{p}.metrics", 8890, minimum=0, maximum=65535),
-        flavours=tuple(flavours),
-        kwok_lag=_parse_lag(kwok.get("lag"), f"{p}.kwok.lag"),
-        expander=_parse_expander(a.get("cluster_autoscaler"), f"{p}.cluster_autoscaler", base),
-    )
-    if settings.provider == "cluster-autoscaler" and settings.expander.cert_file is None:
-        raise ConfigError(
-            f"{p}.cluster_autoscaler.cert_file: required with provider cluster-autoscaler "
-            "(CA's gRPC expander refuses insecure connections)"
-        )
-    if settings.expander.cloud_provider is not None and settings.provider != "cluster-autoscaler":
-        raise ConfigError(
-            f"{p}.cluster_autoscaler.cloud_provider: only with provider cluster-autoscaler "
-            f"(got {settings.provider!r}): with the kwok provider the sidecar buys the nodes itself"
-        )
-    if not math.isfinite(settings.scan_interval_seconds):  # pragma: no cover - read_number checks it
-        raise ConfigError(f"{p}.scan_interval_seconds: must be finite")
-    return settings
+        raise SettingsError("", [("flavours", f"{exc} (set `flavours` here or in the extender config)")]) from exc
+    return settings.model_copy(update={"flavours": tuple(flavours)})
 
 
 def load_autoscaler_config(path: str | Path | None, extender: ExtenderConfig) -> AutoscalerSettings:
-    p = Path(path) if path is not None else DEFAULT_AUTOSCALER_CONFIG
-    return load_yaml_config(p, "autoscaler config", lambda raw, base: parse_autoscaler_config(raw, extender, base=base))
+    """Read the file at ``path`` (None: every default, the catalogue from the extender's file)."""
+    if path is None:
+        return parse_autoscaler_config({}, extender)
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(str(p), [("", f"cannot read: {exc.strerror or exc}")]) from exc
+    except yaml.YAMLError as exc:
+        raise SettingsError(str(p), [("", f"not valid YAML: {exc}")]) from exc
+    try:
+        return parse_autoscaler_config(raw, extender, base=p.resolve().parent)
+    except SettingsError as exc:
+        raise SettingsError(str(p), exc.problems) from None

@@ -171,9 +171,7 @@ class AutoscalerLoop:
         self._adopted_arrivals: list[tuple[str, float]] = []
         # Under cluster-autoscaler with provisioning requests the loop buys (as requests CA carries out) but never
         # removes nodes (CA's scale-down does): purchases are not dry-run, deletions and retirements are.
-        self.hands_demand = (
-            settings.provider == "cluster-autoscaler" and settings.expander.provisioning_requests is not None
-        )
+        self.hands_demand = settings.provider == "cluster-autoscaler" and settings.expander.provreq is not None
         # ledger names of planned nodes handed to CA (until fulfilled or forgotten) -> their pods' attempt keys
         self._demand: dict[str, tuple[str, ...]] = {}
         # set by the shell once our open requests were listed (a restarted sidecar adopts them first)
@@ -283,7 +281,7 @@ class AutoscalerLoop:
             self._fulfilled(d, snap, now)
         self._expire(d, snap, now)
         accepts = self._accepts(snap)
-        provreq = self.s.expander.provisioning_requests if self.hands_demand else None
+        provreq = self.s.expander.provreq if self.hands_demand else None
         # under CA only gated pods are ours to hand over: an Unschedulable pod is CA's own demand already
         held = (
             snap.unschedulable_pods(self.s.scheduler_names, now, provreq.gated_demand_seconds, gated_only=True)
@@ -371,14 +369,14 @@ class AutoscalerLoop:
     def _scan_settings(self, views: list[Node]) -> autoscale_scan.ScanSettings:
         """Handing demand to CA, a planned node must fit CA's node template: the catalogue less the DaemonSet pods
         the nodes we see carry (the most on any node) and the configured reserve (CA's template system pods)."""
-        provreq = self.s.expander.provisioning_requests
+        provreq = self.s.expander.provreq
         if not self.hands_demand or provreq is None:
             return self.scan_settings
         daemons = [Resources.total(p.requests for p in v.pods if _is_daemon(p)) for v in views]
         worst = Resources(
             max((r.cpu_milli for r in daemons), default=0), max((r.memory_bytes for r in daemons), default=0), 0
         )
-        flavours = autoscale.with_headroom(self.scan_settings.flavours, worst + provreq.node_reserve)
+        flavours = autoscale.with_headroom(self.scan_settings.flavours, worst + provreq.node_reserve.resources())
         return dataclasses.replace(self.scan_settings, flavours=flavours)
 
     def _fulfilled(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -179,8 +178,9 @@ def ca_mode_settings(settings: AutoscalerSettings) -> AutoscalerSettings:
     A user's ``dry_run: true`` also means no ProvisioningRequest: plans are only reported."""
     expander = settings.expander
     if settings.dry_run:
-        expander = dataclasses.replace(expander, provisioning_requests=None)
-    return dataclasses.replace(settings, dry_run=True, expander=expander)
+        off = expander.provisioning_requests.model_copy(update={"enabled": False})
+        expander = expander.model_copy(update={"provisioning_requests": off})
+    return settings.model_copy(update={"dry_run": True, "cluster_autoscaler": expander})
 
 
 async def start_autoscaler(
@@ -222,7 +222,7 @@ async def start_autoscaler(
             metrics=metrics,
         )
         await expander.start()
-        if settings.expander.provisioning_requests is not None:
+        if settings.expander.provreq is not None:
             provider = ProvisioningRequestProvider(
                 api_client,
                 settings.expander.provisioning_requests.namespace,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
@@ -49,7 +48,7 @@ def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="extender YAML (Kubernetes access, node groups, flavours; default config/extender.yaml)"
     )
-    parser.add_argument("--autoscaler-config", help="autoscaler YAML (default extender/autoscaler/autoscaler.yaml)")
+    parser.add_argument("--autoscaler-config", help="autoscaler YAML (every option: docs/settings/autoscaler.yaml; none: the defaults)")
     parser.add_argument("--metrics-port", type=int, help="override autoscaler.metrics.port (0: any free port)")
     parser.add_argument(
         "--consolidation-config",
@@ -76,7 +75,9 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
         print(f"qos-extender autoscaler: {exc}", file=sys.stderr)
         return 2
     if args.metrics_port is not None:
-        settings = dataclasses.replace(settings, metrics_port=args.metrics_port)
+        settings = settings.model_copy(
+            update={"metrics": settings.metrics.model_copy(update={"port": args.metrics_port})}
+        )
     if args.check_config:
         for f in settings.flavours:
             c = f.capacity

@@ -190,7 +190,10 @@ def reference_yaml(model: type[Settings], top: str | None = None, width: int = 1
 
 
 def _emit(model: type[Settings], values: Mapping[str, Any], indent: str, lines: list[str], width: int) -> None:
-    for name, field in model.model_fields.items():
+    for attr, field in model.model_fields.items():
+        if field.exclude:  # set by a loader, not an option of the file
+            continue
+        name = field.alias or attr
         sub = _settings_type(field.annotation)
         desc = " ".join((field.description or (sub.__doc__ if sub is not None else "") or "").split())
         if desc:

@@ -38,7 +38,7 @@ def sample_lag(dist: LagDistribution, rng: random.Random) -> float:
     if dist.distribution == "fixed":
         value = dist.seconds
     elif dist.distribution == "uniform":
-        value = rng.uniform(dist.minimum, dist.maximum)
+        value = rng.uniform(dist.minimum, dist.upper)
     elif dist.distribution == "normal":
         value = max(dist.minimum, rng.gauss(dist.seconds, dist.sd))
     else:  # lognormal: median seconds, shape sigma
