@@ -48,7 +48,9 @@ def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", help="extender YAML (Kubernetes access, node groups, flavours; default config/extender.yaml)"
     )
-    parser.add_argument("--autoscaler-config", help="autoscaler YAML (every option: docs/settings/autoscaler.yaml; none: the defaults)")
+    parser.add_argument(
+        "--autoscaler-config", help="autoscaler YAML (every option: docs/settings/autoscaler.yaml; none: the defaults)"
+    )
     parser.add_argument("--metrics-port", type=int, help="override autoscaler.metrics.port (0: any free port)")
     parser.add_argument(
         "--consolidation-config",
