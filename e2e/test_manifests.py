@@ -370,7 +370,7 @@ def test_rendered_configmaps_load_with_the_projects_loaders(
         raw = yaml.safe_load(data["autoscaler.yaml"])
         stand_in = str(ROOT / "config" / "extender.yaml")
         for key in ("cert_file", "key_file"):  # files inside the pod: stand-ins that exist here
-            if raw["autoscaler"]["cluster_autoscaler"].get(key):
+            if raw["autoscaler"].get("cluster_autoscaler", {}).get(key):
                 raw["autoscaler"]["cluster_autoscaler"][key] = stand_in
         files["autoscaler.yaml"].write_text(yaml.safe_dump(raw))
         assert load_autoscaler_config(files["autoscaler.yaml"], extender).provider == provider
@@ -528,7 +528,7 @@ def test_local_overlay_fits_this_machine(rendered: dict[str, list[dict[str, Any]
     assert mounts["state"]["subPathExpr"] == "$(NODE_NAME)/qos-agent"
     assert not any("containerd" in v.get("hostPath", {}).get("path", "") for v in volumes.values())
     cfg = yaml.safe_load(_configmap(docs, "qos-autoscaler-config")["autoscaler.yaml"])
-    assert cfg["autoscaler"]["provider"] == "kwok"
+    assert cfg["autoscaler"].get("provider", "kwok") == "kwok"  # the lab's file leaves the default, kwok
 
 
 def _kubectl() -> list[str]:

@@ -195,7 +195,11 @@ class CaExpanderSettings(Settings):
     def _check(self) -> CaExpanderSettings:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file must be set together")
-        if self.cloud_provider is not None and self.cloud_provider.listen == self.listen:
+        if (
+            self.cloud_provider is not None
+            and self.cloud_provider.listen == self.listen
+            and not self.listen.endswith(":0")  # port 0: each gets a free port of its own
+        ):
             raise ValueError(f"cloud_provider.listen: must differ from listen ({self.listen})")
         return self
 
