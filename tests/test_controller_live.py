@@ -180,20 +180,7 @@ async def test_release_pin_timeout_and_rebuild() -> None:
         assert took_over.ep(time.time())[0] >= e - 0.5 and took_over.state.value == "running"
         assert _leader_gauge(standby) == 1
     finally:
-        if running is not None:
-            await running.stop()
-        with contextlib.suppress(ApiError):
-            coordination = k8s.CoordinationV1Api(api)
-            await read_json(
-                await coordination.delete_namespaced_lease(
-                    f"kube-qos-extender-{run}", "kube-system", _preload_content=False
-                )
-            )
-        with contextlib.suppress(ApiError):
-            await read_json(await core.delete_namespace(run, _preload_content=False))
-        with contextlib.suppress(ApiError):
-            await read_json(await core.delete_node(run, _preload_content=False))
-        await api.close()
+        await _clean_up(api, running, run, (run,))
 
 
 def _kwok_node(name: str, run: str, cpu: str) -> dict[str, Any]:
@@ -291,21 +278,27 @@ async def test_a_pod_pinned_to_a_host_that_filled_up_is_requeued() -> None:
         assert running.controller.metrics.requeued.labels("recreated")._value.get() == 1
         assert (await get("squatter"))["spec"]["nodeName"] == full  # nothing else moved
     finally:
-        if running is not None:
-            await running.stop()
-        with contextlib.suppress(ApiError):
-            coordination = k8s.CoordinationV1Api(api)
-            await read_json(
-                await coordination.delete_namespaced_lease(
-                    f"kube-qos-extender-{run}", "kube-system", _preload_content=False
-                )
+        await _clean_up(api, running, run, (full, free))
+
+
+async def _clean_up(api: Any, running: Running | None, run: str, nodes: tuple[str, ...]) -> None:
+    """Stop the extender, then remove its Lease, the run's namespace and its nodes (each step tolerating a 404)."""
+    core = k8s.CoreV1Api(api)
+    if running is not None:
+        await running.stop()
+    with contextlib.suppress(ApiError):
+        coordination = k8s.CoordinationV1Api(api)
+        await read_json(
+            await coordination.delete_namespaced_lease(
+                f"kube-qos-extender-{run}", "kube-system", _preload_content=False
             )
+        )
+    with contextlib.suppress(ApiError):
+        await read_json(await core.delete_namespace(run, _preload_content=False))
+    for name in nodes:
         with contextlib.suppress(ApiError):
-            await read_json(await core.delete_namespace(run, _preload_content=False))
-        for name in (full, free):
-            with contextlib.suppress(ApiError):
-                await read_json(await core.delete_node(name, _preload_content=False))
-        await api.close()
+            await read_json(await core.delete_node(name, _preload_content=False))
+    await api.close()
 
 
 async def _has(fn: Callable[[], Awaitable[set[str]]], wanted: set[str]) -> bool:
