@@ -261,7 +261,9 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
                 f"bound {sorted((round(t, 1), n) for n, t in bound_at.items())}\n" + _tail(log_path)
             )
             assert provider.history, "no ProvisioningRequest was made\n" + diag
-            assert annotated == in_requests, diag  # every pod of a request says so to CA: never bought twice
+            # every pod of a request says so to CA (never bought twice), but a pod the controller re-queued: its copy
+            # drops the annotation with the pin (its former request's room was taken; it is planned afresh)
+            assert annotated == in_requests - set(requeued), (requeued, diag)
             # Exactly our choice: never a node beyond it, and every node of it bought except those of requests we
             # withdrew before CA reported them Provisioned (their pods bound elsewhere first: deleted unbought, seen
             # once, a 1-node e2e.cpu request; or CA failed them and they were planned again).
@@ -284,7 +286,8 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             # ---- Q order: gold binds before bronze
             by_class: dict[str, list[float]] = {}
             for name, t in bound_at.items():
-                if classes[name] != "default":
+                # (a re-queued pod's time includes requeue_pinned_seconds of the race it recovered from)
+                if classes[name] != "default" and name not in requeued:
                     by_class.setdefault(classes[name], []).append(t)
             med = {c: statistics.median(ts) for c, ts in by_class.items()}
             # released in Q order as room appears: gold's median and last bind come no later than bronze's (a node a
