@@ -263,7 +263,8 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             assert provider.history, "no ProvisioningRequest was made\n" + diag
             # every pod of a request says so to CA (never bought twice), but a pod the controller re-queued: its copy
             # drops the annotation with the pin (its former request's room was taken; it is planned afresh)
-            assert annotated == in_requests - set(requeued), (requeued, diag)
+            # (it carries the annotation again if a new request was planned for it)
+            assert annotated - set(requeued) == in_requests - set(requeued), (requeued, diag)
             # Exactly our choice: never a node beyond it, and every node of it bought except those of requests we
             # withdrew before CA reported them Provisioned (their pods bound elsewhere first: deleted unbought, seen
             # once, a 1-node e2e.cpu request; or CA failed them and they were planned again).
