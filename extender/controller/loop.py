@@ -532,7 +532,11 @@ class QosController:
         for key in stuck_pins(waiting, nodes, self.requeue_after):
             info = mine[key]
             self._requeueing.add(key)
-            task = asyncio.create_task(self._requeue(info, now - self._unschedulable_since[key][1]))
+            waited = now - self._unschedulable_since[key][1]
+            # a pod still there after this attempt (refused, kept, an API error) is tried again only after another
+            # requeue_pinned_seconds: one attempt and one Event per period, not one per pass
+            self._unschedulable_since[key] = (info.uid, now)
+            task = asyncio.create_task(self._requeue(info, waited))
             self._requeues.add(task)
             task.add_done_callback(self._requeues.discard)
             task.add_done_callback(functools.partial(self._requeued, key))
