@@ -111,9 +111,13 @@ class _Owner:
     name: str
 
 
-def _uid_precondition(uid: str) -> Any:
-    """DeleteOptions that delete only this incarnation of the pod (never the copy that replaced it)."""
-    return {"preconditions": {"uid": uid}}
+def _unchanged(uid: str, resource_version: object) -> Any:
+    """DeleteOptions that delete only this incarnation of the pod (never the copy that replaced it), and only as it
+    was read: bound (or changed) meanwhile, the delete is refused (409) and the pod kept."""
+    preconditions: dict[str, str] = {"uid": uid}
+    if isinstance(resource_version, str) and resource_version:
+        preconditions["resourceVersion"] = resource_version
+    return {"preconditions": preconditions}
 
 
 def _owner(request: str) -> _Owner:
@@ -571,7 +575,7 @@ class QosController:
         try:
             await read_json(
                 await self.core.delete_namespaced_pod(
-                    name, namespace, body=_uid_precondition(info.uid),
+                    name, namespace, body=_unchanged(info.uid, (raw.get("metadata") or {}).get("resourceVersion")),
                     grace_period_seconds=0, _preload_content=False, _request_timeout=self.timeout,
                 )
             )  # fmt: skip
