@@ -93,22 +93,9 @@ async def test_release_pin_timeout_and_rebuild() -> None:
     run = f"ctl-{uuid.uuid4().hex[:6]}"
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
     core = k8s.CoreV1Api(api)
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": run,
-            "annotations": {"kwok.x-k8s.io/node": "fake"},
-            "labels": {"type": "kwok", "ctl-live": run},
-        },
-        "status": {
-            "allocatable": {"cpu": "2", "memory": "4Gi", "pods": "110"},
-            "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"},
-        },
-    }
     running: Running | None = None
     try:
-        await read_json(await core.create_node(node, _preload_content=False))
+        await read_json(await core.create_node(_kwok_node(run, run, "2"), _preload_content=False))
         namespace = {"metadata": {"name": run, "labels": {INSTANCE_ANNOTATION: run}}}  # skipped by local-up's webhook
         await read_json(await core.create_namespace(namespace, _preload_content=False))
         running = await start(_config(kubeconfig, run, "a"))
