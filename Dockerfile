@@ -34,7 +34,6 @@ COPY extender/ extender/
 RUN /opt/venv/bin/pip install --no-deps . \
  && /opt/venv/bin/python -m extender.autoscaler.protogen \
  && /opt/venv/bin/python -m compileall -q "${QOS_PROTO_CACHE}" \
- && cp extender/extender.yaml /opt/venv/share/kube-qos-extender/extender.yaml \
  && /opt/venv/bin/pip uninstall -q -y pip \
  && /opt/venv/bin/qos-extender --help > /dev/null
 

@@ -331,7 +331,6 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 def bench_transport(n: int, config: ExtenderConfig) -> list[dict[str, Any]]:
     """requests/s of POST /bind over (mTLS | plain) x (keep-alive | new connection per request)."""
-    import dataclasses
     import ssl
     import tempfile
 
@@ -358,8 +357,10 @@ def bench_transport(n: int, config: ExtenderConfig) -> list[dict[str, Any]]:
             (d / f"{name}.ext").write_text(ext + "\n")
             _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
                      "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext", cwd=d)  # fmt: skip
-        tls = TlsConfig(str(d / "server.crt"), str(d / "server.key"), str(d / "ca.crt"))
-        cfg = dataclasses.replace(config, server=ServerConfig(port=0, tls=tls))
+        tls = TlsConfig(
+            cert_file=str(d / "server.crt"), key_file=str(d / "server.key"), client_ca_file=str(d / "ca.crt")
+        )
+        cfg = config.model_copy(update=dict(server=ServerConfig(port=0, tls=tls)))
         client_ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
         client_ctx.load_cert_chain(str(d / "client.crt"), str(d / "client.key"))
 

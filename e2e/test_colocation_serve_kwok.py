@@ -30,7 +30,7 @@ import yaml
 
 from e2e.conftest import MARKER
 from e2e.kwok_usage import IMAGE, fixture_model, kwok_usage_node, service_pod, slack_test_settings
-from extender.config import DEFAULT_CONFIG_PATH
+from extender.config import ExtenderConfig
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
 from extender.core.model import memory_bytes
 from extender.kube.sync_client import Kube
@@ -85,7 +85,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def test_serve_runs_the_slack_controller_when_enabled(env: tuple[Kube, str, str, str], tmp_path: Path) -> None:
     kube, prom, ns, kubeconfig = env
     node = f"{ns}-node"
-    base = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    base = ExtenderConfig().model_dump(mode="json", by_alias=True)
     base["kubernetes"]["kubeconfig"] = kubeconfig
     base["controller"]["enabled"] = False
     base["slack"].update(slack_test_settings(prom, tmp_path / "model.json", ns))
@@ -136,7 +136,7 @@ def test_serve_moves_opted_in_batch_pods_onto_the_slack(env: tuple[Kube, str, st
     ca, cert, key = _needs("EXTENDER_CA"), _needs("EXTENDER_SERVING_CERT"), _needs("EXTENDER_SERVING_KEY")
     tls = ssl.create_default_context(cafile=ca)
     tls.load_cert_chain(_needs("EXTENDER_CLIENT_CERT"), _needs("EXTENDER_CLIENT_KEY"))  # the metrics client
-    config = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    config = ExtenderConfig().model_dump(mode="json", by_alias=True)
     config["kubernetes"]["kubeconfig"] = kubeconfig
     config["controller"]["enabled"] = False
     port = _free_port()

@@ -1,7 +1,7 @@
 """config/: the kustomize base and the kind overlay render with the real kubectl v1.35 (kustomize built in),
 the objects pass the real kube-apiserver's validation (server-side dry run), the KubeSchedulerConfiguration
 passes the real kube-scheduler's validation, the alert rules pass promtool, and the deploy-time extender
-config, flavours and PriorityClasses agree with config/extender.yaml.
+config, flavours and PriorityClasses agree with the extender's settings.
 
 Marked live: it needs the binaries from hack/build-tools.sh and (for the dry run) the cluster of the e2e run.
 """
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.config import load_config, parse_config
+from extender.config import deep_merge, load_config, parse_config
 
 pytestmark = [pytest.mark.live]
 
@@ -194,40 +194,30 @@ def test_dashboard_has_the_promised_panels(base: list[dict[str, Any]]) -> None:
     assert all(t["expr"] for p in dash["panels"] for t in p["targets"])
 
 
-def test_deployed_config_differs_in_server_kubeconfig_and_lease_namespace(base: list[dict[str, Any]]) -> None:
-    deployed = yaml.safe_load(_configmap(base, "qos-extender-config")["extender.yaml"])
-    shipped = yaml.safe_load((ROOT / "config" / "extender.yaml").read_text())
-    assert deployed["kubernetes"]["kubeconfig"] is None
-    for key in set(shipped) | set(deployed):
-        if key == "server":
-            continue
-        if key == "kubernetes":
-            assert {**deployed[key], "kubeconfig": None} == {**shipped[key], "kubeconfig": None}
-            continue
-        if key == "scheduling":  # no routing marker in the deployment: its kube-scheduler serves qos-scheduler only
-            assert deployed[key]["marker_resource"] is None and shipped[key]["marker_resource"]
-            assert {**deployed[key], "marker_resource": None} == {**shipped[key], "marker_resource": None}
-            continue
-        if key == "controller":  # the Lease lives in the deployment's own namespace (its Role is there)
-            assert deployed[key]["leader_election"]["lease_namespace"] == "kube-qos-system"
-            ours = {**deployed[key], "leader_election": {**deployed[key]["leader_election"], "lease_namespace": None}}
-            theirs = {**shipped[key], "leader_election": {**shipped[key]["leader_election"], "lease_namespace": None}}
-            assert ours == theirs
-            continue
-        assert deployed.get(key) == shipped.get(key), key
+def test_deployed_config_differs_only_in_server_marker_and_lease_namespace(base: list[dict[str, Any]]) -> None:
+    """The ConfigMap holds the base file as written: only what differs from the defaults, nothing copied."""
+    data = _configmap(base, "qos-extender-config")
+    assert data == {
+        "extender.yaml": (ROOT / "config/base/extender.yaml").read_text(),
+        "controller.yaml": (ROOT / "config/base/controller.yaml").read_text(),
+    }
+    deployed = yaml.safe_load(data["extender.yaml"])
+    assert set(deployed) == {"server", "scheduling", "controller"}
+    assert deployed["scheduling"] == {"marker_resource": None}  # its kube-scheduler serves qos-scheduler only
+    assert deployed["controller"] == {"leader_election": {"lease_namespace": "kube-qos-system"}}  # its Role is there
     tls = deployed["server"]["tls"]
     assert tls["cert_file"] and tls["client_ca_file"], "the deployed extender must require client certificates"
     # The strict loader accepts it (TLS files replaced by stand-ins that exist here).
-    stand_in = str(ROOT / "config" / "extender.yaml")
+    stand_in = str(ROOT / "config" / "flavours.yaml")
     deployed["server"]["tls"] = {"cert_file": stand_in, "key_file": stand_in, "client_ca_file": stand_in}
-    parse_config(deployed)
+    cfg = parse_config(deployed)
+    assert cfg.kubernetes.kubeconfig is None and not cfg.controller.enabled
 
 
 def test_flavours_and_priority_classes_match_the_extender_config(base: list[dict[str, Any]]) -> None:
     cfg = load_config(None)
     flavours = yaml.safe_load((ROOT / "config" / "flavours.yaml").read_text())["flavours"]
-    shipped = yaml.safe_load((ROOT / "config" / "extender.yaml").read_text())["flavours"]
-    assert flavours == shipped
+    assert [f.name for f in cfg.flavours] == [f["name"] for f in flavours]
     values = {d["metadata"]["name"]: d["value"] for d in _by_kind(base, "PriorityClass")}
     assert values == {f"qos-{name}": cls.priority for name, cls in cfg.policy.classes.items()}
 
@@ -338,8 +328,8 @@ def test_default_is_base_controller_agent_and_autoscaler(rendered: dict[str, lis
         ("PodMonitor", "qos-agent"),
         ("PrometheusRule", "qos-extender"),
     } <= kinds
-    cfg = yaml.safe_load(_configmap(rendered["default"], "qos-extender-config")["extender.yaml"])
-    assert cfg["controller"]["enabled"] is True
+    cfg = yaml.safe_load(_configmap(rendered["default"], "qos-extender-config")["controller.yaml"])
+    assert cfg == {"controller": {"enabled": True}}
 
 
 def _load_rendered(tmp_path: Path, data: dict[str, str]) -> dict[str, Path]:
@@ -368,7 +358,7 @@ def test_rendered_configmaps_load_with_the_projects_loaders(
         files = _load_rendered(tmp_path / overlay, data)
         extender = load_config(files["extender.yaml"])
         raw = yaml.safe_load(data["autoscaler.yaml"])
-        stand_in = str(ROOT / "config" / "extender.yaml")
+        stand_in = str(ROOT / "config" / "flavours.yaml")
         for key in ("cert_file", "key_file"):  # files inside the pod: stand-ins that exist here
             if raw["autoscaler"].get("cluster_autoscaler", {}).get(key):
                 raw["autoscaler"]["cluster_autoscaler"][key] = stand_in
@@ -384,7 +374,8 @@ def test_rendered_configmaps_load_with_the_projects_loaders(
     raw["consolidation"]["agent"].update(dict.fromkeys(("cert_file", "key_file", "ca_file"), stand_in))
     assert parse_consolidation_config(raw).enabled
 
-    ext = yaml.safe_load(_configmap(rendered["default"], "qos-extender-config")["extender.yaml"])
+    cm = _configmap(rendered["default"], "qos-extender-config")
+    ext = deep_merge(yaml.safe_load(cm["extender.yaml"]), yaml.safe_load(cm["controller.yaml"]))
     ext["server"]["tls"] = {"cert_file": stand_in, "key_file": stand_in, "client_ca_file": stand_in}
     assert parse_config(ext).controller.enabled
 

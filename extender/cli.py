@@ -17,7 +17,7 @@ import yaml
 
 from extender.autoscaler.config import AutoscalerSettings, parse_autoscaler_config
 from extender.autoscaler.view import GATED_DEMAND_SECONDS
-from extender.config import ExtenderConfig, parse_config
+from extender.config import ExtenderConfig, deep_merge, parse_config
 from extender.consolidation.config import ConsolidationSettings, parse_consolidation_config
 from extender.core.model import InvalidInputError
 from extender.processes import agent as agent_process
@@ -87,11 +87,12 @@ def _yaml(path: Path) -> dict[str, Any]:
 
 
 def load_product_settings(config_dir: str | Path) -> ProductSettings:
-    """``--product-config DIR``: the product's files in a config/ tree (controller/extender.yaml,
-    autoscaler/autoscaler.yaml, autoscaler/consolidation/consolidation.yaml), validated by the processes' own
-    parsers. The certificate paths (Secret mounts in a pod) are dropped first: a simulation opens no socket."""
+    """``--product-config DIR``: the product's files in a config/ tree (base/extender.yaml with
+    controller/controller.yaml layered over it, autoscaler/autoscaler.yaml, autoscaler/consolidation/
+    consolidation.yaml), validated by the processes' own parsers. The certificate paths (Secret mounts in a pod)
+    are dropped first: a simulation opens no socket."""
     root = Path(config_dir)
-    ext = _yaml(root / "controller" / "extender.yaml")
+    ext = deep_merge(_yaml(root / "base" / "extender.yaml"), _yaml(root / "controller" / "controller.yaml"))
     if isinstance(ext.get("server"), dict):
         ext["server"].pop("tls", None)
     scaler = _yaml(root / "autoscaler" / "autoscaler.yaml")
@@ -254,7 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
 
     srv = sub.add_parser("serve", help="run the kube-scheduler extender webhook (filter/prioritize/preempt/bind)")
-    srv.add_argument("--config", help="YAML configuration (default config/extender.yaml)")
+    srv.add_argument(
+        "--config",
+        action="append",
+        help="YAML settings; repeat to layer files (deep-merged in order). Every option and its default: "
+        "docs/settings/extender.yaml; none: every default",
+    )
     srv.add_argument("--host", help="override server.host")
     srv.add_argument("--port", type=int, help="override server.port (0: any free port)")
     srv.set_defaults(func=serve_process.run_serve_command)

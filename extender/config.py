@@ -1,22 +1,38 @@
-"""Configuration of `qos-extender serve`: one YAML file, validated completely at start.
+"""Settings of `qos-extender serve` (and what the autoscaler shares with it), on the strict settings base.
 
-Every option is documented in ``config/extender.yaml`` (the default file), which doubles as the reference.
-Loading is strict: an unknown key, a wrong type or an out-of-range value stops the process with an error
-naming the option (``scheduling.profile: must be one of cost, spread (got 'fast')``), because a typo that
-silently falls back to a default changes placement decisions without anyone noticing.
+Every option is declared once below: its type, default, bounds and description (the attribute docstring). The
+reference users copy from (docs/settings/extender.yaml) and its JSON Schema are generated from these models
+(``python -m extender.processes.settings_reference``), so they cannot drift. Loading is strict: an unknown key, a
+wrong type (``server.port: "8888"``, ``controller.enabled: "false"``) or an out-of-range value stops the process,
+and every such error of the files is named at once, because a typo that silently falls back to a default changes
+placement decisions without anyone noticing.
+
+Deployed files hold only what differs from the defaults. ``--config`` may be given several times: the files are
+deep-merged in order (a mapping merges key by key, anything else -- a list included -- replaces), so an overlay
+(config/controller's ``controller.enabled: true``) is one line, not a copy of the base. The flavour catalogue is
+set in one place, extender/flavours.yaml (config/flavours.yaml), and is the default of ``flavours``.
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    PrivateAttr,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
+from extender.core.characterise import CharacteriseConfig
 from extender.core.model import (
     DEFAULT_CLASSES,
     Flavour,
@@ -28,711 +44,798 @@ from extender.core.model import (
     memory_bytes,
 )
 from extender.core.qos import RECOMMENDED_HYSTERESIS_SECONDS, RECOMMENDED_QUANTUM_SECONDS, QosPolicy
-from extender.settings import SettingsError
-
-T = TypeVar("T")
+from extender.settings import ExistingFile, RelativePath, Settings, SettingsError, load_settings, resolve_files
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH",
+    "FLAVOURS_PATH",
     "MARKER_RESOURCE",
+    "METRICS_CLIENT_CN",
+    "SCHEDULER_CLIENT_CN",
     "BindConfig",
+    "CharacteriseSettings",
+    "ClassSettings",
+    "ColocateConfig",
     "ConfigError",
     "ControllerConfig",
     "ExtenderConfig",
     "KubernetesConfig",
+    "LabelSelector",
+    "LeaderElectionConfig",
+    "LoggingConfig",
     "NodeGroupsConfig",
     "PodDefaults",
+    "QosSettings",
     "SchedulingConfig",
     "ServerConfig",
+    "SlackConfig",
     "TlsConfig",
+    "deep_merge",
     "load_config",
-    "load_yaml_config",
     "parse_config",
     "parse_flavours",
-    "read_bool",
-    "read_file_path",
-    "read_int",
-    "read_labels",
-    "read_number",
-    "read_req_str",
-    "read_str",
-    "section",
+    "read_yaml_files",
 ]
 
-# Shipped inside the package (package data), so an installed wheel or the image finds its defaults without the
-# source tree; config/extender.yaml is a symlink to it, the documented reference users copy and edit.
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "extender.yaml"
+# Shipped inside the package (package data), so an installed wheel or the image has its default catalogue
+# without the source tree; config/flavours.yaml is a symlink to it (hack/ makes the local nodes from it).
+FLAVOURS_PATH = Path(__file__).resolve().parent / "flavours.yaml"
 
-PROFILES = ("cost", "spread")
-UNLABELLED_POLICIES = ("any", "batch", "service", "none")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 MARKER_RESOURCE = "qos.kube-qos-extender.io/managed"
-
 
 # The client certificates' subject CNs this project's manifests and scripts issue (config/base, hack/).
 SCHEDULER_CLIENT_CN = "kube-scheduler-extender-client"
 METRICS_CLIENT_CN = "prometheus-extender-client"
 
+NonEmpty = Annotated[str, Field(min_length=1)]
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
 
 class ConfigError(SettingsError):
-    """The configuration file is unusable; the message names the offending option."""
+    """The configuration files are unusable; the message names every offending option."""
 
 
-# ----------------------------------------------------------------------------------------------- sections
+# ------------------------------------------------------------------------------------------------ server
 
 
-@dataclass(frozen=True, slots=True)
-class TlsConfig:
-    cert_file: str | None = None
-    key_file: str | None = None
-    client_ca_file: str | None = None
-    # Subject common names allowed on the verbs (kube-scheduler's client certificate) and on /metrics (the
-    # scraper's): a certificate signed by client_ca_file proves who the client is, these lists say what it may
-    # do, so a metrics credential cannot create Bindings.
-    verb_clients: tuple[str, ...] = (SCHEDULER_CLIENT_CN,)
-    metrics_clients: tuple[str, ...] = (METRICS_CLIENT_CN,)
+class TlsConfig(Settings):
+    """TLS of the webhook's listener. With client_ca_file set, a client certificate must be signed by it or the
+    handshake fails, but presenting one is optional at the TLS level (ssl.CERT_OPTIONAL): /healthz, /readyz
+    (kubelet probes) and /admission/mutate (the API server) answer without one; every other path answers 403
+    unless the certificate's subject CN is allowed for it (verb_clients, metrics_clients)."""
+
+    cert_file: ExistingFile | None = None
+    """PEM certificate chain of the server; with key_file, the server speaks HTTPS (set enableHTTPS: true in the
+    scheduler's extender config). Relative paths are read from the folder of the file that sets them."""
+    key_file: ExistingFile | None = None
+    """PEM private key of cert_file (both or neither)."""
+    client_ca_file: ExistingFile | None = None
+    """PEM bundle of the CAs that sign client certificates (needs cert_file)."""
+    verb_clients: tuple[NonEmpty, ...] = (SCHEDULER_CLIENT_CN,)
+    """Subject CNs allowed on POST /filter /prioritize /preempt /bind: kube-scheduler's extender client
+    certificate. Empty: nobody over TLS."""
+    metrics_clients: tuple[NonEmpty, ...] = (METRICS_CLIENT_CN,)
+    """Subject CNs allowed on GET /metrics (the scraper). A metrics credential cannot call the verbs, and the
+    scheduler's cannot scrape, unless a name is in both lists."""
 
     @property
     def enabled(self) -> bool:
         return self.cert_file is not None
 
-
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8888
-    max_body_bytes: int = 64 * 1024 * 1024
-    request_timeout_seconds: float = 12.0
-    tls: TlsConfig = field(default_factory=TlsConfig)
-    # A second, verbs-only listener on 127.0.0.1 without TLS (None: off): for the sidecar topology, where
-    # kube-scheduler and the extender share the pod's network namespace and the loopback is private to them.
-    loopback_verbs_port: int | None = None
+    @model_validator(mode="after")
+    def _pairs(self) -> TlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file: cert_file and key_file must be set together")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("client_ca_file: client certificates need TLS: set cert_file and key_file too")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class KubernetesConfig:
-    kubeconfig: str | None = None
-    context: str | None = None
-    watch_timeout_seconds: int = 300
-    backoff_initial_seconds: float = 0.5
-    backoff_max_seconds: float = 30.0
-    request_timeout_seconds: float = 30.0
+class ServerConfig(Settings):
+    """The webhook's listener (the scheduler extender verbs, admission, /metrics, probes)."""
+
+    host: NonEmpty = "127.0.0.1"
+    """Address to listen on. 127.0.0.1 by default: expose it deliberately (and with TLS) when the scheduler runs on
+    another host."""
+    port: int = Field(8888, ge=0, le=65535)
+    """TCP port (0 picks a free port; the chosen one is logged). Must match the scheduler's extender urlPrefix."""
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=2**31)
+    """Largest request body accepted, in bytes; larger bodies get 413 with a JSON error. nodeCacheCapable: false
+    sends every candidate Node in full, roughly 3-5 KiB each: 64 MiB covers ~10,000 nodes."""
+    request_timeout_seconds: Seconds = 12.0
+    """Per-request deadline; a verb still running then answers 503 with a JSON error. Keep it below the scheduler's
+    extender httpTimeout (15 s in config/base; kube-scheduler's default 5 s is too short for bind on a loaded API
+    server). filter, prioritize and preempt answer from memory in milliseconds: the deadline matters to bind."""
+    tls: TlsConfig = TlsConfig()
+    loopback_verbs_port: int | None = Field(None, ge=1, le=65535)
+    """A second, verbs-only listener on 127.0.0.1:<port> without TLS (null: off). For the sidecar topology
+    (config/base), where kube-scheduler and the extender share the pod's network namespace, so the loopback is
+    private to the pod: kube-scheduler's extender transport keeps 2 idle connections and no TLS session cache, so
+    over mTLS concurrent binds pay full handshakes."""
+
+
+class KubernetesConfig(Settings):
+    """Access to the API server: one list+watch per resource kind, Events, Bindings."""
+
+    kubeconfig: ExistingFile | None = None
+    """kubeconfig file; null: $KUBECONFIG, then ~/.kube/config, then the in-cluster service account."""
+    context: NonEmpty | None = None
+    """kubeconfig context; null: the file's current-context."""
+    watch_timeout_seconds: int = Field(300, ge=1, le=3600)
+    """Server-side timeout of each watch request; the watch then resumes from the last resourceVersion it saw (a
+    410 Gone triggers a fresh list)."""
+    backoff_initial_seconds: Seconds = 0.5
+    """Reconnect backoff after an API error: exponential with jitter from this ..."""
+    backoff_max_seconds: Seconds = 30.0
+    """... up to this (>= backoff_initial_seconds)."""
+    request_timeout_seconds: Seconds = 30.0
+    """Client-side timeout of list and event requests."""
     events: bool = True
-    event_component: str = "qos-extender"
+    """Emit a Kubernetes Event on a pod whose qos.kube-qos-extender.io/ annotations are malformed (once per pod and
+    problem). The pod still gets the documented default."""
+    event_component: NonEmpty = "qos-extender"
+    """reportingComponent / source.component of those Events."""
+
+    @model_validator(mode="after")
+    def _backoff(self) -> KubernetesConfig:
+        if self.backoff_max_seconds < self.backoff_initial_seconds:
+            raise ValueError(
+                f"backoff_max_seconds: must be >= backoff_initial_seconds ({self.backoff_initial_seconds})"
+            )
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class BindConfig:
-    timeout_seconds: float = 10.0
-    attempt_timeout_seconds: float = 10.0
-    backoff_initial_seconds: float = 0.05
-    ledger_ttl_seconds: float = 30.0
+class BindConfig(Settings):
+    """The bind verb: POST .../binding with retries inside one budget."""
 
-
-@dataclass(frozen=True, slots=True)
-class PodDefaults:
-    class_name: str = "bronze"
-    class_from_priority: bool = True
-    kind: WorkloadKind = WorkloadKind.SERVICE
-    batch_runtime_seconds: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulingConfig:
-    profile: str = "cost"
-    scaling_cycle_seconds: float = 300.0
-    managed_resources: tuple[str, ...] = ()
-    # Extended resource that only routes a pod to the extender (kube-scheduler managedResources with
-    # ignoredByScheduler): never required from nodes, never counted by filter.
-    marker_resource: str | None = MARKER_RESOURCE
-
-
-@dataclass(frozen=True, slots=True)
-class NodeGroupsConfig:
-    batch_selector: Mapping[str, str] = field(default_factory=lambda: {"qos.kube-qos-extender.io/node-group": "batch"})
-    service_selector: Mapping[str, str] = field(
-        default_factory=lambda: {"qos.kube-qos-extender.io/node-group": "service"}
-    )
-    unlabelled: str = "any"
-    enforce: bool = True
-    flavour_label: str = "node.kubernetes.io/instance-type"
-
-
-PERSISTENCE_MODES = ("annotation", "memory")
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderElectionConfig:
-    """One controller acts per instance: a coordination.k8s.io Lease (client-go's algorithm). Disabled only
-    where a single process is guaranteed (tests, the benchmark's own extender)."""
-
-    enabled: bool = True
-    lease_name: str | None = None  # None: kube-qos-extender-<controller.instance>
-    lease_namespace: str = "kube-system"
-    identity: str | None = None  # None: $POD_NAME, else the host name
-    lease_duration_seconds: int = 15  # the Lease API holds whole seconds
-    renew_deadline_seconds: float = 10.0
-    retry_period_seconds: float = 2.0
-
-
-HOST_SCORES = ("profile", "least-allocated")
-
-
-@dataclass(frozen=True, slots=True)
-class ControllerConfig:
-    """The QoS controller inside `qos-extender serve` (issue 6): ordering by Q through scheduling gates and
-    same-priority QoS preemption through the Eviction API. Durations are in workload seconds: the controller
-    multiplies measured wall-clock durations by ``time_compression`` before the policy sees them, and divides
-    its own periods (watchdog, gate bound) by it, so a compressed replay takes the same decisions as a real one.
-    """
-
-    enabled: bool = False
-    watchdog_seconds: float = 10.0
-    gate_name: str = "qos.kube-qos-extender.io/ordering"
-    scheduler_name: str = "qos-scheduler"
-    max_gate_seconds: float = 3600.0
-    requeue_pinned_seconds: float = 60.0
-    time_compression: float = 1.0
-    persistence: str = "annotation"
-    persist_interval_seconds: float = 60.0
-    persist_min_interval_seconds: float = 2.0
-    release_concurrency: int = 48
-    pin_node: bool = True
-    instance: str = "default"
-    host_score: str = "profile"
-    leader_election: LeaderElectionConfig = field(default_factory=LeaderElectionConfig)
+    timeout_seconds: Seconds = 10.0
+    """Total budget of one bind verb, retries included. Must be below server.request_timeout_seconds, itself below
+    the scheduler's httpTimeout. Generous on purpose: a bind answered with an Error sends the pod back to
+    kube-scheduler's queue, so on a loaded API server a short budget turns slow Bindings into a retry storm (at
+    3 s, 3,039 of 4,755 binds failed in a 2,000-pod burst on 500 nodes: bench/e2e_throughput.py, issue 17)."""
+    attempt_timeout_seconds: Seconds | None = None
+    """Timeout of one POST attempt (<= timeout_seconds; null: timeout_seconds). 429, 5xx, connection errors and
+    timeouts are retried with exponential backoff until timeout_seconds is spent. It is for a dead connection,
+    not a slow server: a POST cut on a loaded API server was mostly applied anyway (issue 17)."""
+    backoff_initial_seconds: Seconds = 0.05
+    """First retry delay (exponential with jitter)."""
+    ledger_ttl_seconds: Seconds = 30.0
+    """A pod we bound keeps occupying its node in filter until the watch shows it or this many seconds pass, so
+    two pods are never squeezed into the same space."""
 
     @property
-    def lease_name(self) -> str:
-        return self.leader_election.lease_name or f"kube-qos-extender-{self.instance}"
+    def attempt_seconds(self) -> float:
+        """The timeout of one attempt (null: the whole budget)."""
+        return self.attempt_timeout_seconds if self.attempt_timeout_seconds is not None else self.timeout_seconds
+
+    @model_validator(mode="after")
+    def _attempt(self) -> BindConfig:
+        if self.attempt_timeout_seconds is not None and self.attempt_timeout_seconds > self.timeout_seconds:
+            raise ValueError(f"attempt_timeout_seconds: must be <= timeout_seconds ({self.timeout_seconds})")
+        return self
 
 
-@dataclass(frozen=True, slots=True)
-class ExtenderConfig:
-    server: ServerConfig = field(default_factory=ServerConfig)
-    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
-    bind: BindConfig = field(default_factory=BindConfig)
-    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
-    pod_defaults: PodDefaults = field(default_factory=PodDefaults)
-    node_groups: NodeGroupsConfig = field(default_factory=NodeGroupsConfig)
-    policy: QosPolicy = field(
-        default_factory=lambda: QosPolicy(
-            min_run_quantum_seconds=RECOMMENDED_QUANTUM_SECONDS, q_hysteresis_seconds=RECOMMENDED_HYSTERESIS_SECONDS
-        )
+def _extended_resource(name: str) -> str:
+    if "/" not in name:
+        raise ValueError(f"{name!r} is not an extended resource name (domain/name)")
+    return name
+
+
+class SchedulingConfig(Settings):
+    """How pods are placed (papers 000, 004)."""
+
+    profile: Literal["cost", "spread"] = "cost"
+    """cost: services by Best Fit Decreasing, batch pods by time-bin BFD (paper 000 Alg. 1-2). spread: services by
+    kube-scheduler's LeastAllocated (least requested); batch pods still by time-bin BFD."""
+    scaling_cycle_seconds: Seconds = 300.0
+    """Scaling cycle sc: the width of a time bin, bin = remaining runtime // sc (paper 000 §5.1: 5 minutes)."""
+    managed_resources: tuple[NonEmpty, ...] = ()
+    """Extended resources (domain/name) the filter checks exactly, like cpu, memory and pods; others are left to
+    kube-scheduler. List the same names in the scheduler's managedResources."""
+    marker_resource: NonEmpty | None = MARKER_RESOURCE
+    """An extended resource whose only job is to route a pod to this extender: with `managedResources: [{name:
+    <marker>, ignoredByScheduler: true}]` on the extender entry, only pods that request it (injected by the QoS
+    admission webhook for schedulerName qos-scheduler) reach the extender. Nodes never advertise it: filter
+    ignores it (it must not also be in managed_resources). null: none."""
+
+    @field_validator("managed_resources")
+    @classmethod
+    def _managed(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if name in ("cpu", "memory", "pods"):
+                raise ValueError(f"{name!r} is always checked; list only extended resources")
+            _extended_resource(name)
+        if len(set(value)) != len(value):
+            raise ValueError("duplicate resource names")
+        return value
+
+    @field_validator("marker_resource")
+    @classmethod
+    def _marker(cls, value: str | None) -> str | None:
+        return None if value is None else _extended_resource(value)
+
+    @model_validator(mode="after")
+    def _marker_not_managed(self) -> SchedulingConfig:
+        if self.marker_resource is not None and self.marker_resource in self.managed_resources:
+            raise ValueError(
+                f"managed_resources: {self.marker_resource!r} is the marker_resource: nodes never advertise it, "
+                "so filter must not check it"
+            )
+        return self
+
+
+class PodDefaults(Settings):
+    """What a pod without (or with malformed) qos.kube-qos-extender.io/ annotations gets."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    class_name: NonEmpty = Field("bronze", alias="class")
+    """Service class when no `class` annotation/label is set (one of `classes`)."""
+    class_from_priority: bool = True
+    """When no class is set, take the class with the greatest `priority` <= the pod's spec.priority (PriorityClass
+    "high" = 1000 gives gold with the default classes); `class` if none qualifies."""
+    kind: WorkloadKind = WorkloadKind.SERVICE
+    """batch | service, when no `kind` is set."""
+    batch_runtime_seconds: NonNegSeconds | None = None
+    """Runtime estimate of a batch pod without `runtime-seconds`; null: unknown, it counts as finishing now (time
+    bin 0)."""
+
+
+class LabelSelector(Settings):
+    """Every label in match_labels must be present on the node with that value."""
+
+    match_labels: dict[NonEmpty, str] = Field(min_length=1)
+    """Must not be empty: an empty selector matches every node."""
+
+
+class NodeGroupsConfig(Settings):
+    """How a node is recognised as a batch or a service node (paper 000 §4). A node matching both selectors
+    accepts both kinds."""
+
+    batch: LabelSelector = LabelSelector(match_labels={"qos.kube-qos-extender.io/node-group": "batch"})
+    service: LabelSelector = LabelSelector(match_labels={"qos.kube-qos-extender.io/node-group": "service"})
+    unlabelled: Literal["any", "batch", "service", "none"] = "any"
+    """What a node matching neither selector accepts: any kind, only batch pods, only services, or nothing."""
+    enforce: bool = True
+    """false: node groups are reported in logs but never reject a node."""
+    flavour_label: NonEmpty = "node.kubernetes.io/instance-type"
+    """Node label holding the flavour (instance type) name, matched against `flavours`."""
+
+    @property
+    def batch_selector(self) -> Mapping[str, str]:
+        return self.batch.match_labels
+
+    @property
+    def service_selector(self) -> Mapping[str, str]:
+        return self.service.match_labels
+
+    @model_validator(mode="after")
+    def _distinct(self) -> NodeGroupsConfig:
+        if self.batch.match_labels == self.service.match_labels:
+            raise ValueError("batch and service selectors are identical: no node could be told apart")
+        return self
+
+
+class QosSettings(Settings):
+    """QoS-driven ordering and preemption (paper 002). The anti-thrashing knobs are not in the paper (0 and 0 give
+    its exact rule); their defaults were chosen by measurement in the simulator on paper 002's validation 1
+    (docs/papers.md): 2,706 preemptions/hour instead of 17,321, bronze min availability 0.4936 instead of 0.4094,
+    silver min 0.8976, gold min 0.9994."""
+
+    alpha_seconds: NonNegSeconds = 2.0
+    """Expected allocation time alpha, subtracted in Q (paper 002 Eqs. 4, 7)."""
+    min_run_quantum_seconds: NonNegSeconds = RECOMMENDED_QUANTUM_SECONDS
+    """A running pod whose current run is younger than this is not preempted, except for a more important class
+    that is violating its SLO or promises 100 %."""
+    q_hysteresis_seconds: NonNegSeconds = RECOMMENDED_HYSTERESIS_SECONDS
+    """Between pods of the same class, preemption needs Q_victim > Q_pending + this."""
+    overhead_cap: bool = True
+    """Refuse same-class preemption of a pod whose preemption overhead exceeds 1 - slo (paper 002 Eq. 8)."""
+    relax_by_importance: bool = True
+    """Apply the two importance relaxations of paper 002 §3.3.1 below the safety margins."""
+
+
+class ClassSettings(Settings):
+    """A service class (paper 002 §3.1, §4.2)."""
+
+    slo: float = Field(gt=0, le=1.0, allow_inf_nan=False)
+    """Availability SLO sigma in (0, 1] (required)."""
+    importance: int = Field(ge=1, le=1000)
+    """1 = most important (required)."""
+    safety_margin_seconds: float = Field(10.0, allow_inf_nan=False)
+    """Q below it protects a pod from preemption (paper 002 §3.3.1)."""
+    priority: int = Field(0, ge=-(2**31), le=10**9)
+    """The PriorityClass value the class corresponds to (pod_defaults.class_from_priority)."""
+
+    def core(self, name: str) -> ServiceClass:
+        return ServiceClass(name, self.slo, self.importance, self.safety_margin_seconds, self.priority)
+
+
+def _class_settings(c: ServiceClass) -> ClassSettings:
+    return ClassSettings(
+        slo=c.slo, importance=c.importance, safety_margin_seconds=c.safety_margin_seconds, priority=c.priority
     )
-    flavours: tuple[Flavour, ...] = ()
-    log_level: str = "INFO"
-    controller: ControllerConfig = field(default_factory=ControllerConfig)
-    # The `slack` section as given (None: absent): validated by extender.controller.slack_config, which sits
-    # above config in the import layers because its types are the slack controller's (issue 16).
-    slack: Any = None
 
 
-# ---------------------------------------------------------------------------------------------- checkers
-# Public and shared: the autoscaler and consolidation configs are parsed with these same strict readers, so
-# every file rejects unknown keys, wrong types and out-of-range values the same way, naming the option path.
+# ----------------------------------------------------------------------------------------------- flavours
 
 
-def _fail(path: str, message: str) -> ConfigError:
-    return ConfigError(f"{path}: {message}")
-
-
-def section(raw: object, path: str, allowed: set[str]) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise _fail(path, f"must be a mapping, got {type(raw).__name__}")
-    for key in raw:
-        if not isinstance(key, str):
-            raise _fail(path, f"keys must be strings, got {key!r}")
-    unknown = sorted(set(raw) - allowed)
+def _flavour(value: Any) -> Flavour:
+    """A flavour from its file form ({name, cpu, memory, pods, price_per_hour}); a Flavour passes as it is."""
+    if isinstance(value, Flavour):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be a mapping {{name, cpu, memory, pods, price_per_hour}}, got {value!r}")
+    known = {"name", "cpu", "memory", "pods", "price_per_hour"}
+    unknown = sorted(set(value) - known)
     if unknown:
-        raise _fail(
-            f"{path}.{unknown[0]}" if path else unknown[0], f"unknown option (known: {', '.join(sorted(allowed))})"
-        )
-    return dict(raw)
+        raise ValueError(f"{unknown[0]}: unknown option")
+    missing = [k for k in ("name", "cpu", "memory", "price_per_hour") if k not in value]
+    if missing:
+        raise ValueError(f"{missing[0]}: is required")
+    name, pods, price = value["name"], value.get("pods", 110), value["price_per_hour"]
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name: must be a non-empty string, got {name!r}")
+    for key, quantity in (("cpu", value["cpu"]), ("memory", value["memory"])):
+        if isinstance(quantity, bool) or not isinstance(quantity, str | int | float):
+            raise ValueError(f"{key}: must be a Kubernetes quantity, got {quantity!r}")
+    if isinstance(pods, bool) or not isinstance(pods, int) or not 1 <= pods <= 100_000:
+        raise ValueError(f"pods: must be an integer between 1 and 100000, got {pods!r}")
+    if isinstance(price, bool) or not isinstance(price, int | float) or not 0 < price < float("inf"):
+        raise ValueError(f"price_per_hour: must be a finite number > 0, got {price!r}")
+    try:
+        cpu = cpu_millicores(value["cpu"])
+    except InvalidInputError as exc:
+        raise ValueError(f"cpu: {exc}") from exc
+    try:
+        memory = memory_bytes(value["memory"])
+    except InvalidInputError as exc:
+        raise ValueError(f"memory: {exc}") from exc
+    try:
+        return Flavour(name, Resources(cpu, memory, pods), float(price))
+    except InvalidInputError as exc:
+        raise ValueError(str(exc)) from exc
 
 
-def read_bool(raw: dict[str, Any], key: str, path: str, default: bool) -> bool:
-    value = raw.get(key, default)
-    if not isinstance(value, bool):
-        raise _fail(f"{path}.{key}", f"must be true or false, got {value!r}")
-    return value
+def _flavour_data(f: Flavour) -> dict[str, Any]:
+    cpu = f.capacity.cpu_milli
+    return {
+        "name": f.name,
+        "cpu": str(cpu // 1000) if cpu % 1000 == 0 else f"{cpu}m",
+        "memory": _memory_text(f.capacity.memory_bytes),
+        "pods": f.capacity.pods,
+        "price_per_hour": f.price_per_hour,
+    }
 
 
-def read_number(
-    raw: dict[str, Any],
-    key: str,
-    path: str,
-    default: float,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    exclusive_min: bool = False,
-) -> float:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _fail(f"{path}.{key}", f"must be a finite number, got {value!r}")
-    if minimum is not None and (value <= minimum if exclusive_min else value < minimum):
-        raise _fail(f"{path}.{key}", f"must be {'>' if exclusive_min else '>='} {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise _fail(f"{path}.{key}", f"must be <= {maximum}, got {value!r}")
-    return float(value)
+def _memory_text(n: int) -> str:
+    for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
 
 
-def read_int(raw: dict[str, Any], key: str, path: str, default: int, *, minimum: int, maximum: int) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(f"{path}.{key}", f"must be an integer, got {value!r}")
-    if not minimum <= value <= maximum:
-        raise _fail(f"{path}.{key}", f"must be between {minimum} and {maximum}, got {value}")
-    return value
+_FLAVOUR_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "cpu", "memory", "price_per_hour"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "cpu": {"type": ["string", "number"], "description": "A Kubernetes cpu quantity."},
+        "memory": {"type": ["string", "integer"], "description": "A Kubernetes memory quantity."},
+        "pods": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 110},
+        "price_per_hour": {"type": "number", "exclusiveMinimum": 0},
+    },
+}
+
+FlavourField = Annotated[
+    Flavour,
+    PlainValidator(_flavour),
+    PlainSerializer(_flavour_data),
+    WithJsonSchema(_FLAVOUR_SCHEMA),
+]
 
 
-def read_str(
-    raw: dict[str, Any], key: str, path: str, default: str | None, *, choices: tuple[str, ...] = ()
-) -> str | None:
-    value = raw.get(key, default)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise _fail(f"{path}.{key}", f"must be a non-empty string, got {value!r}")
-    if choices and value not in choices:
-        raise _fail(f"{path}.{key}", f"must be one of {', '.join(choices)} (got {value!r})")
-    return value
+def _check_catalogue(flavours: tuple[Flavour, ...]) -> tuple[Flavour, ...]:
+    names = [f.name for f in flavours]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"duplicate flavour {name!r}")
+    return flavours
 
 
-def read_req_str(raw: dict[str, Any], key: str, path: str, default: str, *, choices: tuple[str, ...] = ()) -> str:
-    value = read_str(raw, key, path, default, choices=choices)
-    if value is None:
-        raise _fail(f"{path}.{key}", "must not be null")
-    return value
-
-
-def read_file_path(raw: dict[str, Any], key: str, path: str, base: Path | None) -> str | None:
-    value = read_str(raw, key, path, None)
-    if value is None:
-        return None
-    p = Path(value)
-    if not p.is_absolute() and base is not None:
-        p = base / p
-    if not p.is_file():
-        raise _fail(f"{path}.{key}", f"file {str(p)!r} does not exist")
-    return str(p)
-
-
-def read_labels(raw: dict[str, Any], key: str, path: str, default: Mapping[str, str]) -> dict[str, str]:
-    value = raw.get(key, dict(default))
-    if not isinstance(value, dict):
-        raise _fail(f"{path}.{key}", f"must be a mapping of label -> value, got {type(value).__name__}")
-    out: dict[str, str] = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or not k or not isinstance(v, str):
-            raise _fail(f"{path}.{key}", f"labels must be non-empty strings mapped to strings, got {k!r}: {v!r}")
-        out[k] = v
-    return out
-
-
-# ----------------------------------------------------------------------------------------------- parsing
-
-
-def _parse_server(raw: object, base: Path | None) -> ServerConfig:
-    path = "server"
-    s = section(raw, path, {"host", "port", "max_body_bytes", "request_timeout_seconds", "tls", "loopback_verbs_port"})
-    t = section(
-        s.get("tls"), f"{path}.tls", {"cert_file", "key_file", "client_ca_file", "verb_clients", "metrics_clients"}
-    )
-    tls = TlsConfig(
-        cert_file=read_file_path(t, "cert_file", f"{path}.tls", base),
-        key_file=read_file_path(t, "key_file", f"{path}.tls", base),
-        client_ca_file=read_file_path(t, "client_ca_file", f"{path}.tls", base),
-        verb_clients=_read_names(t, "verb_clients", f"{path}.tls", (SCHEDULER_CLIENT_CN,)),
-        metrics_clients=_read_names(t, "metrics_clients", f"{path}.tls", (METRICS_CLIENT_CN,)),
-    )
-    loopback = s.get("loopback_verbs_port")
-    if loopback is not None:
-        loopback = read_int(s, "loopback_verbs_port", path, 0, minimum=1, maximum=65535)
-    if (tls.cert_file is None) != (tls.key_file is None):
-        raise _fail(f"{path}.tls", "cert_file and key_file must be set together")
-    if tls.client_ca_file is not None and tls.cert_file is None:
-        raise _fail(f"{path}.tls.client_ca_file", "client certificates need TLS: set cert_file and key_file too")
-    return ServerConfig(
-        host=read_req_str(s, "host", path, "127.0.0.1"),
-        port=read_int(s, "port", path, 8888, minimum=0, maximum=65535),
-        max_body_bytes=read_int(s, "max_body_bytes", path, 64 * 1024 * 1024, minimum=1024, maximum=2**31),
-        request_timeout_seconds=read_number(s, "request_timeout_seconds", path, 12.0, minimum=0, exclusive_min=True),
-        tls=tls,
-        loopback_verbs_port=loopback,
-    )
-
-
-def _read_names(raw: dict[str, Any], key: str, path: str, default: tuple[str, ...]) -> tuple[str, ...]:
-    """A list of certificate subject common names; empty means nobody (a path nobody may call)."""
-    value = raw.get(key, list(default))
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _fail(f"{path}.{key}", f"must be a list of non-empty strings (certificate subject CNs), got {value!r}")
-    return tuple(value)
-
-
-def _parse_kubernetes(raw: object, base: Path | None) -> KubernetesConfig:
-    path = "kubernetes"
-    k = section(
-        raw,
-        path,
-        {
-            "kubeconfig",
-            "context",
-            "watch_timeout_seconds",
-            "backoff_initial_seconds",
-            "backoff_max_seconds",
-            "request_timeout_seconds",
-            "events",
-            "event_component",
-        },
-    )
-    initial = read_number(k, "backoff_initial_seconds", path, 0.5, minimum=0, exclusive_min=True)
-    maximum = read_number(k, "backoff_max_seconds", path, 30.0, minimum=0, exclusive_min=True)
-    if maximum < initial:
-        raise _fail(f"{path}.backoff_max_seconds", f"must be >= backoff_initial_seconds ({initial})")
-    return KubernetesConfig(
-        kubeconfig=read_file_path(k, "kubeconfig", path, base),
-        context=read_str(k, "context", path, None),
-        watch_timeout_seconds=read_int(k, "watch_timeout_seconds", path, 300, minimum=1, maximum=3600),
-        backoff_initial_seconds=initial,
-        backoff_max_seconds=maximum,
-        request_timeout_seconds=read_number(k, "request_timeout_seconds", path, 30.0, minimum=0, exclusive_min=True),
-        events=read_bool(k, "events", path, True),
-        event_component=read_req_str(k, "event_component", path, "qos-extender"),
-    )
-
-
-def _parse_bind(raw: object, server: ServerConfig) -> BindConfig:
-    path = "bind"
-    b = section(
-        raw, path, {"timeout_seconds", "attempt_timeout_seconds", "backoff_initial_seconds", "ledger_ttl_seconds"}
-    )
-    total = read_number(b, "timeout_seconds", path, 10.0, minimum=0, exclusive_min=True)
-    # Unset: one attempt may use the whole budget. A slow Binding POST is being applied by a loaded API server;
-    # cutting it and sending it again doubles that load and mostly ends in a 409 (issue 17).
-    if b.get("attempt_timeout_seconds") is None:
-        b = {k: v for k, v in b.items() if k != "attempt_timeout_seconds"}  # null: the whole budget
-    attempt = read_number(b, "attempt_timeout_seconds", path, total, minimum=0, exclusive_min=True)
-    if attempt > total:
-        raise _fail(f"{path}.attempt_timeout_seconds", f"must be <= bind.timeout_seconds ({total})")
-    if total >= server.request_timeout_seconds:
-        raise _fail(
-            f"{path}.timeout_seconds",
-            f"must be < server.request_timeout_seconds ({server.request_timeout_seconds}): a bind must answer "
-            "before the request is cut off",
-        )
-    return BindConfig(
-        timeout_seconds=total,
-        attempt_timeout_seconds=attempt,
-        backoff_initial_seconds=read_number(b, "backoff_initial_seconds", path, 0.05, minimum=0, exclusive_min=True),
-        ledger_ttl_seconds=read_number(b, "ledger_ttl_seconds", path, 30.0, minimum=0, exclusive_min=True),
-    )
-
-
-def _parse_scheduling(raw: object) -> SchedulingConfig:
-    path = "scheduling"
-    s = section(raw, path, {"profile", "scaling_cycle_seconds", "managed_resources", "marker_resource"})
-    managed = s.get("managed_resources", [])
-    if not isinstance(managed, list) or not all(isinstance(m, str) and m for m in managed):
-        raise _fail(f"{path}.managed_resources", f"must be a list of resource names, got {managed!r}")
-    for name in managed:
-        if name in ("cpu", "memory", "pods"):
-            raise _fail(f"{path}.managed_resources", f"{name!r} is always checked; list only extended resources")
-        if "/" not in name:
-            raise _fail(f"{path}.managed_resources", f"{name!r} is not an extended resource name (domain/name)")
-    if len(set(managed)) != len(managed):
-        raise _fail(f"{path}.managed_resources", "duplicate resource names")
-    marker = read_str(s, "marker_resource", path, MARKER_RESOURCE)
-    if marker is not None and "/" not in marker:
-        raise _fail(f"{path}.marker_resource", f"{marker!r} is not an extended resource name (domain/name)")
-    if marker is not None and marker in managed:
-        raise _fail(
-            f"{path}.managed_resources",
-            f"{marker!r} is the marker_resource: nodes never advertise it, so filter must not check it",
-        )
-    return SchedulingConfig(
-        profile=read_req_str(s, "profile", path, "cost", choices=PROFILES),
-        scaling_cycle_seconds=read_number(s, "scaling_cycle_seconds", path, 300.0, minimum=0, exclusive_min=True),
-        managed_resources=tuple(managed),
-        marker_resource=marker,
-    )
-
-
-def _parse_pod_defaults(raw: object, classes: Mapping[str, ServiceClass]) -> PodDefaults:
-    path = "pod_defaults"
-    d = section(raw, path, {"class", "class_from_priority", "kind", "batch_runtime_seconds"})
-    class_name = read_req_str(d, "class", path, "bronze")
-    if class_name not in classes:
-        raise _fail(f"{path}.class", f"unknown class {class_name!r} (defined: {', '.join(sorted(classes))})")
-    kind = read_req_str(d, "kind", path, "service", choices=("batch", "service"))
-    runtime: float | None = None
-    if d.get("batch_runtime_seconds") is not None:
-        runtime = read_number(d, "batch_runtime_seconds", path, 0.0, minimum=0)
-    return PodDefaults(
-        class_name=class_name,
-        class_from_priority=read_bool(d, "class_from_priority", path, True),
-        kind=WorkloadKind(kind),
-        batch_runtime_seconds=runtime,
-    )
-
-
-def _parse_node_groups(raw: object) -> NodeGroupsConfig:
-    path = "node_groups"
-    g = section(raw, path, {"batch", "service", "unlabelled", "enforce", "flavour_label"})
-    selectors: dict[str, dict[str, str]] = {}
-    defaults = NodeGroupsConfig()
-    for group, default in (("batch", defaults.batch_selector), ("service", defaults.service_selector)):
-        group_raw = section(g.get(group, {}), f"{path}.{group}", {"match_labels"})
-        selectors[group] = read_labels(group_raw, "match_labels", f"{path}.{group}", default)
-        if not selectors[group]:
-            raise _fail(f"{path}.{group}.match_labels", "must not be empty (an empty selector matches every node)")
-    if selectors["batch"] == selectors["service"]:
-        raise _fail(f"{path}", "batch and service selectors are identical: no node could be told apart")
-    return NodeGroupsConfig(
-        batch_selector=selectors["batch"],
-        service_selector=selectors["service"],
-        unlabelled=read_req_str(g, "unlabelled", path, "any", choices=UNLABELLED_POLICIES),
-        enforce=read_bool(g, "enforce", path, True),
-        flavour_label=read_req_str(g, "flavour_label", path, "node.kubernetes.io/instance-type"),
-    )
-
-
-def _parse_classes(raw: object) -> dict[str, ServiceClass]:
-    path = "classes"
-    if raw is None:
-        return dict(DEFAULT_CLASSES)
-    if not isinstance(raw, dict) or not raw:
-        raise _fail(path, "must be a non-empty mapping of class name -> {slo, importance, ...}")
-    out: dict[str, ServiceClass] = {}
-    for name, body in raw.items():
-        if not isinstance(name, str) or not name:
-            raise _fail(path, f"class names must be non-empty strings, got {name!r}")
-        cpath = f"{path}.{name}"
-        c = section(body, cpath, {"slo", "importance", "safety_margin_seconds", "priority"})
-        for required in ("slo", "importance"):
-            if required not in c:
-                raise _fail(f"{cpath}.{required}", "is required")
-        slo = read_number(c, "slo", cpath, 1.0, minimum=0, maximum=1.0, exclusive_min=True)
-        importance = read_int(c, "importance", cpath, 1, minimum=1, maximum=1000)
-        margin = read_number(c, "safety_margin_seconds", cpath, 10.0)
-        priority = read_int(c, "priority", cpath, 0, minimum=-(2**31), maximum=10**9)
-        try:
-            out[name] = ServiceClass(name, slo, importance, margin, priority)
-        except InvalidInputError as exc:  # pragma: no cover - the checks above are stricter
-            raise _fail(cpath, str(exc)) from exc
-    return out
-
-
-def _parse_policy(raw: object, classes: Mapping[str, ServiceClass]) -> QosPolicy:
-    path = "qos"
-    q = section(
-        raw,
-        path,
-        {"alpha_seconds", "min_run_quantum_seconds", "q_hysteresis_seconds", "overhead_cap", "relax_by_importance"},
-    )
-    return QosPolicy(
-        classes=classes,
-        alpha_seconds=read_number(q, "alpha_seconds", path, 2.0, minimum=0),
-        min_run_quantum_seconds=read_number(q, "min_run_quantum_seconds", path, RECOMMENDED_QUANTUM_SECONDS, minimum=0),
-        q_hysteresis_seconds=read_number(q, "q_hysteresis_seconds", path, RECOMMENDED_HYSTERESIS_SECONDS, minimum=0),
-        overhead_cap=read_bool(q, "overhead_cap", path, True),
-        relax_by_importance=read_bool(q, "relax_by_importance", path, True),
-    )
+def _read_catalogue(path: Path) -> tuple[Flavour, ...]:
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return tuple(_flavour(f) for f in raw.get("flavours", ()))
 
 
 def parse_flavours(raw: object) -> tuple[Flavour, ...]:
-    path = "flavours"
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise _fail(path, f"must be a list, got {type(raw).__name__}")
-    out: list[Flavour] = []
-    seen: set[str] = set()
-    for i, body in enumerate(raw):
-        fpath = f"{path}[{i}]"
-        f = section(body, fpath, {"name", "cpu", "memory", "pods", "price_per_hour"})
-        for required in ("name", "cpu", "memory", "price_per_hour"):
-            if required not in f:
-                raise _fail(f"{fpath}.{required}", "is required")
-        name = read_req_str(f, "name", fpath, "")
-        if name in seen:
-            raise _fail(f"{fpath}.name", f"duplicate flavour {name!r}")
-        seen.add(name)
-        try:
-            cpu = cpu_millicores(f["cpu"])
-        except InvalidInputError as exc:
-            raise _fail(f"{fpath}.cpu", str(exc)) from exc
-        try:
-            mem = memory_bytes(f["memory"])
-        except InvalidInputError as exc:
-            raise _fail(f"{fpath}.memory", str(exc)) from exc
-        pods = read_int(f, "pods", fpath, 110, minimum=1, maximum=100000)
-        price = read_number(f, "price_per_hour", fpath, 0.0, minimum=0, exclusive_min=True)
-        try:
-            out.append(Flavour(name, Resources(cpu, mem, pods), price))
-        except InvalidInputError as exc:
-            raise _fail(fpath, str(exc)) from exc
-    return tuple(out)
+    """A flavour catalogue in its file form (a list of {name, cpu, memory, pods, price_per_hour}); None: empty.
+    Every problem of it is named at once."""
+    return load_settings(_Catalogue, {"flavours": [] if raw is None else raw}).flavours
 
 
-def _parse_controller(raw: object) -> ControllerConfig:
-    path = "controller"
-    c = section(
-        raw,
-        path,
-        {
-            "enabled",
-            "watchdog_seconds",
-            "gate_name",
-            "scheduler_name",
-            "max_gate_seconds",
-            "requeue_pinned_seconds",
-            "time_compression",
-            "persistence",
-            "persist_interval_seconds",
-            "persist_min_interval_seconds",
-            "release_concurrency",
-            "pin_node",
-            "instance",
-            "host_score",
-            "leader_election",
-        },
-    )
-    gate = read_req_str(c, "gate_name", path, "qos.kube-qos-extender.io/ordering")
-    if "/" not in gate:
-        raise _fail(f"{path}.gate_name", f"{gate!r} must be a qualified name (domain/name) owned by this controller")
-    watchdog = read_number(c, "watchdog_seconds", path, 10.0, minimum=0, exclusive_min=True)
-    max_gate = read_number(c, "max_gate_seconds", path, 3600.0, minimum=0, exclusive_min=True)
-    if max_gate < watchdog:
-        raise _fail(f"{path}.max_gate_seconds", f"must be >= watchdog_seconds ({watchdog})")
-    return ControllerConfig(
-        enabled=read_bool(c, "enabled", path, False),
-        watchdog_seconds=watchdog,
-        gate_name=gate,
-        scheduler_name=read_req_str(c, "scheduler_name", path, "qos-scheduler"),
-        max_gate_seconds=max_gate,
-        requeue_pinned_seconds=read_number(c, "requeue_pinned_seconds", path, 60.0, minimum=0, exclusive_min=True),
-        time_compression=read_number(c, "time_compression", path, 1.0, minimum=0, exclusive_min=True, maximum=1000.0),
-        persistence=read_req_str(c, "persistence", path, "annotation", choices=PERSISTENCE_MODES),
-        persist_interval_seconds=read_number(c, "persist_interval_seconds", path, 60.0, minimum=0, exclusive_min=True),
-        persist_min_interval_seconds=read_number(c, "persist_min_interval_seconds", path, 2.0, minimum=0),
-        release_concurrency=read_int(c, "release_concurrency", path, 48, minimum=1, maximum=1024),
-        pin_node=read_bool(c, "pin_node", path, True),
-        instance=_instance_name(c, path),
-        host_score=read_req_str(c, "host_score", path, "profile", choices=HOST_SCORES),
-        leader_election=_parse_leader_election(c.get("leader_election"), f"{path}.leader_election"),
-    )
+# ----------------------------------------------------------------------------------------------- controller
+
+
+class LeaderElectionConfig(Settings):
+    """One replica per controller instance acts (releases, evicts, writes accounts); the others keep a warm
+    snapshot and take over through a coordination.k8s.io Lease (client-go's algorithm), rebuilding the accounts
+    from the owners' annotations as after a restart."""
+
+    enabled: bool = True
+    """Off only where one process is guaranteed (tests, the benchmark's extender)."""
+    lease_name: NonEmpty | None = None
+    """null: kube-qos-extender-<controller.instance>."""
+    lease_namespace: NonEmpty = "kube-system"
+    """Where the Lease lives; config/base uses the extender's own namespace, kube-qos-system."""
+    identity: NonEmpty | None = None
+    """null: $POD_NAME (the Downward API, config/base), else the host name; a restarted container keeps it."""
+    lease_duration_seconds: int = Field(15, ge=2, le=3600)
+    """A standby takes over at most this long after the leader's last renewal (the Lease holds whole seconds)."""
+    renew_deadline_seconds: float = Field(10.0, ge=1, allow_inf_nan=False)
+    """The leader stops acting when it could not renew for this long (< lease_duration_seconds)."""
+    retry_period_seconds: float = Field(2.0, ge=1, allow_inf_nan=False)
+    """How often the leader renews and a standby retries (< renew_deadline_seconds / 1.2)."""
+
+    @model_validator(mode="after")
+    def _invariants(self) -> LeaderElectionConfig:
+        # client-go's invariants: a renewal must fit in the deadline with jitter, and the deadline must end
+        # before another candidate may take the lease.
+        if self.lease_duration_seconds <= self.renew_deadline_seconds:
+            raise ValueError(
+                f"renew_deadline_seconds: must be < lease_duration_seconds ({self.lease_duration_seconds})"
+            )
+        if self.renew_deadline_seconds <= 1.2 * self.retry_period_seconds:
+            limit = self.renew_deadline_seconds / 1.2
+            raise ValueError(f"retry_period_seconds: must be < renew_deadline_seconds / 1.2 ({limit:.2f})")
+        return self
 
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
-def _instance_name(c: dict[str, Any], path: str) -> str:
-    """A DNS label: it becomes a Lease name suffix, an annotation and a namespace label value."""
-    name = read_req_str(c, "instance", path, "default")
-    if not _DNS_LABEL.match(name):
-        raise _fail(f"{path}.instance", f"{name!r} must be a lowercase DNS label of at most 40 characters")
-    return name
+class ControllerConfig(Settings):
+    """The QoS controller (paper 002 Algorithm 1 beside kube-scheduler, issue 6): pods of scheduler_name are
+    admitted with the scheduling gate gate_name by the mutating webhook POST /admission/mutate
+    (config/controller/); the controller releases gates in increasing Q, pins each released pod to the host it
+    chose and evicts same-priority victims chosen by the QoS rules (Eviction API, PodDisruptionBudgets honoured).
+    Durations are in workload seconds: measured wall-clock durations are multiplied by time_compression before
+    the policy sees them, and the controller's own periods (watchdog, gate bound) divided by it."""
+
+    enabled: bool = False
+    """false: the admission route still answers (allowing every pod unchanged) but nothing is gated or evicted."""
+    watchdog_seconds: Seconds = 10.0
+    """Recompute Q and walk the gated pods at least this often (paper 002 §4.1.3: 10 s), and on every pod event."""
+    gate_name: NonEmpty = "qos.kube-qos-extender.io/ordering"
+    """The scheduling gate (a qualified name, domain/name, owned by this controller)."""
+    scheduler_name: NonEmpty = "qos-scheduler"
+    """Pods with this spec.schedulerName are gated and accounted; others are left alone."""
+    max_gate_seconds: Seconds = 3600.0
+    """A gate held longer is released anyway (unpinned) with a Warning Event and counted in
+    qos_extender_controller_gate_timeouts_total, so no pod stays gated forever (>= watchdog_seconds)."""
+    requeue_pinned_seconds: Seconds = 60.0
+    """A released pod pinned to a host that lost its room before kube-scheduler bound it cannot move (its node
+    affinity is immutable once ungated). After it was Unschedulable this long with its host still too full (or
+    gone), it goes back in the queue: a bare pod is re-created gated and unpinned (same name, spec and
+    annotations), an owned pod deleted for its owner to re-create. Event QoSRequeued; retried each period."""
+    time_compression: float = Field(1.0, gt=0, le=1000.0, allow_inf_nan=False)
+    """Replays compressed in time; 1 in production. Other durations (qos.*, safety margins) stay in workload
+    seconds."""
+    persistence: Literal["annotation", "memory"] = "annotation"
+    """annotation: each request's SLI account is kept in the annotation qos.kube-qos-extender.io/sli on its owner
+    (ReplicaSet, Job, StatefulSet, or the bare pod), so a restart rebuilds from it. memory: nothing is written."""
+    persist_interval_seconds: Seconds = 60.0
+    """Write every account at least this often."""
+    persist_min_interval_seconds: NonNegSeconds = 2.0
+    """Write one account at most this often (wall seconds): dirty accounts are only delayed, never dropped."""
+    release_concurrency: int = Field(48, ge=1, le=1024)
+    """Release PATCHes (ungate + pin) and their evictions in flight at once. At 16, releases ran at 40-60 pods/s on
+    a loaded API server while kube-scheduler bound up to 190/s (bench/e2e_throughput.py, issue 17)."""
+    pin_node: bool = True
+    """Pin a released pod to the node the controller chose (required node affinity on metadata.name)."""
+    instance: str = "default"
+    """Several controllers may share a cluster (a canary, a benchmark): each handles only the pods annotated
+    qos.kube-qos-extender.io/controller=<instance> by its own webhook; pods without it belong to "default". A
+    lowercase DNS label of at most 40 characters."""
+    host_score: Literal["profile", "least-allocated"] = "profile"
+    """How the controller picks among the hosts a pod fits on without preemption. profile: the prioritize verb's
+    score (scheduling.profile); least-allocated: kube-scheduler's default resource scores (paper 002's
+    prototype, the simulator's qos-driven policy)."""
+    leader_election: LeaderElectionConfig = LeaderElectionConfig()
+
+    @property
+    def lease_name(self) -> str:
+        return self.leader_election.lease_name or f"kube-qos-extender-{self.instance}"
+
+    @field_validator("gate_name")
+    @classmethod
+    def _gate(cls, value: str) -> str:
+        if "/" not in value:
+            raise ValueError(f"{value!r} must be a qualified name (domain/name) owned by this controller")
+        return value
+
+    @field_validator("instance")
+    @classmethod
+    def _instance(cls, value: str) -> str:
+        # it becomes a Lease name suffix, an annotation and a namespace label value
+        if not _DNS_LABEL.match(value):
+            raise ValueError(f"{value!r} must be a lowercase DNS label of at most 40 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _gate_bound(self) -> ControllerConfig:
+        if self.max_gate_seconds < self.watchdog_seconds:
+            raise ValueError(f"max_gate_seconds: must be >= watchdog_seconds ({self.watchdog_seconds})")
+        return self
 
 
-def _parse_leader_election(raw: object, path: str) -> LeaderElectionConfig:
-    le = section(
-        raw,
-        path,
-        {
-            "enabled",
-            "lease_name",
-            "lease_namespace",
-            "identity",
-            "lease_duration_seconds",
-            "renew_deadline_seconds",
-            "retry_period_seconds",
-        },
+# -------------------------------------------------------------------------------------- slack (co-location)
+
+DEFAULT_PROMETHEUS_URL = "http://prometheus.monitoring.svc:9090"
+DEFAULT_MODEL_PATH = "/var/lib/kube-qos-extender/workload-model.json"
+_PROMQL_DURATION = re.compile(r"^[1-9][0-9]*[smh]$")
+
+
+class CharacteriseSettings(Settings):
+    """Paper 004's characterisation: classes per resource (paper: 20), k-means++ seeding runs (best inertia kept),
+    interval of the day (must divide 86400), observation time before a new service gets a class (EOT),
+    re-clustering cycle and the prediction window of Eq. 3, all in seconds."""
+
+    k: int = Field(20, ge=1, le=1000)
+    """Classes per resource (an upper bound: fewer distinct services give fewer classes)."""
+    seeds: int = Field(10, ge=1, le=1000)
+    """k-means++ seeding runs; the lowest inertia wins."""
+    interval_seconds: int = Field(900, ge=1, le=86_400)
+    """One interval of the day (must divide 86400)."""
+    observation_seconds: Seconds = 86_400.0
+    """How long a new service is watched before it is given a class."""
+    recluster_seconds: Seconds = 86_400.0
+    """The re-clustering cycle."""
+    prediction_seconds: Seconds = 900.0
+    """The window of Eq. 3's max."""
+
+    def core(self) -> CharacteriseConfig:
+        """The core's knobs (seeds 0..n-1)."""
+        return CharacteriseConfig(
+            k=self.k,
+            seeds=tuple(range(self.seeds)),
+            interval_seconds=self.interval_seconds,
+            observation_seconds=self.observation_seconds,
+            recluster_seconds=self.recluster_seconds,
+            prediction_seconds=self.prediction_seconds,
+        )
+
+    @model_validator(mode="after")
+    def _core_accepts(self) -> CharacteriseSettings:
+        try:
+            self.core()
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+    @property
+    def slots(self) -> int:
+        return self.core().slots
+
+
+class ColocateConfig(Settings):
+    """The admission webhook rewrites the cpu/memory requests and limits of pods annotated
+    qos.kube-qos-extender.io/colocate: "true" (kind batch, class in `classes`) into batch-cpu/batch-memory, so
+    they run on the slack. Another annotation value: a Warning Event, the pod is left as it is."""
+
+    enabled: bool = False
+    """Move such pods onto the slack (needs slack.enabled: only the publisher sets the batch resources)."""
+    classes: tuple[NonEmpty, ...] = Field(("bronze",), min_length=1)
+    """Service classes (of `classes`) whose annotated batch pods are co-located."""
+
+
+class SlackConfig(Settings):
+    """Batch on the idle capacity of long-running services (paper 004, issue 16): every refresh_seconds the
+    controller classifies the running services from their usage in Prometheus, predicts what each will leave idle
+    in the next interval (Eq. 3) and publishes each node's sum as the extended resources
+    qos.kube-qos-extender.io/batch-cpu and .../batch-memory; batch pods that no longer fit are evicted in QoS
+    order. Off by default: it changes what kube-scheduler admits, evicts batch pods on a wrong prediction, and
+    needs a Prometheus with the kubelets' usage and nodes/status patch (config/controller)."""
+
+    enabled: bool = False
+    """Publish slack and evict on wrong predictions."""
+    prometheus_url: str = DEFAULT_PROMETHEUS_URL
+    """Prometheus scraping the kubelets' /metrics/resource (or cAdvisor): http:// or https:// URL."""
+    rate_window: str = "1m"
+    """Rate window of the cpu usage counter (a PromQL duration like 30s, 1m, 5m: at least two scrapes)."""
+    model_path: RelativePath = DEFAULT_MODEL_PATH
+    """The fitted model, kept across restarts (relative: from the folder of the file that sets it)."""
+    refresh_seconds: float = Field(900.0, ge=1.0, allow_inf_nan=False)
+    """Publish, check and evict this often; the paper's prediction interval is 15 min."""
+    history_seconds: Seconds = 8 * 86_400.0
+    """Usage history a (re)fit reads (the paper: 8 days)."""
+    classify_seconds: Seconds = 86_400.0
+    """Usage read each refresh to classify services (must cover characterise.observation_seconds)."""
+    step_seconds: float = Field(60.0, ge=1.0, allow_inf_nan=False)
+    """Resolution of those range queries."""
+    node_selector: NonEmpty | None = None
+    """Label selector of the nodes to publish on; null: every node."""
+    evict: bool = True
+    """false: prediction misses are counted (qos_extender_slack_prediction_misses_total) but nothing is evicted."""
+    miss_tolerance: float = Field(0.05, ge=0.0, le=0.99)
+    """A service leaving less idle than predicted by more than this fraction of its request is a miss; its node
+    then publishes no more than its real slack until the next refresh."""
+    stale_seconds: Seconds = 1800.0
+    """Seconds the usage may stay unreadable before every node publishes 0 batch capacity."""
+    characterise: CharacteriseSettings = CharacteriseSettings()
+    colocate: ColocateConfig = ColocateConfig()
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"must be an http:// or https:// URL, got {value!r}")
+        return value
+
+    @field_validator("rate_window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        # it goes into a PromQL query: nothing but a duration is accepted
+        if not _PROMQL_DURATION.match(value):
+            raise ValueError(f"must be a duration like 30s, 1m or 5m, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _cross(self) -> SlackConfig:
+        observation = self.characterise.observation_seconds
+        if self.classify_seconds < observation:
+            raise ValueError(
+                f"classify_seconds: must cover characterise.observation_seconds ({observation}), got "
+                f"{self.classify_seconds} (no new service could ever be classified)"
+            )
+        if self.colocate.enabled and not self.enabled:
+            raise ValueError(
+                "colocate.enabled: true needs slack.enabled: true (co-located pods request the batch resources"
+                " only the slack publisher sets on nodes; without it they would stay Pending)"
+            )
+        return self
+
+
+# ---------------------------------------------------------------------------------------------- the file
+
+
+class LoggingConfig(Settings):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Logs are JSON lines on stderr."""
+
+
+class _Catalogue(Settings):
+    flavours: tuple[FlavourField, ...] = ()
+
+    _v = field_validator("flavours")(classmethod(lambda cls, v: _check_catalogue(v)))
+
+
+class ExtenderConfig(Settings):
+    """Configuration of `qos-extender serve` (the kube-scheduler extender webhook and the QoS controller); the
+    autoscaler reads the same file for what it shares (Kubernetes access, node groups, classes, flavours)."""
+
+    server: ServerConfig = ServerConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
+    bind: BindConfig = BindConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    pod_defaults: PodDefaults = PodDefaults()
+    node_groups: NodeGroupsConfig = NodeGroupsConfig()
+    qos: QosSettings = QosSettings()
+    classes: dict[NonEmpty, ClassSettings] = Field(
+        default_factory=lambda: {name: _class_settings(c) for name, c in DEFAULT_CLASSES.items()}, min_length=1
     )
-    duration = read_int(le, "lease_duration_seconds", path, 15, minimum=2, maximum=3600)
-    renew = read_number(le, "renew_deadline_seconds", path, 10.0, minimum=1)
-    retry = read_number(le, "retry_period_seconds", path, 2.0, minimum=1)
-    # client-go's (and kubernetes-asyncio's) invariants: a renewal must fit in the deadline with jitter,
-    # and the deadline must end before another candidate may take the lease.
-    if duration <= renew:
-        raise _fail(f"{path}.renew_deadline_seconds", f"must be < lease_duration_seconds ({duration})")
-    if renew <= 1.2 * retry:
-        raise _fail(f"{path}.retry_period_seconds", f"must be < renew_deadline_seconds / 1.2 ({renew / 1.2:.2f})")
-    return LeaderElectionConfig(
-        enabled=read_bool(le, "enabled", path, True),
-        lease_name=read_str(le, "lease_name", path, None),
-        lease_namespace=read_req_str(le, "lease_namespace", path, "kube-system"),
-        identity=read_str(le, "identity", path, None),
-        lease_duration_seconds=duration,
-        renew_deadline_seconds=renew,
-        retry_period_seconds=retry,
-    )
+    """Service classes by name (paper 002 §3.1, §4.2; defaults gold, silver, bronze)."""
+    flavours: tuple[FlavourField, ...] = Field(default_factory=lambda: _read_catalogue(FLAVOURS_PATH))
+    """Node flavours (instance types): name, cpu and memory as Kubernetes quantities, pods (default 110),
+    price_per_hour > 0. Default: extender/flavours.yaml (paper 000 Table 7, Nectar flavours priced as Azure
+    B-series); a list given here replaces it whole."""
+    logging: LoggingConfig = LoggingConfig()
+    controller: ControllerConfig = ControllerConfig()
+    slack: SlackConfig = SlackConfig()
+
+    _policy: tuple[object, object, QosPolicy] | None = PrivateAttr(None)
+
+    _v_flavours = field_validator("flavours")(classmethod(lambda cls, v: _check_catalogue(v)))
+
+    @property
+    def policy(self) -> QosPolicy:
+        """The core's QoS policy from `qos` and `classes` (built once per pair of sections)."""
+        memo = self._policy
+        if memo is None or memo[0] is not self.qos or memo[1] is not self.classes:
+            memo = (self.qos, self.classes, self._build_policy())
+            self._policy = memo
+        return memo[2]
+
+    @property
+    def log_level(self) -> str:
+        return self.logging.level
+
+    def _build_policy(self) -> QosPolicy:
+        q = self.qos
+        return QosPolicy(
+            classes={name: c.core(name) for name, c in self.classes.items()},
+            alpha_seconds=q.alpha_seconds,
+            min_run_quantum_seconds=q.min_run_quantum_seconds,
+            q_hysteresis_seconds=q.q_hysteresis_seconds,
+            overhead_cap=q.overhead_cap,
+            relax_by_importance=q.relax_by_importance,
+        )
+
+    @model_validator(mode="after")
+    def _cross(self) -> ExtenderConfig:
+        classes = sorted(self.classes)
+        if self.pod_defaults.class_name not in self.classes:
+            raise ValueError(
+                f"pod_defaults.class: unknown class {self.pod_defaults.class_name!r} (defined: {', '.join(classes)})"
+            )
+        unknown = sorted(set(self.slack.colocate.classes) - set(self.classes))
+        if unknown and self.slack.colocate.enabled:
+            raise ValueError(f"slack.colocate.classes: unknown class {unknown[0]!r} (known: {', '.join(classes)})")
+        if self.bind.timeout_seconds >= self.server.request_timeout_seconds:
+            raise ValueError(
+                f"bind.timeout_seconds: must be < server.request_timeout_seconds "
+                f"({self.server.request_timeout_seconds}): a bind must answer before the request is cut off"
+            )
+        try:  # the core's own checks, at start; and the policy is built once
+            self._policy = (self.qos, self.classes, self._build_policy())
+        except InvalidInputError as exc:
+            raise ValueError(f"classes: {exc}") from exc
+        return self
 
 
-TOP_LEVEL = {
-    "server",
-    "kubernetes",
-    "bind",
-    "scheduling",
-    "pod_defaults",
-    "node_groups",
-    "qos",
-    "classes",
-    "flavours",
-    "logging",
-    "controller",
-    "slack",
-}
+# ---------------------------------------------------------------------------------------------- loading
 
 
-def parse_config(raw: object, base: Path | None = None) -> ExtenderConfig:
-    """Validate a parsed YAML document; ``base`` resolves relative file paths (the config file's folder)."""
-    top = section(raw, "", TOP_LEVEL)
-    classes = _parse_classes(top.get("classes"))
-    server = _parse_server(top.get("server"), base)
-    logging_section = section(top.get("logging"), "logging", {"level"})
+def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """``overlay`` on ``base``: mappings merge key by key, anything else (a list included) replaces; a null in
+    the overlay sets null (it does not delete). Neither argument is changed."""
+    out = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml_files(paths: Sequence[Path]) -> dict[str, Any]:
+    """The files' YAML documents deep-merged in order (an empty file is {}), each file's relative file options
+    made absolute from its folder; a file that cannot be read, is not YAML or is not a mapping is a ConfigError
+    naming it."""
+    merged: dict[str, Any] = {}
+    for path in paths:  # each file's relative file options are taken from its own folder before the merge
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(str(path), [("", f"cannot read: {exc.strerror or exc}")]) from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(str(path), [("", f"not valid YAML: {exc}")]) from exc
+        if raw is None:
+            continue
+        if not isinstance(raw, dict):
+            raise ConfigError(str(path), [("", f"must be a mapping, got {type(raw).__name__}")])
+        merged = deep_merge(merged, resolve_files(ExtenderConfig, raw, path.resolve().parent))
+    return merged
+
+
+def parse_config(raw: object, base: Path | None = None, source: str = "") -> ExtenderConfig:
+    """Validate a parsed YAML document (every error at once); ``base`` resolves relative file paths."""
     try:
-        policy = _parse_policy(top.get("qos"), classes)
-    except InvalidInputError as exc:  # pragma: no cover - the checks above are stricter
-        raise _fail("qos", str(exc)) from exc
-    return ExtenderConfig(
-        server=server,
-        kubernetes=_parse_kubernetes(top.get("kubernetes"), base),
-        bind=_parse_bind(top.get("bind"), server),
-        scheduling=_parse_scheduling(top.get("scheduling")),
-        pod_defaults=_parse_pod_defaults(top.get("pod_defaults"), classes),
-        node_groups=_parse_node_groups(top.get("node_groups")),
-        policy=policy,
-        flavours=parse_flavours(top.get("flavours")),
-        log_level=read_req_str(logging_section, "level", "logging", "INFO", choices=LOG_LEVELS),
-        controller=_parse_controller(top.get("controller")),
-        slack=top.get("slack"),
-    )
+        return load_settings(ExtenderConfig, raw, source, base=base)
+    except ConfigError:
+        raise
+    except SettingsError as exc:
+        raise ConfigError(exc.source, exc.problems) from None
 
 
-def load_yaml_config(path: Path, what: str, parse: Callable[[Any, Path], T]) -> T:
-    """Read, YAML-parse and validate one config file with ``parse(raw, base_dir)`` (an empty file is ``{}``).
-    Shared by the extender, autoscaler and consolidation configs so every error names the file the same way:
-    unreadable, not YAML, or the option path the parser rejected."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return parse(raw if raw is not None else {}, path.resolve().parent)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-
-
-def load_config(path: str | Path | None = None) -> ExtenderConfig:
-    """Read and validate the YAML file at ``path`` (default ``config/extender.yaml``)."""
-    p = Path(path) if path is not None else DEFAULT_CONFIG_PATH
-    return load_yaml_config(p, "config file", lambda raw, base: parse_config(raw, base=base))
+def load_config(paths: str | Path | Sequence[str | Path] | None = None) -> ExtenderConfig:
+    """The configuration from zero or more YAML files, deep-merged in order (none: every default). A relative file
+    option is read from the folder of the file that sets it."""
+    if paths is None:
+        files: list[Path] = []
+    elif isinstance(paths, str | Path):
+        files = [Path(paths)]
+    else:
+        files = [Path(p) for p in paths]
+    return parse_config(read_yaml_files(files), None, " + ".join(str(p) for p in files))

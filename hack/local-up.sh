@@ -21,8 +21,8 @@
 #   QOS_START_EXTENDER=$QOS_WITH_EXTENDER   1: also start the real extender (.venv/bin/python -m extender.cli
 #                                serve) on EXTENDER_URL's port with the generated $QOS_STATE/config/extender.yaml;
 #                                0: bring your own (hack/smoke-test.sh's stub)
-#   QOS_EXTENDER_CONFIG=config/extender.yaml   base of the generated extender config (server/tls/kubeconfig
-#                                are overridden); QOS_PYTHON=.venv/bin/python runs it
+#   QOS_EXTENDER_CONFIG=         a settings file the generated one is layered over (server/tls/kubeconfig are
+#                                overridden; none: the defaults); QOS_PYTHON=.venv/bin/python runs it
 #   QOS_WITH_CONTROLLER=1        the started extender also runs the QoS controller (controller.enabled, instance
 #                                "default", Lease kube-system/kube-qos-extender-default): qos-scheduler pods are
 #                                gated by the admission webhook (hack/manifests) and released in increasing Q
@@ -103,7 +103,7 @@ EXTENDER_HOST="${EXTENDER_HOSTPORT%:*}"
 EXTENDER_PORT="${EXTENDER_HOSTPORT##*:}"
 [[ "${EXTENDER_PORT}" =~ ^[0-9]+$ ]] || die "EXTENDER_URL must name a port (https://127.0.0.1:PORT), got ${EXTENDER_URL}"
 QOS_PYTHON="${QOS_PYTHON:-${REPO_ROOT}/.venv/bin/python}"
-QOS_EXTENDER_CONFIG="${QOS_EXTENDER_CONFIG:-${REPO_ROOT}/config/extender.yaml}"
+QOS_EXTENDER_CONFIG="${QOS_EXTENDER_CONFIG:-}"
 QOS_MANIFESTS_DIR="${QOS_MANIFESTS_DIR:-${HACK_DIR}/manifests}"
 
 CERTS="${QOS_STATE}/certs"
@@ -621,11 +621,12 @@ if [[ "${QOS_START_EXTENDER}" == 1 ]]; then
   [[ -x "${QOS_PYTHON}" ]] || die "missing ${QOS_PYTHON}: make venv (or set QOS_PYTHON)"
   [[ "${EXTENDER_HOST}" == 127.0.0.1 || "${EXTENDER_HOST}" == localhost ]] \
     || die "QOS_START_EXTENDER=1 serves on 127.0.0.1 only; EXTENDER_URL host is ${EXTENDER_HOST}"
-  # The shipped config with this cluster's server, TLS and kubeconfig; the fingerprint also covers the code,
-  # so an edited extender is restarted by the next local-up.
+  # Only what differs from the defaults (docs/settings/extender.yaml): this cluster's server, TLS and kubeconfig,
+  # layered over QOS_EXTENDER_CONFIG when set; the fingerprint also covers the code, so an edited extender is
+  # restarted by the next local-up.
   "${QOS_PYTHON}" - "${QOS_EXTENDER_CONFIG}" "${CONF}/extender.yaml" <<PY || die "cannot write ${CONF}/extender.yaml"
 import sys, yaml
-doc = yaml.safe_load(open(sys.argv[1])) or {}
+doc = (yaml.safe_load(open(sys.argv[1])) or {}) if sys.argv[1] else {}
 doc.setdefault("server", {}).update(
     host="${HOST}", port=${EXTENDER_PORT},
     tls={"cert_file": "${CERTS}/extender-serving.crt", "key_file": "${CERTS}/extender-serving.key",
@@ -634,9 +635,7 @@ doc.setdefault("server", {}).update(
 doc["server"]["loopback_verbs_port"] = int("${QOS_EXTENDER_LOOPBACK_PORT}") if "${QOS_EXTENDER_LOOPBACK_PORT}" else None
 doc.setdefault("kubernetes", {})["kubeconfig"] = "${KCFG}/qos-extender.kubeconfig"
 doc.setdefault("scheduling", {})["marker_resource"] = "${QOS_MARKER_RESOURCE}"
-ctl = doc.setdefault("controller", {})
-ctl["enabled"] = "${QOS_WITH_CONTROLLER}" == "1"
-ctl.setdefault("leader_election", {})["lease_namespace"] = "kube-system"
+doc.setdefault("controller", {})["enabled"] = "${QOS_WITH_CONTROLLER}" == "1"
 yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
 PY
   { cat "${CONF}/extender.yaml"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import dataclasses
 from typing import Any
 
 import orjson
@@ -71,18 +70,18 @@ def test_other_pods_and_updates_pass_unchanged() -> None:
 
 def test_disabled_controller_still_routes_but_never_gates() -> None:
     assert patch_of(review(admission(qos_pod()), ExtenderConfig())) == [MARKED]
-    off = ExtenderConfig(scheduling=dataclasses.replace(ExtenderConfig().scheduling, marker_resource=None))
+    off = ExtenderConfig(scheduling=ExtenderConfig().scheduling.model_copy(update=dict(marker_resource=None)))
     assert patch_of(review(admission(qos_pod()), off)) == []
 
 
 def test_no_marker_when_configured_off() -> None:
-    cfg = dataclasses.replace(ON, scheduling=dataclasses.replace(ON.scheduling, marker_resource=None))
+    cfg = ON.model_copy(update=dict(scheduling=ON.scheduling.model_copy(update=dict(marker_resource=None))))
     ops = patch_of(review(admission(qos_pod()), cfg))
     assert ops == [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}, INSTANCE]
 
 
 def test_instance_annotation_is_set_or_replaced() -> None:
-    cfg = dataclasses.replace(ON, controller=dataclasses.replace(ON.controller, instance="canary"))
+    cfg = ON.model_copy(update=dict(controller=ON.controller.model_copy(update=dict(instance="canary"))))
     pod = qos_pod()
     pod["metadata"]["annotations"] = {"a": "b", "qos.kube-qos-extender.io/controller": "default"}
     ops = patch_of(review(admission(pod), cfg))

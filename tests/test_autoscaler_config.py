@@ -13,7 +13,7 @@ from extender.config import ExtenderConfig, load_config
 from extender.processes.autoscaler import run_autoscaler_command
 from extender.settings import SettingsError
 
-EXT = ExtenderConfig()  # no flavours of its own
+EXT = ExtenderConfig(flavours=())  # no flavours of its own: the catalogue comes from the document
 
 
 def parse(doc: dict[str, Any]) -> Any:
@@ -62,7 +62,7 @@ def test_cli_exits_2_with_the_option_named(tmp_path: Path, capsys: pytest.Captur
     args = build_parser().parse_args(["autoscaler", "--autoscaler-config", str(path), "--check-config"])
     assert run_autoscaler_command(args) == 2
     err = capsys.readouterr().err
-    assert "flavours[0].price_per_hour" in err and "must be > 0" in err
+    assert "flavours[0].price_per_hour" in err and "must be a finite number > 0" in err
     path.write_text("autoscaler: {kwok: {lag: {distribution: uniform, min: 1, max: 3}}}\n")
     args = build_parser().parse_args(["autoscaler", "--autoscaler-config", str(path), "--check-config"])
     assert run_autoscaler_command(args) == 0

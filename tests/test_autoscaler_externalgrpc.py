@@ -754,7 +754,7 @@ def test_cli_names_the_missing_certificate(pki: Pki, tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(doc))
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
-        [str(root / ".venv/bin/qos-extender"), "autoscaler", "--config", str(root / "config/extender.yaml"),
+        [str(root / ".venv/bin/qos-extender"), "autoscaler",
          "--autoscaler-config", str(path), "--check-config"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
@@ -763,7 +763,7 @@ def test_cli_names_the_missing_certificate(pki: Pki, tmp_path: Path) -> None:
     cloud["client_ca_file"] = str(pki.ca_crt)
     path.write_text(yaml.safe_dump(doc))
     proc = subprocess.run(
-        [str(root / ".venv/bin/qos-extender"), "autoscaler", "--config", str(root / "config/extender.yaml"),
+        [str(root / ".venv/bin/qos-extender"), "autoscaler",
          "--autoscaler-config", str(path), "--check-config"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

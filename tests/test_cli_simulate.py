@@ -91,12 +91,9 @@ def test_product_policy_defaults_are_the_shipped_config() -> None:
     assert from_files == ProductSettings()
     assert from_files.host_score == "profile" and from_files.consolidation  # the controller on, consolidation on
     # the flavour catalogue of the built-in autoscaled workloads is the shipped one
-    import yaml
+    from extender.config import ExtenderConfig
 
-    from extender.config import parse_flavours
-
-    shipped = yaml.safe_load((REPO / "config" / "extender.yaml").read_text())["flavours"]
-    assert parse_flavours(shipped) == HTAS_FLAVOURS
+    assert ExtenderConfig().flavours == HTAS_FLAVOURS
 
 
 def test_product_config_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -105,8 +102,10 @@ def test_product_config_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureF
     )
     assert "--product-config: cannot read" in capsys.readouterr().err
     (tmp_path / "controller").mkdir()
+    (tmp_path / "base").mkdir()
     (tmp_path / "autoscaler" / "consolidation").mkdir(parents=True)
-    (tmp_path / "controller" / "extender.yaml").write_text("qos: {alpha_seconds: -1}\n")
+    (tmp_path / "base" / "extender.yaml").write_text("{}\n")
+    (tmp_path / "controller" / "controller.yaml").write_text("qos: {alpha_seconds: -1}\n")
     (tmp_path / "autoscaler" / "autoscaler.yaml").write_text("autoscaler: {}\n")
     (tmp_path / "autoscaler" / "consolidation" / "consolidation.yaml").write_text("consolidation: {}\n")
     assert (

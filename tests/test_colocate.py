@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import base64
 import copy
-import dataclasses
 from typing import Any
 
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.config import ControllerConfig, ExtenderConfig, PodDefaults
+from extender.config import ColocateConfig, ControllerConfig, ExtenderConfig, PodDefaults, SlackConfig
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY
-from extender.controller.slack_config import ColocateConfig
 from extender.core.model import DEFAULT_CLASSES
 from extender.kube.convert import COLOCATE_KEY, pod_settings
 from extender.webhook.admission import review
@@ -25,7 +23,7 @@ GI = 2**30
 ON = ColocateConfig(enabled=True, classes=("bronze",))
 CFG = ExtenderConfig(
     controller=ControllerConfig(enabled=True),
-    slack={"enabled": True, "colocate": {"enabled": True, "classes": ["bronze"]}},
+    slack=SlackConfig(enabled=True, colocate=ColocateConfig(enabled=True, classes=("bronze",))),
 )
 
 
@@ -142,7 +140,7 @@ def test_the_webhook_warns_and_changes_nothing_of_the_resources_otherwise() -> N
     res = patched(pod("ja"))["spec"]["containers"][0]["resources"]
     assert res["requests"] == {"cpu": "500m", "memory": "1Gi", "qos.kube-qos-extender.io/managed": "1"}
     assert "patch" not in answer(pod("ja", scheduler="default-scheduler"))
-    off = dataclasses.replace(CFG, slack=None)  # the shipped default: co-location off
+    off = CFG.model_copy(update=dict(slack=SlackConfig()))  # the shipped default: co-location off
     assert "co-location is off" in answer(pod(), off)["warnings"][0]
     assert "warnings" not in answer(pod(None))
 

@@ -1,4 +1,5 @@
-"""config/extender.yaml and extender.config: documented defaults, strict validation with clear errors."""
+"""extender.config: the extender's settings -- defaults, strict validation naming every wrong option at once, and
+layered files (several --config deep-merged in order)."""
 
 from __future__ import annotations
 
@@ -9,113 +10,25 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.config import (
-    DEFAULT_CONFIG_PATH,
-    ConfigError,
-    ExtenderConfig,
-    load_config,
-    parse_config,
-)
+from extender.config import FLAVOURS_PATH, ConfigError, ExtenderConfig, deep_merge, load_config, parse_config
 from extender.core.model import DEFAULT_CLASSES, WorkloadKind
 
 
-def test_default_file_loads_and_matches_code_defaults() -> None:
+def test_no_file_is_every_default_and_the_catalogue_comes_from_its_one_file() -> None:
     loaded = load_config()
-    code = ExtenderConfig()
-    for section in ("server", "kubernetes", "bind", "scheduling", "pod_defaults", "node_groups"):
-        assert getattr(loaded, section) == getattr(code, section), section
+    assert loaded == ExtenderConfig() == load_config([])
     assert dict(loaded.policy.classes) == dict(DEFAULT_CLASSES)
-    assert loaded.policy == code.policy
     assert loaded.log_level == "INFO"
-    assert [f.name for f in loaded.flavours] == [
-        "t3.xsmall",
-        "m3.xsmall",
-        "m3.small",
-        "m1.medium",
-        "m1.large",
-        "m1.xlarge",
-    ]
-
-
-def _yaml_keys(obj: Any, prefix: str = "") -> set[str]:
-    keys: set[str] = set()
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            keys.add(f"{prefix}{k}")
-            if k not in ("classes", "match_labels"):
-                keys |= _yaml_keys(v, f"{prefix}{k}.")
-    elif isinstance(obj, list):
-        for item in obj:
-            keys |= _yaml_keys(item, f"{prefix}[].")
-    return keys
-
-
-def test_every_option_is_in_the_default_file_with_a_comment() -> None:
-    """The reference file lists every option the parser knows, and each value line sits under a comment."""
-    text = DEFAULT_CONFIG_PATH.read_text()
-    present = _yaml_keys(yaml.safe_load(text))
-    known = {
-        "server", "server.host", "server.port", "server.max_body_bytes", "server.request_timeout_seconds",
-        "server.tls", "server.tls.cert_file", "server.tls.key_file", "server.tls.client_ca_file",
-        "server.tls.verb_clients", "server.tls.metrics_clients", "server.loopback_verbs_port",
-        "kubernetes", "kubernetes.kubeconfig", "kubernetes.context", "kubernetes.watch_timeout_seconds",
-        "kubernetes.backoff_initial_seconds", "kubernetes.backoff_max_seconds", "kubernetes.request_timeout_seconds",
-        "kubernetes.events", "kubernetes.event_component",
-        "bind", "bind.timeout_seconds", "bind.attempt_timeout_seconds", "bind.backoff_initial_seconds",
-        "bind.ledger_ttl_seconds",
-        "scheduling", "scheduling.profile", "scheduling.scaling_cycle_seconds", "scheduling.managed_resources",
-        "scheduling.marker_resource",
-        "pod_defaults", "pod_defaults.class", "pod_defaults.class_from_priority", "pod_defaults.kind",
-        "pod_defaults.batch_runtime_seconds",
-        "node_groups", "node_groups.batch", "node_groups.batch.match_labels", "node_groups.service",
-        "node_groups.service.match_labels", "node_groups.unlabelled", "node_groups.enforce",
-        "node_groups.flavour_label",
-        "qos", "qos.alpha_seconds", "qos.min_run_quantum_seconds", "qos.q_hysteresis_seconds", "qos.overhead_cap",
-        "qos.relax_by_importance",
-        "classes", "flavours", "flavours.[].name", "flavours.[].cpu", "flavours.[].memory", "flavours.[].pods",
-        "flavours.[].price_per_hour", "logging", "logging.level",
-        "controller", "controller.enabled", "controller.watchdog_seconds", "controller.gate_name",
-        "controller.scheduler_name", "controller.max_gate_seconds", "controller.requeue_pinned_seconds",
-        "controller.time_compression",
-        "controller.persistence", "controller.persist_interval_seconds",
-        "controller.persist_min_interval_seconds", "controller.release_concurrency", "controller.pin_node",
-        "controller.host_score",
-        "controller.instance", "controller.leader_election", "controller.leader_election.enabled",
-        "controller.leader_election.lease_name", "controller.leader_election.lease_namespace",
-        "controller.leader_election.identity", "controller.leader_election.lease_duration_seconds",
-        "controller.leader_election.renew_deadline_seconds", "controller.leader_election.retry_period_seconds",
-    }  # fmt: skip
-    known |= {"slack", "slack.characterise", "slack.colocate"} | {  # validated by controller/slack_config.py
-        f"slack.{k}"
-        for k in (
-            "enabled", "prometheus_url", "rate_window", "model_path", "refresh_seconds", "history_seconds",
-            "classify_seconds", "step_seconds", "node_selector", "evict", "miss_tolerance", "stale_seconds",
-            "colocate.enabled",
-            "colocate.classes", "characterise.k", "characterise.seeds", "characterise.interval_seconds",
-            "characterise.observation_seconds", "characterise.recluster_seconds", "characterise.prediction_seconds",
-        )
-    }  # fmt: skip
-    assert present == known
-    lines = text.splitlines()
-    undocumented = []
-    for i, line in enumerate(lines):
-        m = re.match(r"^(\s*)([a-z_]+):\s*(\S.*)?$", line)
-        if not m or not m.group(3):
-            continue  # a section header: its children are checked
-        j = i - 1
-        while j >= 0 and lines[j].strip() and not lines[j].strip().startswith("#"):
-            j -= 1
-        if j < 0 or not lines[j].strip().startswith("#"):
-            undocumented.append(line.strip())
-    assert undocumented == []
+    names = [f["name"] for f in yaml.safe_load(FLAVOURS_PATH.read_text())["flavours"]]
+    assert [f.name for f in loaded.flavours] == names
+    assert names == ["t3.xsmall", "m3.xsmall", "m3.small", "m1.medium", "m1.large", "m1.xlarge"]
+    assert Path("config/flavours.yaml").resolve() == FLAVOURS_PATH  # the one catalogue, linked for hack/
 
 
 def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text("")
-    cfg = load_config(p)
-    assert cfg.server == ExtenderConfig().server
-    assert cfg.flavours == ()
+    assert load_config(p) == ExtenderConfig()
 
 
 def _err(raw: Any, tmp_path: Path | None = None) -> str:
@@ -129,70 +42,115 @@ def _err(raw: Any, tmp_path: Path | None = None) -> str:
     [
         ({"sever": {}}, "sever: unknown option"),
         ({"server": {"prot": 1}}, "server.prot: unknown option"),
-        ({"server": {"port": 70000}}, "server.port: must be between 0 and 65535"),
-        ({"server": {"port": "8888"}}, "server.port: must be an integer"),
-        ({"server": {"max_body_bytes": 10}}, "server.max_body_bytes: must be between 1024"),
-        ({"server": {"request_timeout_seconds": 0}}, "server.request_timeout_seconds: must be > 0"),
-        ({"server": {"request_timeout_seconds": float("nan")}}, "must be a finite number"),
-        ({"server": []}, "server: must be a mapping"),
+        ({"server": {"port": 70000}}, "server.port: Input should be less than or equal to 65535"),
+        ({"server": {"port": "8888"}}, "server.port: Input should be a valid integer (got '8888')"),
+        ({"server": {"port": 8888.5}}, "server.port: Input should be a valid integer"),
+        ({"server": {"max_body_bytes": 10}}, "server.max_body_bytes: Input should be greater than or equal to 1024"),
+        ({"server": {"request_timeout_seconds": 0}}, "server.request_timeout_seconds: Input should be greater than 0"),
+        ({"server": {"request_timeout_seconds": float("nan")}}, "server.request_timeout_seconds: Input should be a"),
+        ({"server": {"request_timeout_seconds": "12"}}, "server.request_timeout_seconds: Input should be a valid n"),
+        ({"server": []}, "server: Input should be an object"),
         ({"bind": {"timeout_seconds": 12.5}}, "bind.timeout_seconds: must be < server.request_timeout_seconds"),
         ({"bind": {"attempt_timeout_seconds": 5, "timeout_seconds": 3}}, "bind.attempt_timeout_seconds: must be <="),
-        ({"controller": {"release_concurrency": 0}}, "controller.release_concurrency: must be between 1 and 1024"),
-        ({"scheduling": {"profile": "fast"}}, "scheduling.profile: must be one of cost, spread (got 'fast')"),
-        ({"scheduling": {"scaling_cycle_seconds": -1}}, "scheduling.scaling_cycle_seconds: must be > 0"),
-        ({"scheduling": {"managed_resources": ["cpu"]}}, "'cpu' is always checked"),
-        ({"scheduling": {"managed_resources": ["gpu"]}}, "not an extended resource name"),
-        ({"scheduling": {"managed_resources": "x/y"}}, "must be a list of resource names"),
-        ({"scheduling": {"marker_resource": "managed"}}, "not an extended resource name"),
+        ({"controller": {"release_concurrency": 0}}, "controller.release_concurrency: Input should be greater"),
+        ({"controller": {"enabled": "false"}}, "controller.enabled: Input should be a valid boolean (got 'false')"),
+        ({"controller": {"gate_name": "ordering"}}, "controller.gate_name: 'ordering' must be a qualified name"),
+        ({"controller": {"instance": "Bad_Name"}}, "controller.instance: 'Bad_Name' must be a lowercase DNS label"),
+        ({"controller": {"watchdog_seconds": 20, "max_gate_seconds": 10}}, "controller.max_gate_seconds: must be >="),
+        (
+            {"controller": {"leader_election": {"lease_duration_seconds": 5}}},
+            "controller.leader_election.renew_deadline_seconds: must be < lease_duration_seconds (5)",
+        ),
+        (
+            {"controller": {"leader_election": {"retry_period_seconds": 9}}},
+            "controller.leader_election.retry_period_seconds: must be < renew_deadline_seconds / 1.2",
+        ),
+        ({"scheduling": {"profile": "fast"}}, "scheduling.profile: Input should be 'cost' or 'spread' (got 'fast')"),
+        ({"scheduling": {"scaling_cycle_seconds": -1}}, "scheduling.scaling_cycle_seconds: Input should be greater"),
+        ({"scheduling": {"managed_resources": ["cpu"]}}, "scheduling.managed_resources: 'cpu' is always checked"),
+        ({"scheduling": {"managed_resources": ["gpu"]}}, "'gpu' is not an extended resource name"),
+        ({"scheduling": {"managed_resources": "x/y"}}, "scheduling.managed_resources: Input should be a valid array"),
+        ({"scheduling": {"marker_resource": "managed"}}, "scheduling.marker_resource: 'managed' is not an extended"),
         (
             {"scheduling": {"managed_resources": ["qos.kube-qos-extender.io/managed"]}},
-            "is the marker_resource",
+            "scheduling.managed_resources: 'qos.kube-qos-extender.io/managed' is the marker_resource",
         ),
         ({"pod_defaults": {"class": "platinum"}}, "pod_defaults.class: unknown class 'platinum'"),
-        ({"pod_defaults": {"kind": "daemon"}}, "pod_defaults.kind: must be one of batch, service"),
-        ({"pod_defaults": {"class_from_priority": "yes"}}, "must be true or false"),
-        ({"node_groups": {"unlabelled": "some"}}, "node_groups.unlabelled: must be one of any, batch, service, none"),
-        ({"node_groups": {"batch": {"match_labels": {}}}}, "must not be empty"),
+        ({"pod_defaults": {"kind": "daemon"}}, "pod_defaults.kind: Input should be 'batch' or 'service'"),
+        ({"pod_defaults": {"class_from_priority": "yes"}}, "pod_defaults.class_from_priority: Input should be a valid"),
+        ({"node_groups": {"unlabelled": "some"}}, "node_groups.unlabelled: Input should be 'any', 'batch'"),
+        ({"node_groups": {"batch": {"match_labels": {}}}}, "node_groups.batch.match_labels: Dictionary should have"),
         (
             {"node_groups": {"batch": {"match_labels": {"a": "b"}}, "service": {"match_labels": {"a": "b"}}}},
-            "identical",
+            "node_groups: batch and service selectors are identical",
         ),
-        ({"node_groups": {"batch": {"match_labels": {"a": 1}}}}, "labels must be non-empty strings"),
-        ({"kubernetes": {"backoff_initial_seconds": 5, "backoff_max_seconds": 1}}, "must be >= backoff_initial"),
-        ({"kubernetes": {"watch_timeout_seconds": 0}}, "kubernetes.watch_timeout_seconds"),
-        ({"kubernetes": {"kubeconfig": "/nonexistent/kubeconfig"}}, "does not exist"),
-        ({"qos": {"alpha_seconds": -1}}, "qos.alpha_seconds: must be >= 0"),
-        ({"qos": {"overhead_cap": 1}}, "qos.overhead_cap: must be true or false"),
-        ({"classes": {}}, "classes: must be a non-empty mapping"),
-        ({"classes": {"gold": {"importance": 1}}}, "classes.gold.slo: is required"),
-        ({"classes": {"gold": {"slo": 1.5, "importance": 1}}}, "classes.gold.slo: must be <= 1.0"),
-        ({"classes": {"gold": {"slo": 0.9, "importance": 0}}}, "classes.gold.importance: must be between 1"),
+        ({"node_groups": {"batch": {"match_labels": {"a": 1}}}}, "node_groups.batch.match_labels.a: Input should be"),
+        (
+            {"kubernetes": {"backoff_initial_seconds": 5, "backoff_max_seconds": 1}},
+            "kubernetes.backoff_max_seconds: must be >= backoff_initial_seconds (5.0)",
+        ),
+        ({"kubernetes": {"watch_timeout_seconds": 0}}, "kubernetes.watch_timeout_seconds: Input should be greater"),
+        ({"kubernetes": {"kubeconfig": "/nonexistent/kubeconfig"}}, "kubernetes.kubeconfig: file '/nonexistent"),
+        ({"qos": {"alpha_seconds": -1}}, "qos.alpha_seconds: Input should be greater than or equal to 0"),
+        ({"qos": {"overhead_cap": 1}}, "qos.overhead_cap: Input should be a valid boolean (got 1)"),
+        ({"classes": {}}, "classes: Dictionary should have at least 1 item"),
+        ({"classes": {"gold": {"importance": 1}}}, "classes.gold.slo: Field required"),
+        ({"classes": {"gold": {"slo": 1.5, "importance": 1}}}, "classes.gold.slo: Input should be less than or equal"),
+        ({"classes": {"gold": {"slo": 0.9, "importance": 0}}}, "classes.gold.importance: Input should be greater"),
         ({"classes": {"gold": {"slo": 0.9, "importance": 1, "sigma": 2}}}, "classes.gold.sigma: unknown option"),
-        ({"flavours": {"a": 1}}, "flavours: must be a list"),
+        ({"flavours": {"a": 1}}, "flavours: Input should be a valid array"),
         ({"flavours": [{"name": "a", "cpu": "2", "memory": "1Gi"}]}, "flavours[0].price_per_hour: is required"),
-        ({"flavours": [{"name": "a", "cpu": "two", "memory": "1Gi", "price_per_hour": 1}]}, "flavours[0].cpu"),
+        ({"flavours": [{"name": "a", "cpu": "two", "memory": "1Gi", "price_per_hour": 1}]}, "flavours[0].cpu: malfo"),
         ({"flavours": [{"name": "a", "cpu": "0", "memory": "1Gi", "price_per_hour": 1}]}, "must be positive"),
+        ({"flavours": [{"name": "a", "cpu": "1", "memory": "1Gi", "price_per_hour": "1"}]}, "flavours[0].price_per"),
+        ({"flavours": [{"name": "a", "cpu": "1", "memory": "1Gi", "price_per_hour": 1, "gpu": 1}]}, "[0].gpu: unkno"),
         (
             {"flavours": [{"name": "a", "cpu": "1", "memory": "1Gi", "price_per_hour": 1}] * 2},
-            "flavours[1].name: duplicate flavour 'a'",
+            "flavours: duplicate flavour 'a'",
         ),
-        ({"logging": {"level": "LOUD"}}, "logging.level: must be one of"),
-        ([1, 2], "must be a mapping"),
+        ({"logging": {"level": "LOUD"}}, "logging.level: Input should be 'DEBUG', 'INFO', 'WARNING' or 'ERROR'"),
+        ({"slack": {"enabled": "true"}}, "slack.enabled: Input should be a valid boolean (got 'true')"),
+        (
+            {"slack": {"enabled": True, "colocate": {"enabled": True, "classes": ["platinum"]}}},
+            "slack.colocate.classes: unknown class 'platinum'",
+        ),
+        ([1, 2], "must be a mapping, got list"),
     ],
 )
 def test_invalid_options_are_named(raw: Any, message: str) -> None:
     assert message in _err(raw)
 
 
+def test_every_error_of_a_file_is_named_at_once(tmp_path: Path) -> None:
+    """The issue's case: a string port and an unknown key, plus a string boolean deeper down -- all three named in
+    one error, each by its path, so a file is fixed in one pass."""
+    p = tmp_path / "extender.yaml"
+    p.write_text('server: {port: "8888", bogus: 1}\ncontroller: {leader_election: {enabled: "false"}}\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(p)
+    assert [path for path, _ in info.value.problems] == [
+        "server.port",
+        "server.bogus",
+        "controller.leader_election.enabled",
+    ]
+    text = str(info.value)
+    assert text.startswith(f"{p}: 3 problems")
+    assert "got '8888'" in text and "got 'false'" in text
+
+
 def test_tls_options(tmp_path: Path) -> None:
     (tmp_path / "tls.crt").write_text("x")
     (tmp_path / "tls.key").write_text("x")
     (tmp_path / "ca.crt").write_text("x")
-    assert "cert_file and key_file must be set together" in _err(
+    assert "server.tls.cert_file: cert_file and key_file must be set together" in _err(
         {"server": {"tls": {"cert_file": "tls.crt"}}}, tmp_path
     )
-    assert "client certificates need TLS" in _err({"server": {"tls": {"client_ca_file": "ca.crt"}}}, tmp_path)
-    assert "does not exist" in _err({"server": {"tls": {"cert_file": "nope.crt", "key_file": "tls.key"}}}, tmp_path)
+    assert "server.tls.client_ca_file: client certificates need TLS" in _err(
+        {"server": {"tls": {"client_ca_file": "ca.crt"}}}, tmp_path
+    )
+    assert "server.tls.cert_file: file" in _err(
+        {"server": {"tls": {"cert_file": "nope.crt", "key_file": "tls.key"}}}, tmp_path
+    )
     cfg = parse_config(
         {"server": {"tls": {"cert_file": "tls.crt", "key_file": "tls.key", "client_ca_file": "ca.crt"}}}, base=tmp_path
     )
@@ -209,6 +167,7 @@ def test_custom_values_are_applied(tmp_path: Path) -> None:
                 "pod_defaults": {"class": "silver", "kind": "batch", "batch_runtime_seconds": 600},
                 "classes": {"silver": {"slo": 0.9, "importance": 2}},
                 "node_groups": {"unlabelled": "none", "enforce": False},
+                "bind": {"attempt_timeout_seconds": 2},
             }
         )
     )
@@ -218,14 +177,44 @@ def test_custom_values_are_applied(tmp_path: Path) -> None:
     assert list(cfg.policy.classes) == ["silver"]
     assert cfg.policy.classes["silver"].safety_margin_seconds == 10.0
     assert cfg.node_groups.unlabelled == "none" and cfg.node_groups.enforce is False
+    assert cfg.bind.attempt_seconds == 2.0 and ExtenderConfig().bind.attempt_seconds == 10.0
+
+
+def test_files_are_layered_in_order(tmp_path: Path) -> None:
+    """An overlay holds only what it changes: mappings merge key by key, a list replaces, a later file wins."""
+    base = tmp_path / "base" / "extender.yaml"
+    base.parent.mkdir()
+    (base.parent / "kubeconfig").write_text("x")
+    base.write_text(
+        "kubernetes: {kubeconfig: kubeconfig}\nserver: {port: 8443, host: 0.0.0.0}\n"
+        "flavours: [{name: a, cpu: '1', memory: 1Gi, price_per_hour: 1}]\n"
+    )
+    overlay = tmp_path / "controller.yaml"
+    overlay.write_text(
+        "server: {port: 9443}\ncontroller: {enabled: true}\n"
+        "flavours: [{name: b, cpu: '2', memory: 2Gi, price_per_hour: 2}]\n"
+    )
+    cfg = load_config([base, overlay])
+    assert (cfg.server.host, cfg.server.port, cfg.controller.enabled) == ("0.0.0.0", 9443, True)
+    assert [f.name for f in cfg.flavours] == ["b"]
+    assert cfg.kubernetes.kubeconfig == str(base.parent / "kubeconfig")  # from the first file's folder
+    assert load_config([overlay, base]).server.port == 8443
+    assert deep_merge({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2], "d": None}}) == {"a": {"b": 1, "c": [2], "d": None}}
+    # an error names every file it came from
+    overlay.write_text("controller: {enabled: 'yes'}\n")
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(base))} \+ {re.escape(str(overlay))}: controller"):
+        load_config([base, overlay])
 
 
 def test_file_errors_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read config file"):
+    with pytest.raises(ConfigError, match=r"missing.yaml: cannot read"):
         load_config(tmp_path / "missing.yaml")
     p = tmp_path / "broken.yaml"
     p.write_text("server: {port: [}\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+    p.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="must be a mapping, got list"):
         load_config(p)
     p.write_text("server: {port: -1}\n")
     with pytest.raises(ConfigError, match=rf"{re.escape(str(p))}: server.port"):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,7 +23,7 @@ from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
 
 CONFIG = ExtenderConfig()
-CONFIG = dataclasses.replace(CONFIG, controller=dataclasses.replace(CONFIG.controller, persistence="memory"))
+CONFIG = CONFIG.model_copy(update=dict(controller=CONFIG.controller.model_copy(update=dict(persistence="memory"))))
 C = CONFIG.controller.release_concurrency  # release PATCHes in flight at once
 
 
@@ -283,7 +282,7 @@ async def test_an_account_whose_owner_is_gone_is_forgotten_not_written_again(hel
     observe's absent grace re-sent it: 55,335 PATCH 404s in one 500-node bench run (issue 17). A bare pod the
     watch no longer has is not PATCHed at all."""
     api, client = held
-    cfg = dataclasses.replace(CONFIG, controller=dataclasses.replace(CONFIG.controller, persistence="annotation"))
+    cfg = CONFIG.model_copy(update=dict(controller=CONFIG.controller.model_copy(update=dict(persistence="annotation"))))
     snap = TrackingSnapshot(cfg, ACCOUNT_ANNOTATION)
     snap.replace_nodes([node("n1")], "1", now=0.0)
     snap.replace_pods([gated_pod("a")], "1", now=0.0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -53,18 +52,19 @@ def _config(kubeconfig: str, run: str, identity: str, requeue_pinned_seconds: fl
         renew_deadline_seconds=3.0,
         retry_period_seconds=1.0,
     )
-    return dataclasses.replace(
-        base,
-        server=ServerConfig(host="127.0.0.1", port=0),
-        kubernetes=KubernetesConfig(kubeconfig=kubeconfig),
-        controller=ControllerConfig(
-            enabled=True,
-            watchdog_seconds=0.5,
-            max_gate_seconds=3.0,
-            requeue_pinned_seconds=requeue_pinned_seconds,
-            instance=run,
-            leader_election=election,
-        ),
+    return base.model_copy(
+        update=dict(
+            server=ServerConfig(host="127.0.0.1", port=0),
+            kubernetes=KubernetesConfig(kubeconfig=kubeconfig),
+            controller=ControllerConfig(
+                enabled=True,
+                watchdog_seconds=0.5,
+                max_gate_seconds=3.0,
+                requeue_pinned_seconds=requeue_pinned_seconds,
+                instance=run,
+                leader_election=election,
+            ),
+        )
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.config import NodeGroupsConfig, PodDefaults
+from extender.config import LabelSelector, NodeGroupsConfig, PodDefaults
 from extender.core.model import DEFAULT_CLASSES, InvalidInputError, NodeGroup, WorkloadKind
 from extender.kube.convert import (
     CLASS_KEY,
@@ -297,7 +297,10 @@ def test_node_groups() -> None:
     assert node_group_of({}, g) == {NodeGroup.BATCH, NodeGroup.SERVICE}
     assert node_group_of({}, NodeGroupsConfig(unlabelled="none")) == set()
     assert node_group_of({}, NodeGroupsConfig(unlabelled="service")) == {NodeGroup.SERVICE}
-    custom = NodeGroupsConfig(batch_selector={"pool": "spot"}, service_selector={"pool": "spot", "tier": "web"})
+    custom = NodeGroupsConfig(
+        batch=LabelSelector(match_labels={"pool": "spot"}),
+        service=LabelSelector(match_labels={"pool": "spot", "tier": "web"}),
+    )
     assert node_group_of({"pool": "spot", "tier": "web"}, custom) == {NodeGroup.BATCH, NodeGroup.SERVICE}
     n = copy.deepcopy(NODE)
     n["metadata"]["labels"] = {}

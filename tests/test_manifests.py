@@ -19,7 +19,7 @@ import yaml
 
 from extender.agent.config import AgentConfigError, load_agent_config
 from extender.autoscaler.config import parse_autoscaler_config
-from extender.config import load_config, parse_config
+from extender.config import deep_merge, load_config, parse_config
 from extender.consolidation.config import parse_consolidation_config
 from extender.settings import SettingsError
 
@@ -62,7 +62,7 @@ def _mounted_from(workload: dict[str, Any], container: str, path: str) -> dict[s
 
 def _with_stand_ins(doc: Any, keys: tuple[str, ...]) -> Any:
     """Replace the values of file options (paths inside the pod) by a file that exists here."""
-    stand_in = str(CONFIG / "extender.yaml")
+    stand_in = str(CONFIG / "base" / "kustomization.yaml")
     if isinstance(doc, dict):
         return {k: stand_in if k in keys and v else _with_stand_ins(v, keys) for k, v in doc.items()}
     if isinstance(doc, list):
@@ -208,10 +208,16 @@ def test_autoscaler_configs_load_and_match_the_deployment(autoscaler_dep: dict[s
     assert autoscaler_dep["spec"]["replicas"] == 1 and autoscaler_dep["spec"]["strategy"] == {"type": "Recreate"}
 
 
-def test_autoscaler_copies_did_not_drift() -> None:
-    shipped = _load(ROOT / "config" / "extender.yaml")
-    deployed = _load(AUTOSCALER / "extender.yaml")
-    assert deployed == {k: v for k, v in shipped.items() if k not in ("server", "controller")}
+def test_the_autoscaler_and_the_extender_agree_on_what_they_share() -> None:
+    """Both read node groups, pod defaults, classes, QoS knobs and flavours from their own file (overlays of the
+    same defaults): a sidecar planning with other classes or flavours than the extender places by would buy
+    nodes no pod lands on."""
+    raw = deep_merge(_load(CONFIG / "base" / "extender.yaml"), _load(CONFIG / "controller" / "controller.yaml"))
+    extender = parse_config(_with_stand_ins(raw, ("cert_file", "key_file", "client_ca_file")))
+    autoscaler = load_config(AUTOSCALER / "extender.yaml")
+    for section in ("kubernetes", "bind", "pod_defaults", "node_groups", "qos", "classes", "flavours"):
+        assert getattr(autoscaler, section) == getattr(extender, section), section
+    assert autoscaler.scheduling.scaling_cycle_seconds == extender.scheduling.scaling_cycle_seconds
     # the autoscaler files hold only what differs from the defaults (tests/test_settings.py); what they set:
     lab = _load(KWOK / "autoscaler.yaml")["autoscaler"]  # the kwok Component: the defaults but metrics.host
     assert lab == {"metrics": {"host": "0.0.0.0"}}
@@ -307,15 +313,31 @@ def test_consolidation_component() -> None:
 
 
 def test_controller_component_turns_the_controller_on_and_nothing_else() -> None:
-    base = _load(CONFIG / "base" / "extender.yaml")
-    ours = _load(CONFIG / "controller" / "extender.yaml")
-    assert ours["controller"].pop("enabled") is True and base["controller"].pop("enabled") is False
-    assert ours == base
+    """The Component replaces only the overlay key of the base's ConfigMap; the extender layers it over the base
+    file (`--config extender.yaml --config controller.yaml`), so the two differ in controller.enabled alone."""
+    assert _load(CONFIG / "controller" / "controller.yaml") == {"controller": {"enabled": True}}
+    assert _load(CONFIG / "base" / "controller.yaml") == {}
     comp = _component(CONFIG / "controller")
     (gen,) = comp["configMapGenerator"]
-    assert gen["name"] == "qos-extender-config" and gen["behavior"] == "replace"
-    doc = _with_stand_ins(_load(CONFIG / "controller" / "extender.yaml"), ("cert_file", "key_file", "client_ca_file"))
-    assert parse_config(doc).controller.enabled
+    assert gen["name"] == "qos-extender-config" and gen["behavior"] == "merge" and gen["files"] == ["controller.yaml"]
+    base_gen = next(g for g in _load(CONFIG / "base" / "kustomization.yaml")["configMapGenerator"]
+                    if g["name"] == "qos-extender-config")  # fmt: skip
+    assert base_gen["files"] == ["extender.yaml", "controller.yaml"]
+    dep = _one(CONFIG / "base" / "deployment.yaml", "Deployment")
+    (extender,) = [c for c in dep["spec"]["template"]["spec"]["initContainers"] if c["name"] == "extender"]
+    args = extender["args"]
+    assert args[0] == "serve" and [a for a in args[1:] if not a.startswith("--")] == [
+        "/etc/qos-extender/config/extender.yaml",
+        "/etc/qos-extender/config/controller.yaml",
+    ]
+    files = [CONFIG / "base" / "extender.yaml", CONFIG / "controller" / "controller.yaml"]
+    raw = _with_stand_ins(deep_merge(_load(files[0]), _load(files[1])), ("cert_file", "key_file", "client_ca_file"))
+    on, off = (
+        parse_config(raw),
+        parse_config(_with_stand_ins(_load(files[0]), ("cert_file", "key_file", "client_ca_file"))),
+    )
+    assert on.controller.enabled and not off.controller.enabled
+    assert on.model_copy(update={"controller": off.controller}) == off
 
 
 # ------------------------------------------------------------------------------------------------ RBAC vs code

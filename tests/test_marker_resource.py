@@ -3,7 +3,6 @@ sends them to the extender; nodes never advertise it, so filter must never requi
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from extender.config import MARKER_RESOURCE, ExtenderConfig, SchedulingConfig, load_config
@@ -53,8 +52,8 @@ def test_filter_passes_a_marked_pod_on_nodes_without_the_marker() -> None:
 
 def test_filter_ignores_the_marker_even_if_a_config_object_lists_it_as_managed() -> None:
     """Parsing forbids listing the marker in managed_resources; a config built in code may still do it."""
-    config = dataclasses.replace(
-        ExtenderConfig(), scheduling=SchedulingConfig(managed_resources=(MARKER_RESOURCE, "example.com/gpu"))
+    config = ExtenderConfig().model_copy(
+        update=dict(scheduling=SchedulingConfig.model_construct(managed_resources=(MARKER_RESOURCE, "example.com/gpu")))
     )
     assert _filter(config, _marked_pod())["NodeNames"] == ["n1", "n2"]
     # ...while a real managed extended resource the nodes lack is still checked.
@@ -63,5 +62,5 @@ def test_filter_ignores_the_marker_even_if_a_config_object_lists_it_as_managed()
 
 
 def test_marker_can_be_switched_off() -> None:
-    config = dataclasses.replace(ExtenderConfig(), scheduling=SchedulingConfig(marker_resource=None))
+    config = ExtenderConfig().model_copy(update=dict(scheduling=SchedulingConfig(marker_resource=None)))
     assert _filter(config, _marked_pod())["NodeNames"] == ["n1", "n2"]

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from extender.agent.config import AgentConfig, load_agent_config
 from extender.autoscaler.config import AutoscalerSettings
+from extender.config import ExtenderConfig, load_config
 from extender.consolidation.config import ConsolidationSettings
 from extender.processes.settings_reference import generated
 from extender.settings import Settings, SettingsError, load_settings
@@ -96,6 +97,59 @@ def test_settings_are_frozen() -> None:
         s.flag = True  # type: ignore[misc]
 
 
+def _scalar_options(model: type[Settings], prefix: str = "") -> list[tuple[str, type]]:
+    """(path, type) of every boolean, integer and number option of ``model``, its sections included."""
+    out: list[tuple[str, type]] = []
+    for attr, field in model.model_fields.items():
+        if field.exclude:
+            continue
+        name = field.alias or attr
+        path = f"{prefix}.{name}" if prefix else name
+        ann = field.annotation
+        args = [a for a in getattr(ann, "__args__", (ann,)) if a is not type(None)]
+        if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], Settings):
+            out += _scalar_options(args[0], path)
+        elif len(args) == 1 and args[0] in (bool, int, float):
+            out.append((path, args[0]))
+    return out
+
+
+def _nest(path: str, value: object) -> dict[str, Any]:
+    doc: Any = value
+    for part in reversed(path.split(".")):
+        doc = {part: doc}
+    return doc
+
+
+MODELS: list[tuple[str, type[Settings], dict[str, Any]]] = [
+    ("extender", ExtenderConfig, {}),
+    ("agent", AgentConfig, {"node_name": "n", "allow_plaintext": True}),
+    ("autoscaler", AutoscalerSettings, {}),
+    ("consolidation", ConsolidationSettings, {}),
+]
+SCALARS = [(name, model, base, path, kind) for name, model, base in MODELS for path, kind in _scalar_options(model)]
+
+
+def test_the_walk_finds_the_options_the_issue_named() -> None:
+    found = {(name, path) for name, _, _, path, _ in SCALARS}
+    assert {("agent", "allow_plaintext"), ("agent", "test_fault_injection"), ("extender", "server.port")} <= found
+    assert {("extender", "controller.leader_election.enabled"), ("extender", "slack.characterise.k")} <= found
+    assert len(SCALARS) > 100
+
+
+@pytest.mark.parametrize(("name", "model", "base", "path", "kind"), SCALARS, ids=[f"{s[0]}:{s[3]}" for s in SCALARS])
+def test_a_string_for_a_boolean_or_a_number_is_refused_in_every_file(
+    name: str, model: type[Settings], base: dict[str, Any], path: str, kind: type
+) -> None:
+    """Done-when of issue 28, over every option of every process: the string spelling of a valid value ("false",
+    "8888") is refused at load, naming the option, and never read as its value."""
+    value = "false" if kind is bool else "1"
+    raw = {**base, **_nest(path, value)}
+    with pytest.raises(SettingsError) as err:
+        load_settings(model, raw, f"{name}.yaml")
+    assert path in [p for p, _ in err.value.problems], str(err.value)
+
+
 # ---------------------------------------------------------------------------------------- generated files
 
 
@@ -119,13 +173,10 @@ def test_the_agent_reference_loads_back_to_the_defaults() -> None:
 
 
 def test_every_generated_reference_means_the_defaults() -> None:
-    from extender.controller.slack_config import SlackConfig, parse_slack_config
-
     consolidation = yaml.safe_load((DOCS / "consolidation.yaml").read_text())
     assert load_settings(ConsolidationSettings, consolidation["consolidation"]) == ConsolidationSettings()
-    slack = yaml.safe_load((DOCS / "slack.yaml").read_text())
-    assert parse_slack_config(slack["slack"]) == SlackConfig()
-    assert "# Classes per resource" in (DOCS / "slack.yaml").read_text()  # the descriptions are carried
+    assert load_config(DOCS / "extender.yaml") == ExtenderConfig()
+    assert "# Classes per resource" in (DOCS / "extender.yaml").read_text()  # the descriptions are carried
 
 
 def _leaves(doc: Any, prefix: str = "") -> dict[str, Any]:
@@ -137,7 +188,11 @@ def _leaves(doc: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: doc}
 
 
-DEPLOYED: list[tuple[str, str, Any]] = [
+DEPLOYED: list[tuple[str, str | None, Any]] = [
+    ("config/base/extender.yaml", None, ExtenderConfig()),
+    ("config/base/controller.yaml", None, ExtenderConfig()),
+    ("config/controller/controller.yaml", None, ExtenderConfig()),
+    ("config/autoscaler/extender.yaml", None, ExtenderConfig()),
     ("config/agent/agent.yaml", "agent", AgentConfig(node_name="n", allow_plaintext=True)),
     ("config/autoscaler/consolidation/consolidation.yaml", "consolidation", ConsolidationSettings()),
     ("config/autoscaler/autoscaler.yaml", "autoscaler", AutoscalerSettings()),
@@ -147,13 +202,15 @@ DEPLOYED: list[tuple[str, str, Any]] = [
 
 
 @pytest.mark.parametrize(("path", "top", "defaults"), DEPLOYED, ids=[d[0] for d in DEPLOYED])
-def test_a_deployed_config_holds_only_what_differs_from_the_defaults(path: str, top: str, defaults: Any) -> None:
+def test_a_deployed_config_holds_only_what_differs_from_the_defaults(path: str, top: str | None, defaults: Any) -> None:
     """No whole copies of the defaults in the manifests (they drifted from the code before): each key a deployed
     file sets is one whose value differs, and every key is an option (the loader refuses unknown ones)."""
     raw = yaml.safe_load((ROOT / path).read_text())
-    assert list(raw) == [top]
-    values = defaults.model_dump(mode="json")
-    for leaf, value in _leaves(raw[top]).items():
+    if top is not None:
+        assert list(raw) == [top]
+        raw = raw[top]
+    values = defaults.model_dump(mode="json", by_alias=True)
+    for leaf, value in _leaves(raw).items():
         default: Any = values
         for part in leaf.split("."):
             if default is None:  # inside a section that is off by default (cloud_provider: null): all of it differs

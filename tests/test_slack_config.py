@@ -1,4 +1,4 @@
-"""The `slack` section of the extender config (extender.controller.slack_config): the shipped defaults (off),
+"""The `slack` section of the extender config (extender.config): the shipped defaults (off),
 strict validation with errors naming the option, and relative model paths."""
 
 from __future__ import annotations
@@ -8,16 +8,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.config import DEFAULT_CONFIG_PATH, load_config
+from extender.config import ExtenderConfig, SlackConfig, load_config, parse_config
 from extender.controller.slack import settings_from_config
-from extender.controller.slack_config import SlackConfig, parse_slack_config
 from extender.core.model import DEFAULT_CLASSES
 from extender.settings import SettingsError
 
 
+def parse_slack_config(raw: object, _classes: object = None, base: Path | None = None) -> SlackConfig:
+    """The slack section as the extender's loader reads it (classes: the file's defaults)."""
+    return parse_config({"slack": {} if raw is None else raw}, base).slack
+
+
 def test_the_shipped_section_is_the_defaults_and_off() -> None:
-    config = load_config(DEFAULT_CONFIG_PATH)
-    got = parse_slack_config(config.slack, config.policy.classes)
+    got = load_config().slack
     assert got == SlackConfig() and not got.enabled and not got.colocate.enabled
     assert (
         got.characterise.k == 20
@@ -42,7 +45,7 @@ def test_an_enabled_section_reaches_the_controller_settings(tmp_path: Path) -> N
     got = parse_slack_config(raw, DEFAULT_CLASSES, tmp_path)
     assert got.enabled and got.model_path == str(tmp_path / "state/model.json") and got.rate_window == "30s"
     assert got.colocate.classes == ("bronze", "silver")
-    settings = settings_from_config(got, DEFAULT_CLASSES, load_config(DEFAULT_CONFIG_PATH).pod_defaults)
+    settings = settings_from_config(got, DEFAULT_CLASSES, load_config().pod_defaults)
     assert settings.config.k == 2 and settings.config.seeds == (0,) and settings.classify_seconds == 600
     assert settings.model_path == tmp_path / "state/model.json" and settings.classes["gold"].importance == 1
 
@@ -59,9 +62,12 @@ def test_an_enabled_section_reaches_the_controller_settings(tmp_path: Path) -> N
         ({"miss_tolerance": 1}, "slack.miss_tolerance: Input should be less than or equal to 0.99"),
         ({"characterise": {"k": 0}}, "slack.characterise.k: Input should be greater than or equal to 1"),
         ({"characterise": {"interval_seconds": 7}}, "slack.characterise: interval_seconds must be a positive"),
-        ({"colocate": {"classes": ["platinum"]}}, "slack.colocate.classes: unknown class 'platinum'"),
+        (
+            {"enabled": True, "colocate": {"enabled": True, "classes": ["platinum"]}},
+            "slack.colocate.classes: unknown class 'platinum'",
+        ),
         ({"colocate": {"classes": []}}, "slack.colocate.classes: Tuple should have at least 1 item"),
-        ([], "slack: must be a mapping"),
+        ([], "slack: Input should be an object"),
     ],
 )
 def test_bad_values_are_refused_naming_the_option(raw: object, message: str) -> None:
@@ -74,7 +80,7 @@ def test_serve_refuses_a_bad_section_at_start(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    doc = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    doc = ExtenderConfig().model_dump(mode="json", by_alias=True)
     doc["slack"]["characterise"]["k"] = -1
     bad = tmp_path / "extender.yaml"
     bad.write_text(yaml.safe_dump(doc))

@@ -19,14 +19,13 @@ from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 from sklearn.cluster import KMeans  # type: ignore[import-untyped]
 
-from extender.config import ExtenderConfig
+from extender.config import ExtenderConfig, SlackConfig
 from extender.controller.slack import (
     SlackController,
     SlackMetrics,
     fit_from_prometheus,
     settings_from_config,
 )
-from extender.controller.slack_config import SlackConfig
 from extender.core.characterise import CharacteriseConfig
 from extender.core.model import DEFAULT_CLASSES, Resources
 from extender.kube.usage import PrometheusUsage

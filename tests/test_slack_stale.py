@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
+from extender.config import parse_config
 from extender.controller.slack import BATCH_CPU, SlackController, SlackMetrics, SlackSettings
-from extender.controller.slack_config import parse_slack_config
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
 from extender.core.model import InvalidInputError
 from extender.core.slack import Amount, usage_stale
@@ -234,7 +234,7 @@ def test_usage_stale_rule() -> None:
 
 
 def test_stale_seconds_is_configurable_and_checked() -> None:
-    assert parse_slack_config(None).stale_seconds == 1800.0
-    assert parse_slack_config({"stale_seconds": 60}).stale_seconds == 60.0
+    assert parse_config({}).slack.stale_seconds == 1800.0
+    assert parse_config({"slack": {"stale_seconds": 60}}).slack.stale_seconds == 60.0
     with pytest.raises(ValueError, match=r"slack\.stale_seconds"):
-        parse_slack_config({"stale_seconds": 0})
+        parse_config({"slack": {"stale_seconds": 0}})

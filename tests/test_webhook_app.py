@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -267,7 +266,7 @@ async def test_unknown_node_names(setup: Setup) -> None:
 
 
 async def test_oversized_body_gets_413_json() -> None:
-    config = dataclasses.replace(CONFIG, server=ServerConfig(max_body_bytes=4096))
+    config = CONFIG.model_copy(update=dict(server=ServerConfig(max_body_bytes=4096)))
     app = make_app(config, synced_snapshot(), ScriptedBinder())
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         status, body = await post(client, "filter", golden(FULL_LOG, "filter"))
@@ -309,7 +308,7 @@ async def test_not_ready_before_first_sync() -> None:
 
 
 async def test_request_timeout_answers_503() -> None:
-    config = dataclasses.replace(CONFIG, server=ServerConfig(request_timeout_seconds=0.2))
+    config = CONFIG.model_copy(update=dict(server=ServerConfig(request_timeout_seconds=0.2)))
     snap = synced_snapshot(config)
     app = make_app(config, snap, ScriptedBinder(delay=2.0))
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
@@ -417,8 +416,10 @@ def _client_ctx(pki: Path, cert: str | None) -> ssl.SSLContext:
 
 
 async def test_tls_requires_a_ca_signed_client_certificate_except_for_admission_and_health(pki: Path) -> None:
-    tls = TlsConfig(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
-    config = dataclasses.replace(CONFIG, server=ServerConfig(port=0, tls=tls))
+    tls = TlsConfig(
+        cert_file=str(pki / "server.crt"), key_file=str(pki / "server.key"), client_ca_file=str(pki / "ca.crt")
+    )
+    config = CONFIG.model_copy(update=dict(server=ServerConfig(port=0, tls=tls)))
     assert make_ssl_context(tls) is not None
     runner, port = await start_server(make_app(config, synced_snapshot(), ScriptedBinder()), config)
     url = f"https://127.0.0.1:{port}/filter"
@@ -463,8 +464,10 @@ async def test_verbs_only_for_the_scheduler_and_metrics_only_for_the_scraper(pki
     """A CA-signed certificate is an identity, not a permission: a metrics credential must not create
     Bindings, nor any other certificate the CA signed call the verbs (server.tls.verb_clients /
     metrics_clients, subject CNs)."""
-    tls = TlsConfig(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
-    config = dataclasses.replace(CONFIG, server=ServerConfig(port=0, tls=tls))
+    tls = TlsConfig(
+        cert_file=str(pki / "server.crt"), key_file=str(pki / "server.key"), client_ca_file=str(pki / "ca.crt")
+    )
+    config = CONFIG.model_copy(update=dict(server=ServerConfig(port=0, tls=tls)))
     snap = synced_snapshot()
     binder = ScriptedBinder()
     runner, port = await start_server(make_app(config, snap, binder), config)
@@ -495,8 +498,8 @@ async def test_verbs_only_for_the_scheduler_and_metrics_only_for_the_scraper(pki
             assert (status, answer) == (200, {"Error": ""})
             assert [c.node for c in binder.calls] == ["node-1"]
         # The lists are configuration: the scraper's name allowed on the verbs too, and it may call them.
-        both = dataclasses.replace(tls, verb_clients=(CLIENTS["scheduler"], CLIENTS["scraper"]))
-        config2 = dataclasses.replace(CONFIG, server=ServerConfig(port=0, tls=both))
+        both = tls.model_copy(update=dict(verb_clients=(CLIENTS["scheduler"], CLIENTS["scraper"])))
+        config2 = CONFIG.model_copy(update=dict(server=ServerConfig(port=0, tls=both)))
         runner2, port2 = await start_server(make_app(config2, synced_snapshot(), ScriptedBinder()), config2)
         try:
             async with (
@@ -534,7 +537,7 @@ async def test_loopback_listener_serves_only_the_verbs_without_tls(pki: Path) ->
 
 
 async def test_server_binds_loopback_by_default() -> None:
-    config = dataclasses.replace(CONFIG, server=ServerConfig(port=0))
+    config = CONFIG.model_copy(update=dict(server=ServerConfig(port=0)))
     assert config.server.host == "127.0.0.1"
     runner, port = await start_server(make_app(config, synced_snapshot(), ScriptedBinder()), config)
     try:
@@ -549,10 +552,13 @@ async def test_server_binds_loopback_by_default() -> None:
 @pytest.mark.parametrize(
     ("server", "message"),
     [
-        ({"tls": {"verb_clients": "kube-scheduler"}}, "server.tls.verb_clients: must be a list of non-empty strings"),
-        ({"tls": {"metrics_clients": [""]}}, "server.tls.metrics_clients: must be a list of non-empty strings"),
-        ({"loopback_verbs_port": 0}, "server.loopback_verbs_port: must be between 1 and 65535"),
-        ({"loopback_verbs_port": "8081"}, "server.loopback_verbs_port: must be an integer"),
+        ({"tls": {"verb_clients": "kube-scheduler"}}, "server.tls.verb_clients: Input should be a valid array"),
+        (
+            {"tls": {"metrics_clients": [""]}},
+            r"server.tls.metrics_clients\[0\]: String should have at least 1 character",
+        ),
+        ({"loopback_verbs_port": 0}, "server.loopback_verbs_port: Input should be greater than or equal to 1"),
+        ({"loopback_verbs_port": "8081"}, "server.loopback_verbs_port: Input should be a valid integer"),
     ],
 )
 def test_access_and_listener_options_are_validated(server: dict[str, Any], message: str) -> None:

@@ -154,7 +154,7 @@ def test_prioritize_cost_packs_and_spread_spreads() -> None:
     step = _step(FULL_LOG, "prioritize", 2)
     cost = {h["Host"]: h["Score"] for h in verbs.prioritize(step.request, step.snapshot, CONFIG, step.now).body}
     assert cost == {"node-1": 10, "node-2": 9, "node-3": 9}
-    spread_cfg = dataclasses.replace(CONFIG, scheduling=SchedulingConfig(profile="spread"))
+    spread_cfg = CONFIG.model_copy(update=dict(scheduling=SchedulingConfig(profile="spread")))
     spread = {h["Host"]: h["Score"] for h in verbs.prioritize(step.request, step.snapshot, spread_cfg, step.now).body}
     assert spread["node-1"] < spread["node-2"] == spread["node-3"] == 10
 

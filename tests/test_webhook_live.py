@@ -116,12 +116,15 @@ class Live:
 async def live_env() -> AsyncIterator[Live]:
     kubeconfig = require_kubeconfig()
     _new_run()
-    config = dataclasses.replace(
-        ExtenderConfig(),
-        server=ServerConfig(port=0),
-        # Own event component: hack/local-up.sh's extender (QOS_WITH_EXTENDER=1) watches the same pods and
-        # reports the same malformed annotations; the event test must find this extender's Event.
-        kubernetes=KubernetesConfig(kubeconfig=kubeconfig, watch_timeout_seconds=30, event_component=LIVE_COMPONENT),
+    config = ExtenderConfig().model_copy(
+        update=dict(
+            server=ServerConfig(port=0),
+            # Own event component: hack/local-up.sh's extender (QOS_WITH_EXTENDER=1) watches the same pods and
+            # reports the same malformed annotations; the event test must find this extender's Event.
+            kubernetes=KubernetesConfig(
+                kubeconfig=kubeconfig, watch_timeout_seconds=30, event_component=LIVE_COMPONENT
+            ),
+        )
     )
     try:
         api = await new_api_client(config.kubernetes)
@@ -271,7 +274,7 @@ async def test_live_watch_resumes_and_relists(live_env: Live) -> None:
     env = live_env
     snap = Snapshot(env.running.config)
     restarts: list[str] = []
-    config = dataclasses.replace(env.running.config.kubernetes, watch_timeout_seconds=1)
+    config = env.running.config.kubernetes.model_copy(update={"watch_timeout_seconds": 1})
     nodes = node_reflector(env.api, snap, config, on_restart=lambda _, reason: restarts.append(reason))
     task = asyncio.create_task(nodes.run())
     try:

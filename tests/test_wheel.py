@@ -284,7 +284,7 @@ def test_wheel_contains_package_data(installed: Installed) -> None:
 def test_runs_from_the_venv_not_the_source_tree(installed: Installed) -> None:
     code = (
         "import json, extender, extender.cli, extender.config as c, extender.autoscaler.protogen as p\n"
-        "print(json.dumps([extender.__file__, str(c.DEFAULT_CONFIG_PATH), str(p.PROTO_DIR)]))"
+        "print(json.dumps([extender.__file__, str(c.FLAVOURS_PATH), str(p.PROTO_DIR)]))"
     )
     out = subprocess.run(
         [str(installed.venv / "bin" / "python"), "-c", code],
@@ -295,11 +295,11 @@ def test_runs_from_the_venv_not_the_source_tree(installed: Installed) -> None:
         check=True,
         timeout=60,
     )
-    module, extender_yaml, protos = (Path(p) for p in json.loads(out.stdout))
+    module, flavours_yaml, protos = (Path(p) for p in json.loads(out.stdout))
     site = installed.venv.resolve()
     assert module.resolve().is_relative_to(site), f"extender imported from {module}, not from {site}"
     assert not module.resolve().is_relative_to(ROOT)
-    assert Path(extender_yaml).is_file() and Path(extender_yaml).is_relative_to(site)
+    assert Path(flavours_yaml).is_file() and Path(flavours_yaml).is_relative_to(site)
     assert list(Path(protos).rglob("*.proto"))
 
 

@@ -1,4 +1,4 @@
-"""Settings of `qos-extender autoscaler`: its own strict YAML file beside config/extender.yaml, on the typed
+"""Settings of `qos-extender autoscaler`: its own strict YAML file beside the extender's (--config), on the typed
 settings base (extender.settings): unknown keys, wrong types and out-of-range values are refused, every error of
 the file at once, naming each option. Every option with its default and its meaning: docs/settings/autoscaler.yaml
 (generated from these models). A catalogue no plan can come from (empty, a zero price, duplicate names) stops the

@@ -66,7 +66,7 @@ class KubeBinder:
                     attempts += 1
                     remaining = total - (time.monotonic() - start)
                     try:
-                        await self._attempt(args, max(0.05, min(self._config.attempt_timeout_seconds, remaining)))
+                        await self._attempt(args, max(0.05, min(self._config.attempt_seconds, remaining)))
                     except _Retry as exc:
                         last = exc
                         in_doubt |= exc.in_doubt

@@ -258,7 +258,7 @@ def _class_by_priority(priority: int, classes: Mapping[str, ServiceClass]) -> st
 def pod_settings(obj: Mapping[str, Any], defaults: PodDefaults, classes: Mapping[str, ServiceClass]) -> PodSettings:
     """Class, kind, runtime and migratability from ``qos.kube-qos-extender.io/*`` (annotation, else label).
 
-    Defaults (documented in config/extender.yaml ``pod_defaults``): class from the pod's priority when
+    Defaults (``pod_defaults``: docs/settings/extender.yaml): class from the pod's priority when
     ``class_from_priority`` (greatest class priority <= spec.priority), else ``pod_defaults.class``; kind
     ``pod_defaults.kind``; runtime ``pod_defaults.batch_runtime_seconds`` for batch pods; migratable = the pod
     is batch. A malformed value gets the default and a Problem.

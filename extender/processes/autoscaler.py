@@ -46,7 +46,10 @@ async def _autoscaler_process(
 
 def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", help="extender YAML (Kubernetes access, node groups, flavours; default config/extender.yaml)"
+        "--config",
+        action="append",
+        help="extender YAML (Kubernetes access, node groups, classes, flavours); repeat to layer files; "
+        "none: every default (docs/settings/extender.yaml)",
     )
     parser.add_argument(
         "--autoscaler-config", help="autoscaler YAML (every option: docs/settings/autoscaler.yaml; none: the defaults)"
@@ -66,7 +69,7 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
     from extender.logs import setup_logging
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config or [])
         settings = load_autoscaler_config(args.autoscaler_config, config)
         consolidation = None
         if getattr(args, "consolidation_config", None):

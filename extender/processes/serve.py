@@ -5,21 +5,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any
 
-from extender.config import DEFAULT_CONFIG_PATH, ExtenderConfig, load_config
+from extender.config import ExtenderConfig, SlackConfig, load_config
 from extender.settings import SettingsError
 
 __all__ = ["run_serve_command", "slack_term"]
 
 
 def slack_term(
-    config: ExtenderConfig, slack: Any, api_client: Any, registry: Any, stop: asyncio.Event
+    config: ExtenderConfig, slack: SlackConfig, api_client: Any, registry: Any, stop: asyncio.Event
 ) -> Callable[[], Coroutine[Any, Any, None]]:
     """One leader term of the slack controller as a callable run once per term. Its metrics are created here,
     once, in ``registry``: every term reuses them (a registry refuses the same names twice, so a term that
@@ -42,7 +40,7 @@ def slack_term(
     return publish
 
 
-async def _serve(config: ExtenderConfig, slack: Any) -> None:
+async def _serve(config: ExtenderConfig) -> None:
     """webhook.serve.serve, plus the slack controller as one more task of the running extender (stopped with
     it, on its API client and in its /metrics registry). With ``controller.leader_election.enabled`` only the
     holder of the Lease ``<controller lease>-slack`` runs it, so replicas never evict the same pod twice or
@@ -53,6 +51,7 @@ async def _serve(config: ExtenderConfig, slack: Any) -> None:
 
     running = await start(config)
     stop = stop_event()
+    slack = config.slack
 
     try:
         if slack.enabled:
@@ -71,22 +70,19 @@ async def _serve(config: ExtenderConfig, slack: Any) -> None:
 
 def run_serve_command(args: argparse.Namespace) -> int:
     """`qos-extender serve`: the extender webhook (and the QoS controller, admission webhook, /metrics)."""
-    from extender.controller.slack_config import parse_slack_config
     from extender.logs import setup_logging
 
-    path = Path(args.config) if args.config is not None else DEFAULT_CONFIG_PATH
     try:
-        config = load_config(path)
-        slack = parse_slack_config(config.slack, config.policy.classes, path.resolve().parent)
+        config = load_config(args.config or [])
     except SettingsError as exc:
         print(f"qos-extender serve: {exc}", file=sys.stderr)
         return 2
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     if overrides:
-        config = dataclasses.replace(config, server=dataclasses.replace(config.server, **overrides))
+        config = config.model_copy(update={"server": config.server.model_copy(update=overrides)})
     setup_logging(config.log_level)
     try:
-        asyncio.run(_serve(config, slack))
+        asyncio.run(_serve(config))
     except SettingsError as exc:
         print(f"qos-extender serve: {exc}", file=sys.stderr)
         return 2

@@ -16,14 +16,14 @@ def _models() -> dict[str, tuple[type[Settings], str | None]]:
     # imported here: settings sits below the shells in the layers, the generator reads their models
     from extender.agent.config import AgentConfig
     from extender.autoscaler.config import AutoscalerSettings
+    from extender.config import ExtenderConfig
     from extender.consolidation.config import ConsolidationSettings
-    from extender.controller.slack_config import SlackConfig
 
     return {
         "agent": (AgentConfig, "agent"),
         "autoscaler": (AutoscalerSettings, "autoscaler"),
         "consolidation": (ConsolidationSettings, "consolidation"),
-        "slack": (SlackConfig, "slack"),  # a section of the extender's file
+        "extender": (ExtenderConfig, None),
     }
 
 

@@ -4,20 +4,24 @@ JSON Schema are generated from the same declarations (issue 28)."""
 
 from extender.settings.base import (
     ExistingFile,
+    RelativePath,
     Settings,
     SettingsError,
     json_schema,
     load_settings,
     load_yaml_file,
     reference_yaml,
+    resolve_files,
 )
 
 __all__ = [
     "ExistingFile",
+    "RelativePath",
     "Settings",
     "SettingsError",
     "json_schema",
     "load_settings",
     "load_yaml_file",
     "reference_yaml",
+    "resolve_files",
 ]

@@ -13,6 +13,7 @@ carried into the generated reference YAML and JSON Schema.
 from __future__ import annotations
 
 import json
+import math
 import re
 import textwrap
 from collections.abc import Mapping
@@ -25,12 +26,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, Val
 
 __all__ = [
     "ExistingFile",
+    "RelativePath",
     "Settings",
     "SettingsError",
     "json_schema",
     "load_settings",
     "load_yaml_file",
     "reference_yaml",
+    "resolve_files",
 ]
 
 M = TypeVar("M", bound="Settings")
@@ -81,6 +84,57 @@ def _existing_file(value: str, info: ValidationInfo) -> str:
 ExistingFile = Annotated[str, AfterValidator(_existing_file)]
 
 
+def _relative_path(value: str, info: ValidationInfo) -> str:
+    """A path that need not exist yet (a file the process writes); relative: from the settings file's folder."""
+    if not value:
+        raise ValueError("must be a non-empty path")
+    base = (info.context or {}).get("base")
+    if base is not None and not Path(value).is_absolute():
+        return str(Path(base) / value)
+    return value
+
+
+RelativePath = Annotated[str, AfterValidator(_relative_path)]
+_PATH_VALIDATORS = (_existing_file, _relative_path)
+
+
+def _file_options(model: type[BaseModel]) -> dict[str, Any]:
+    """{option: True} for each option of ``model`` that holds a path, {section: {...}} for sections holding some."""
+    out: dict[str, Any] = {}
+    for attr, field in model.model_fields.items():
+        name = field.alias or attr
+        if any(getattr(m, "func", None) in _PATH_VALIDATORS for m in field.metadata) or any(
+            getattr(m, "func", None) in _PATH_VALIDATORS
+            for arg in getattr(field.annotation, "__args__", ())
+            for m in getattr(arg, "__metadata__", ())
+        ):
+            out[name] = True
+            continue
+        sub = _settings_type(field.annotation)
+        if sub is not None:
+            inner = _file_options(sub)
+            if inner:
+                out[name] = inner
+    return out
+
+
+def resolve_files(model: type[BaseModel], raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """``raw`` with each relative path option made absolute from ``base`` (the folder of the file it came from):
+    when several files are layered, each path stays relative to the file that set it."""
+
+    def walk(doc: Mapping[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(doc)
+        for key, spec in options.items():
+            value = out.get(key)
+            if spec is True and isinstance(value, str) and value and not Path(value).is_absolute():
+                out[key] = str(base / value)
+            elif isinstance(spec, Mapping) and isinstance(value, Mapping):
+                out[key] = walk(value, spec)
+        return out
+
+    return walk(raw, _file_options(model))
+
+
 def _path(prefix: str, loc: tuple[int | str, ...]) -> str:
     out = prefix
     for part in loc:
@@ -116,6 +170,18 @@ def problems_of(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]
 _OPTION = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
 
 
+def _finite(value: Any) -> Any:
+    """NaN and infinities as the text YAML spells them: JSON has no such numbers (orjson would write null), and
+    no option takes one, so the error then quotes what the user wrote."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "", base: Path | None = None) -> M:
     """Validate ``raw`` (parsed YAML: mappings, lists, scalars; None for an empty file) into ``model``; every
     error of it raised at once as a ``SettingsError`` naming each option by its path (``prefix`` first).
@@ -125,7 +191,7 @@ def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "
     if not isinstance(raw, Mapping):
         raise SettingsError(source, [(prefix, f"must be a mapping, got {type(raw).__name__}")])
     try:
-        text = orjson.dumps(raw)
+        text = orjson.dumps(_finite(raw))
     except TypeError as exc:  # a YAML timestamp or a non-string key: not a value any option takes
         raise SettingsError(source, [(prefix, f"not plain data: {exc}")]) from exc
     try:
@@ -174,6 +240,13 @@ def _yaml_scalar(value: Any) -> str:
     return json.dumps(value)
 
 
+def _yaml_flow(value: Any) -> str:
+    """One value on one line: a scalar as _yaml_scalar writes it, a mapping or list in YAML flow style."""
+    if isinstance(value, dict | list | tuple):
+        return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=10_000).strip()
+    return _yaml_scalar(value)
+
+
 def reference_yaml(model: type[Settings], top: str | None = None, width: int = 116) -> str:
     """Every option of ``model`` with its default and its description as a comment: the reference file users copy
     from, generated so it cannot drift from the code."""
@@ -197,7 +270,7 @@ def _emit(model: type[Settings], values: Mapping[str, Any], indent: str, lines: 
         sub = _settings_type(field.annotation)
         desc = " ".join((field.description or (sub.__doc__ if sub is not None else "") or "").split())
         if desc:
-            for line in textwrap.wrap(desc, width - len(indent) - 2):
+            for line in textwrap.wrap(desc, width - len(indent) - 2, break_on_hyphens=False):
                 lines.append(f"{indent}# {line}")
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if "default_doc" in extra:  # a default computed where the process runs (a host name): shown, not set
@@ -212,20 +285,23 @@ def _emit(model: type[Settings], values: Mapping[str, Any], indent: str, lines: 
                 lines.append(f"{indent}{name}: []")
             else:
                 lines.append(f"{indent}{name}:")
-                lines += [f"{indent}  - {_yaml_scalar(v)}" for v in value]
+                lines += [f"{indent}  - {_yaml_flow(v)}" for v in value]
         elif isinstance(value, dict):
             if not value:
                 lines.append(f"{indent}{name}: {{}}")
             else:
                 lines.append(f"{indent}{name}:")
-                lines += [f"{indent}  {k}: {_yaml_scalar(v)}" for k, v in value.items()]
+                lines += [f"{indent}  {k}: {_yaml_flow(v)}" for k, v in value.items()]
         else:
             lines.append(f"{indent}{name}: {_yaml_scalar(value)}")
 
 
 def _settings_type(annotation: Any) -> type[Settings] | None:
+    """The settings model of a field that holds one (``M`` or ``M | None``), not of a collection of them."""
     if isinstance(annotation, type) and issubclass(annotation, Settings):
         return annotation
+    if getattr(annotation, "__origin__", None) in (dict, tuple, list):
+        return None
     for arg in getattr(annotation, "__args__", ()):
         if isinstance(arg, type) and issubclass(arg, Settings):
             return arg

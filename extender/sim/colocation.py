@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from extender.controller.slack_config import ColocateConfig, SlackConfig
+from extender.config import ColocateConfig, SlackConfig
 from extender.core.characterise import (
     ServiceProfile,
     WorkloadModel,

@@ -1,7 +1,8 @@
 """The `product` policy's settings: the shipped defaults of config/, as one value the simulator runs with.
 
 The product is what `config/default` (+ the consolidation Component) deploys: the QoS controller on
-(config/controller/extender.yaml: classes, alpha, anti-thrashing, host score = the prioritize verb's), the
+(config/base/extender.yaml with config/controller/controller.yaml: classes, alpha, anti-thrashing, host score =
+the prioritize verb's), the
 extender's filter and prioritize (node groups enforced, the `cost` profile), the autoscaler sidecar
 (config/autoscaler/autoscaler.yaml) and the consolidation flow (config/autoscaler/consolidation/consolidation.yaml).
 The defaults below are those files' values; ``qos-extender simulate`` reads nothing at run time (a wheel has no
@@ -25,7 +26,7 @@ __all__ = ["ProductSettings"]
 class ProductSettings:
     """Every knob of the product the simulator models; each field names the config option it comes from."""
 
-    # extender config (config/controller/extender.yaml)
+    # extender config (config/base/extender.yaml + config/controller/controller.yaml)
     classes: Mapping[str, ServiceClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))  # classes
     alpha_seconds: float = 2.0  # qos.alpha_seconds
     min_run_quantum_seconds: float = qos.RECOMMENDED_QUANTUM_SECONDS  # qos.min_run_quantum_seconds

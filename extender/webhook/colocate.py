@@ -30,9 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.config import ExtenderConfig
+from extender.config import ColocateConfig, ExtenderConfig
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY
-from extender.controller.slack_config import ColocateConfig, parse_slack_config
 from extender.core.model import InvalidInputError, WorkloadKind, cpu_millicores, memory_bytes
 from extender.kube.convert import COLOCATE_KEY, pod_settings
 
@@ -128,23 +127,6 @@ def colocate(pod: Mapping[str, Any], settings: ColocateConfig, config: ExtenderC
     return Colocation(out, tuple(ops))
 
 
-_settings_of: list[tuple[ExtenderConfig, ColocateConfig]] = []  # the last config's parsed colocate section
-
-
-def _colocate_settings(config: ExtenderConfig) -> ColocateConfig:
-    """``slack.colocate`` of ``config``, parsed once per config object: admission runs it for every pod
-    created, and parsing the slack section per request was a measurable share of the webhook's time."""
-    if _settings_of and _settings_of[0][0] is config:
-        return _settings_of[0][1]
-    try:
-        settings = parse_slack_config(config.slack, config.policy.classes).colocate
-    except ValueError:
-        settings = ColocateConfig()
-    _settings_of[:] = [(config, settings)]
-    return settings
-
-
 def colocate_for(pod: Mapping[str, Any], config: ExtenderConfig) -> Colocation:
-    """:func:`colocate` with the config's ``slack.colocate`` (validated at start by ``serve``; a section that
-    does not parse here means co-location off)."""
-    return colocate(pod, _colocate_settings(config), config)
+    """:func:`colocate` with the config's ``slack.colocate``."""
+    return colocate(pod, config.slack.colocate, config)

@@ -12,7 +12,6 @@ t, verb, seq, request, response) and ``<out>/nodes.json`` (the Node objects the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import sys
 import time
@@ -84,13 +83,14 @@ async def capture(out: Path) -> None:
     env = os.environ
     url = env["EXTENDER_URL"].rstrip("/")
     port = int(url.rsplit(":", 1)[1])
-    config = dataclasses.replace(
-        ExtenderConfig(),
-        server=ServerConfig(
-            port=port,
-            tls=TlsConfig(env["EXTENDER_SERVING_CERT"], env["EXTENDER_SERVING_KEY"], env["EXTENDER_CA"]),
-        ),
-        kubernetes=KubernetesConfig(kubeconfig=env["KUBECONFIG"], watch_timeout_seconds=60),
+    config = ExtenderConfig().model_copy(
+        update=dict(
+            server=ServerConfig(
+                port=port,
+                tls=TlsConfig(env["EXTENDER_SERVING_CERT"], env["EXTENDER_SERVING_KEY"], env["EXTENDER_CA"]),
+            ),
+            kubernetes=KubernetesConfig(kubeconfig=env["KUBECONFIG"], watch_timeout_seconds=60),
+        )
     )
     records: list[dict[str, Any]] = []
     seq: Counter[str] = Counter()
