@@ -542,8 +542,8 @@ async def make_backend(config: AgentConfig) -> tuple[Backend, list[Any]]:
 
 
 async def _api_client(config: AgentConfig) -> Any:
-    from extender.config import KubernetesConfig
     from extender.kube.client import new_api_client
+    from extender.settings.sections import KubernetesConfig
 
     return await new_api_client(KubernetesConfig(kubeconfig=config.kubeconfig))
 

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.handoff import Consolidation
 from extender.autoscaler.view import AutoscalerSnapshot, group_of
-from extender.config import NodeGroupsConfig
 from extender.core import autoscale, autoscale_scan
 from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
+from extender.settings.sections import NodeGroupsConfig
 
 __all__ = [
     "PROVISIONED_BY_LABEL",

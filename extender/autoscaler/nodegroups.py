@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, ProvisionRequest
-from extender.config import NodeGroupsConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources
+from extender.settings.sections import NodeGroupsConfig
 
 __all__ = [
     "PRICE_ANNOTATION",

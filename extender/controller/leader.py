@@ -25,7 +25,7 @@ from kubernetes_asyncio.leaderelection.electionconfig import Config as ElectionC
 from kubernetes_asyncio.leaderelection.leaderelection import LeaderElection
 from kubernetes_asyncio.leaderelection.resourcelock.leaselock import LeaseLock
 
-from extender.config import LeaderElectionConfig
+from extender.settings.sections import LeaderElectionConfig
 
 __all__ = ["Leadership", "default_identity"]
 

@@ -40,7 +40,6 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from extender.config import NodeGroupsConfig, PodDefaults, SlackConfig
 from extender.controller.patches import escape
 from extender.core.characterise import (
     CharacteriseConfig,
@@ -90,6 +89,7 @@ from extender.kube.usage import (
     pod_usage,
     service_profiles,
 )
+from extender.settings.sections import NodeGroupsConfig, PodDefaults, SlackConfig
 
 __all__ = [
     "BATCH_CPU",

@@ -20,9 +20,9 @@ import aiohttp
 from kubernetes_asyncio import client as k8s
 from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
-from extender.config import BindConfig
 from extender.kube.binding import BindArgs, BindError
 from extender.kube.client import ApiError, read_json
+from extender.settings.sections import BindConfig
 
 __all__ = ["KubeBinder"]
 

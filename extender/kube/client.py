@@ -12,7 +12,7 @@ import orjson
 from kubernetes_asyncio import client as k8s
 from kubernetes_asyncio import config as k8s_config
 
-from extender.config import KubernetesConfig
+from extender.settings.sections import KubernetesConfig
 
 __all__ = ["ApiError", "environment_proxy", "kubeconfig_path", "new_api_client", "read_json"]
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from extender.config import NodeGroupsConfig, PodDefaults
 from extender.core.model import (
     ANNOTATION_PREFIX,
     InvalidInputError,
@@ -33,6 +32,7 @@ from extender.core.model import (
     memory_bytes,
     parse_quantity,
 )
+from extender.settings.sections import NodeGroupsConfig, PodDefaults
 
 __all__ = [
     "CLASS_KEY",

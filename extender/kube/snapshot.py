@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from extender.config import ExtenderConfig
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources
 from extender.core.slack import with_batch_resources
 from extender.kube.convert import (
@@ -40,6 +39,7 @@ from extender.kube.convert import (
     pod_from_k8s,
     pod_key,
 )
+from extender.settings.sections import SnapshotSettings
 
 __all__ = ["BindLedger", "LedgerEntry", "NodeEntry", "NodeTable", "PodEntry", "RequestPods", "Snapshot"]
 
@@ -324,7 +324,7 @@ class Snapshot:
     webhook answers errors (never decide on a half-empty cache).
     """
 
-    def __init__(self, config: ExtenderConfig) -> None:
+    def __init__(self, config: SnapshotSettings) -> None:
         self.config = config
         # The batch resources always: they carry the slack controller's published prediction, which the
         # filter and score verbs of co-located pods read (core.slack.with_batch_resources).

@@ -24,10 +24,10 @@ import orjson
 from kubernetes_asyncio import client as k8s
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential_jitter
 
-from extender.config import KubernetesConfig
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import PodProblems
 from extender.kube.snapshot import Snapshot
+from extender.settings.sections import KubernetesConfig
 
 __all__ = ["Gone", "Reflector", "node_reflector", "pod_reflector"]
 

@@ -46,7 +46,6 @@ from typing import Any
 
 import numpy as np
 
-from extender.config import ColocateConfig, SlackConfig
 from extender.core.characterise import (
     ServiceProfile,
     WorkloadModel,
@@ -75,6 +74,7 @@ from extender.core.slack import (
     real_slack,
     service_idle,
 )
+from extender.settings.sections import ColocateConfig, SlackConfig
 from extender.sim.engine import Req, SimConfig, SimResult, Simulator, State
 from extender.sim.usage_trace import ServiceUsage
 from extender.sim.workloads import Workload

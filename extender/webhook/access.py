@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from extender.config import TlsConfig
+from extender.settings.sections import TlsConfig
 
 __all__ = ["ANONYMOUS_PATHS", "VERB_PATHS", "denial", "subject_common_names"]
 

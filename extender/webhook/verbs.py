@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from extender.config import ExtenderConfig
 from extender.core import packing, qos, slack
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.kube.binding import BindArgs, Binder, BindError
 from extender.kube.convert import PodProblems, parse_timestamp, pod_from_k8s
 from extender.kube.snapshot import GROUP_BITS, NodeTable, RowIndex, Snapshot, saturate
+from extender.settings.sections import PlacementSettings
 
 __all__ = [
     "BindArgs",
@@ -78,7 +78,7 @@ def _json_type(value: object) -> str:
 ParsedPod = tuple[Pod, "float | None", "PodProblems | None"]
 
 
-def _pod(body: Mapping[str, Any], config: ExtenderConfig, snapshot: Snapshot | None = None) -> ParsedPod:
+def _pod(body: Mapping[str, Any], config: PlacementSettings, snapshot: Snapshot | None = None) -> ParsedPod:
     """The request's Pod in the core model; parsed once per UID and resourceVersion (kube-scheduler sends the
     same Pod to filter, prioritize and preempt), the result kept in ``snapshot.request_pods``."""
     raw = body.get("Pod")
@@ -365,7 +365,7 @@ def _passing_mask(
     return ok.tolist(), np.flatnonzero(~ok).tolist()
 
 
-def filter_nodes(body: object, snapshot: Snapshot, config: ExtenderConfig, now: float) -> VerbResult:
+def filter_nodes(body: object, snapshot: Snapshot, config: PlacementSettings, now: float) -> VerbResult:
     """ExtenderArgs -> ExtenderFilterResult. Input order of passing nodes is kept."""
     args = _object(body, "ExtenderArgs")
     pod, _, problems = _pod(args, config, snapshot)
@@ -438,7 +438,7 @@ def _policy_label(pod: Pod, profile: str) -> str:
     return "least-allocated" if profile == "spread" else "bfd"
 
 
-def prioritize(body: object, snapshot: Snapshot, config: ExtenderConfig, now: float) -> VerbResult:
+def prioritize(body: object, snapshot: Snapshot, config: PlacementSettings, now: float) -> VerbResult:
     """ExtenderArgs -> HostPriorityList, Score 1..10 for the input nodes that score, in input order.
 
     Scores come from packing.score_nodes (rank-based, so the core's order survives the 0..10 range). Nodes
@@ -616,7 +616,7 @@ def _fits_without_victims(names: list[str], snapshot: Snapshot, pod: Pod, tolera
     return set(compress(names, fits.tolist()))
 
 
-def preempt(body: object, snapshot: Snapshot, config: ExtenderConfig, now: float) -> VerbResult:
+def preempt(body: object, snapshot: Snapshot, config: PlacementSettings, now: float) -> VerbResult:
     """ExtenderPreemptionArgs -> ExtenderPreemptionResult: each node's whole proposed victim set, or no node.
 
     See ``whole_set_verdict``. A node our snapshot does not know is dropped. Every returned UID is one the
