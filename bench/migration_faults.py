@@ -59,13 +59,13 @@ sys.path.insert(0, str(ROOT))
 
 from e2e.ticks import LogFollower, logged_ticks  # noqa: E402
 from extender.agent.client import AgentClient, PeerError  # noqa: E402
-from extender.agent.config import AgentTlsConfig  # noqa: E402
-from extender.config import ExtenderConfig, KubernetesConfig  # noqa: E402
+from extender.agent.settings import AgentTlsConfig  # noqa: E402
 from extender.consolidation import decide  # noqa: E402
-from extender.consolidation.config import AgentEndpoint, ConsolidationSettings  # noqa: E402
 from extender.consolidation.flow import ConsolidationFlow  # noqa: E402
+from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings  # noqa: E402
 from extender.kube.client import new_api_client  # noqa: E402
 from extender.kube.sync_client import Kube, KubeError  # noqa: E402
+from extender.settings.extender import ExtenderConfig, KubernetesConfig  # noqa: E402
 
 FAULTS = (
     "restore-refused",

@@ -57,10 +57,10 @@ from kubernetes_asyncio import client as k8s
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.config import KubernetesConfig  # noqa: E402
 from extender.controller.accounting import ACCOUNT_ANNOTATION, decode_account  # noqa: E402
 from extender.core.model import DEFAULT_CLASSES  # noqa: E402
 from extender.kube.client import ApiError, new_api_client, read_json  # noqa: E402
+from extender.settings.extender import KubernetesConfig  # noqa: E402
 from extender.sim.report import format_table, summarize_classes  # noqa: E402
 from extender.sim.workloads import RequestSpec, qos_validation1  # noqa: E402
 

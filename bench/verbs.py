@@ -47,9 +47,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from extender.config import ExtenderConfig
 from extender.kube.binding import BindArgs
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ExtenderConfig
 from extender.webhook import verbs
 from extender.webhook.app import make_app
 from extender.webhook.metrics import Metrics
@@ -336,7 +336,7 @@ def bench_transport(n: int, config: ExtenderConfig) -> list[dict[str, Any]]:
 
     import aiohttp
 
-    from extender.config import SCHEDULER_CLIENT_CN, ServerConfig, TlsConfig
+    from extender.settings.extender import SCHEDULER_CLIENT_CN, ServerConfig, TlsConfig
     from extender.webhook.app import start_loopback_server, start_server
 
     rng = random.Random(1)

@@ -14,8 +14,8 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL
-from extender.config import KubernetesConfig
 from extender.kube.client import ApiError, new_api_client, read_json
+from extender.settings.extender import KubernetesConfig
 from tests.live import require_kubeconfig
 
 

@@ -26,18 +26,18 @@ from kubernetes_asyncio import client as k8s
 
 from e2e.kwok_autoscaling import autoscaled_namespace, burst_pod
 from e2e.kwok_autoscaling import until as _until
-from extender.autoscaler.config import (
+from extender.autoscaler.loop import PROVISIONED_BY_LABEL, Decisions
+from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
+from extender.autoscaler.settings import (
     AutoscalerSettings,
     KwokSettings,
     LagDistribution,
     LagSettings,
     MetricsSettings,
 )
-from extender.autoscaler.loop import PROVISIONED_BY_LABEL, Decisions
-from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
-from extender.config import ExtenderConfig, KubernetesConfig
 from extender.core.model import Flavour, Resources
 from extender.kube.client import read_json
+from extender.settings.extender import ExtenderConfig, KubernetesConfig
 from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]

@@ -38,7 +38,9 @@ from e2e.ca_support import (
     pki,
 )
 from e2e.kwok_autoscaling import until
-from extender.autoscaler.config import (
+from extender.autoscaler.main import start_autoscaler
+from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION, ProvisioningRequestProvider
+from extender.autoscaler.settings import (
     AutoscalerSettings,
     CaExpanderSettings,
     CloudProviderSettings,
@@ -47,11 +49,9 @@ from extender.autoscaler.config import (
     MetricsSettings,
     ProvisioningRequestSettings,
 )
-from extender.autoscaler.main import start_autoscaler
-from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION, ProvisioningRequestProvider
-from extender.config import ExtenderConfig, KubernetesConfig
 from extender.consolidation.decide import cordon_patch
 from extender.kube.client import ApiError, new_api_client, read_json
+from extender.settings.extender import ExtenderConfig, KubernetesConfig
 from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]

@@ -38,21 +38,21 @@ from kubernetes_asyncio import client as k8s
 from e2e.kwok_autoscaling import make_namespace
 from extender.agent.backends.simulated import PROGRESS_ANNOTATION, KubeAnnotationProgressStore, SimulatedBackend
 from extender.agent.client import AgentClient
-from extender.agent.config import AgentConfig
 from extender.agent.events import KubeEventSink
 from extender.agent.server import Agent
-from extender.autoscaler.config import (
+from extender.agent.settings import AgentConfig
+from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE
+from extender.autoscaler.main import start_autoscaler
+from extender.autoscaler.settings import (
     AutoscalerSettings,
     MetricsSettings,
 )
-from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE
-from extender.autoscaler.main import start_autoscaler
-from extender.config import ExtenderConfig, KubernetesConfig
 from extender.consolidation import decide
-from extender.consolidation.config import AgentEndpoint, ConsolidationSettings
 from extender.consolidation.flow import ConsolidationFlow
+from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.core.model import Flavour, Resources
 from extender.kube.client import ApiError, new_api_client, read_json
+from extender.settings.extender import ExtenderConfig, KubernetesConfig
 from tests.live import require_kubeconfig
 from tests.test_agent_support import Pki, make_pki, serve_in_process
 

@@ -44,17 +44,17 @@ import pytest
 from e2e.test_deployed import ROOT, Product, _ready, namespace, product  # noqa: F401  (fixtures)
 from e2e.test_migration_real import GROUP, _cid, _counter, _history, _logs, _running_tasks
 from e2e.ticks import LogFollower
-from extender.autoscaler.config import (
+from extender.autoscaler.loop import ProvisionRequest
+from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
+from extender.autoscaler.settings import (
     AutoscalerSettings,
     MetricsSettings,
 )
-from extender.autoscaler.loop import ProvisionRequest
-from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
-from extender.config import ExtenderConfig, KubernetesConfig
 from extender.consolidation import decide
-from extender.consolidation.config import AgentEndpoint, ConsolidationSettings
 from extender.consolidation.flow import ConsolidationFlow
+from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.core.model import Flavour, Resources
+from extender.settings.extender import ExtenderConfig, KubernetesConfig
 
 pytestmark = [pytest.mark.live, pytest.mark.deployed]
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.config import deep_merge, load_config, parse_config
+from extender.settings.extender import deep_merge, load_config, parse_config
 
 pytestmark = [pytest.mark.live]
 
@@ -343,9 +343,9 @@ def _load_rendered(tmp_path: Path, data: dict[str, str]) -> dict[str, Path]:
 def test_rendered_configmaps_load_with_the_projects_loaders(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
-    from extender.agent.config import load_agent_config
-    from extender.autoscaler.config import load_autoscaler_config
-    from extender.consolidation.config import parse_consolidation_config
+    from extender.agent.settings import load_agent_config
+    from extender.autoscaler.settings import load_autoscaler_config
+    from extender.consolidation.settings import parse_consolidation_config
 
     agent_cm = _configmap(rendered["default"], "qos-agent-config")
     assert agent_cm == {"agent.yaml": (ROOT / "config/agent/agent.yaml").read_text()}
@@ -410,7 +410,7 @@ def test_cluster_autoscaler_overlay_configs_load_and_match_the_pods(
     qos-autoscaler-config loads with the project's loader (cloud provider on 0.0.0.0:8086), the rendered
     cluster-autoscaler-cloud-config holds the keys CA's externalgrpc provider reads, and both agree with the rendered
     pods, Services and Secrets."""
-    from extender.autoscaler.config import load_autoscaler_config
+    from extender.autoscaler.settings import load_autoscaler_config
 
     docs = rendered["cluster-autoscaler"]
 

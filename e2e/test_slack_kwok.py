@@ -29,12 +29,12 @@ from e2e.kwok_usage import (
     service_pod,
     until_classified,
 )
-from extender.config import KubernetesConfig
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.sync_client import Kube
 from extender.kube.usage import PrometheusUsage
+from extender.settings.extender import KubernetesConfig
 
 pytestmark = [pytest.mark.live]
 

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import yaml
 
-from extender.autoscaler.config import AutoscalerSettings, parse_autoscaler_config
+from extender.autoscaler.settings import AutoscalerSettings, parse_autoscaler_config
 from extender.autoscaler.view import GATED_DEMAND_SECONDS
-from extender.config import ExtenderConfig, deep_merge, parse_config
-from extender.consolidation.config import ConsolidationSettings, parse_consolidation_config
+from extender.consolidation.settings import ConsolidationSettings, parse_consolidation_config
 from extender.core.model import InvalidInputError
 from extender.processes import agent as agent_process
 from extender.processes import autoscaler as autoscaler_process
 from extender.processes import serve as serve_process
 from extender.settings import SettingsError
+from extender.settings.extender import ExtenderConfig, deep_merge, parse_config
 
 if TYPE_CHECKING:
     from extender.sim.product import ProductSettings

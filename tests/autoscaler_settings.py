@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender.autoscaler.config import (
+from extender.autoscaler.settings import (
     AutoscalerSettings,
     KwokSettings,
     LagSettings,

@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.config import ControllerConfig, ExtenderConfig
+from extender.settings.extender import ControllerConfig, ExtenderConfig
 from extender.webhook.admission import ADMISSION_PATH, add_admission_route, review
 
 GATE = "qos.kube-qos-extender.io/ordering"

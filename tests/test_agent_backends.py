@@ -23,10 +23,10 @@ from extender.agent.backends.kubelet import (
 )
 from extender.agent.backends.simulated import PROGRESS_ANNOTATION, InMemoryProgressStore, SimulatedBackend
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import AgentConfig, AgentConfigError, AgentTlsConfig, find_criu, load_agent_config
 from extender.agent.events import RecordingEventSink, event_body
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.server import Agent
+from extender.agent.settings import AgentConfig, AgentConfigError, AgentTlsConfig, find_criu, load_agent_config
 from extender.cli import build_parser
 from tests.test_agent_support import serve_in_process
 
@@ -334,7 +334,7 @@ async def test_criu_argv_with_and_without_dirty_tracking(tmp_path: Path, monkeyp
     import subprocess
 
     from extender.agent.backends.criu import CriuBackend
-    from extender.agent.config import CriuConfig
+    from extender.agent.settings import CriuConfig
 
     fake = tmp_path / "fake-criu"
     fake.write_text(FAKE_CRIU)
@@ -370,7 +370,7 @@ async def test_quiesce_waits_for_a_criu_left_running_on_the_state_dir(tmp_path: 
     import subprocess
 
     from extender.agent.backends.criu import CriuBackend
-    from extender.agent.config import CriuConfig
+    from extender.agent.settings import CriuConfig
 
     state = tmp_path / "state"
     (state / "archives").mkdir(parents=True)

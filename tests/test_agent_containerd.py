@@ -22,8 +22,8 @@ import pytest
 
 from extender.agent.backends.base import BackendError, WorkloadRef
 from extender.agent.backends.kubelet import KubeletBackend, checkpoint_annotations, checkpoint_image_ref
-from extender.agent.config import KubeletConfig
 from extender.agent.containerd import ContainerdError, ContainerdImporter
+from extender.agent.settings import KubeletConfig
 
 SOURCE = WorkloadRef(namespace="batch", pod="counter", container="c")
 

@@ -19,7 +19,7 @@ import pytest
 from extender.agent.backends.base import BackendError, WorkloadRef
 from extender.agent.backends.criu import ChildReaper, CriuBackend
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import CriuConfig
+from extender.agent.settings import CriuConfig
 from tests.test_agent_support import (
     AgentProc,
     Pki,

@@ -29,7 +29,7 @@ from extender.agent.backends.kubelet import (
     checkpoint_image_ref,
     write_oci_layout,
 )
-from extender.agent.config import KubeletConfig
+from extender.agent.settings import KubeletConfig
 from tests.test_agent_support import free_port, make_pki
 
 ROOT = Path(__file__).resolve().parents[1]

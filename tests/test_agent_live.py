@@ -24,11 +24,11 @@ from extender.agent.backends.simulated import (
     SimulatedBackend,
 )
 from extender.agent.client import AgentClient
-from extender.agent.config import AgentConfig
 from extender.agent.events import KubeEventSink
 from extender.agent.server import Agent
-from extender.config import KubernetesConfig
+from extender.agent.settings import AgentConfig
 from extender.kube.client import new_api_client
+from extender.settings.extender import KubernetesConfig
 from tests.live import require_kubeconfig
 from tests.test_agent_support import Pki, make_pki, serve_in_process
 

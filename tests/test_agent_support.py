@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import AgentTlsConfig, find_criu
+from extender.agent.settings import AgentTlsConfig, find_criu
 
 REPO = Path(__file__).resolve().parents[1]
 

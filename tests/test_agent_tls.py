@@ -12,8 +12,8 @@ import pytest
 
 from extender.agent.backends.simulated import InMemoryProgressStore, SimulatedBackend
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import AgentConfig, AgentTlsConfig
 from extender.agent.server import Agent
+from extender.agent.settings import AgentConfig, AgentTlsConfig
 from tests.test_agent_support import Pki, make_pki, serve_in_process
 
 

@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from extender.autoscaler.loop import AutoscalerLoop
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ExtenderConfig
 from extender.core import autoscale, autoscale_scan
 from extender.core.autoscale_scan import ScanSettings, ScanState
 from extender.core.model import Flavour, InvalidInputError, Pod, Resources, WorkloadKind
+from extender.settings.extender import ExtenderConfig
 from tests.autoscaler_settings import make_settings
 
 GI = 2**30

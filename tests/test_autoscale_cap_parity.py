@@ -21,10 +21,10 @@ import pytest
 
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, RETIRING_LABEL, AutoscalerLoop
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import NodeGroup, WorkloadKind
 from extender.kube.convert import CLASS_KEY, KIND_KEY, RUNTIME_KEY
+from extender.settings.extender import ExtenderConfig
 from extender.sim import engine
 from extender.sim.engine import SimConfig, Simulator, State
 from extender.sim.product import ProductSettings

@@ -18,10 +18,10 @@ import pytest
 
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, RETIRING_LABEL, AutoscalerLoop
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ExtenderConfig
 from extender.core import autoscale, autoscale_scan
 from extender.core.autoscale_scan import ScanSettings, ScanState
 from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
+from extender.settings.extender import ExtenderConfig
 from tests.autoscaler_settings import make_settings
 
 GI = 2**30

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from extender.autoscaler.config import load_autoscaler_config, parse_autoscaler_config
+from extender.autoscaler.settings import load_autoscaler_config, parse_autoscaler_config
 from extender.cli import build_parser
-from extender.config import ExtenderConfig, load_config
 from extender.processes.autoscaler import run_autoscaler_command
 from extender.settings import SettingsError
+from extender.settings.extender import ExtenderConfig, load_config
 
 EXT = ExtenderConfig(flavours=())  # no flavours of its own: the catalogue comes from the document
 

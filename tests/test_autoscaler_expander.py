@@ -22,9 +22,9 @@ import pytest
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.protogen import load_expander
 from extender.autoscaler.providers.cluster_autoscaler import ExpanderServer, choose
-from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, Pod, Resources
+from extender.settings.extender import ExtenderConfig
 
 GI = 2**30
 SMALL = Flavour("s.small", Resources(2000, 4 * GI, 110), 0.10)

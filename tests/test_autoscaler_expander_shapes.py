@@ -30,10 +30,10 @@ from extender.autoscaler.providers.cluster_autoscaler import (
     node_to_dict,
     pod_to_dict,
 )
-from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, Resources
 from extender.kube.convert import node_from_k8s, pod_from_k8s
+from extender.settings.extender import ExtenderConfig
 from tests.test_autoscaler_expander import CATALOGUE, CERT, KEY
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "ca_expander"

@@ -20,18 +20,18 @@ from typing import Any
 import grpc
 import pytest
 
-from extender.autoscaler.config import parse_autoscaler_config
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, AutoscalerLoop, ProvisionRequest
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.nodegroups import NodeGroupError, NodeGroups
 from extender.autoscaler.protogen import load_externalgrpc
 from extender.autoscaler.providers.externalgrpc import CloudProviderServer, NodeGroupOptions, node_message
 from extender.autoscaler.providers.kwok import node_manifest
+from extender.autoscaler.settings import parse_autoscaler_config
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources, parse_quantity
 from extender.settings import SettingsError
+from extender.settings.extender import ExtenderConfig
 from tests.cloud_provider_client import CloudConfig, CloudProviderClient, pod_message
 
 GI = 2**30
@@ -791,7 +791,7 @@ def test_the_cluster_autoscaler_manifests_agree_with_the_sidecar(pki: Pki) -> No
     rendering and the API server's dry run are e2e/test_manifests.py's job)."""
     import yaml
 
-    from extender.config import load_config
+    from extender.settings.extender import load_config
 
     extender = load_config(CA_DIR.parent / "autoscaler" / "extender.yaml")
     ours = yaml.safe_load((CA_DIR / "cloud-provider" / "autoscaler.yaml").read_text())

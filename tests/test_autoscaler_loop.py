@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.handoff import RecordingHandoff
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, AutoscalerLoop, Decisions
 from extender.autoscaler.providers.kwok import node_manifest
+from extender.autoscaler.settings import AutoscalerSettings
 from extender.autoscaler.view import GATED_DEMAND_SECONDS, AutoscalerSnapshot
-from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources
+from extender.settings.extender import ExtenderConfig
 from tests.autoscaler_settings import make_settings
 
 GI = 2**30

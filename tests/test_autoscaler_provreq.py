@@ -10,12 +10,6 @@ from typing import Any
 import orjson
 import pytest
 
-from extender.autoscaler.config import (
-    CaExpanderSettings,
-    NodeReserve,
-    ProvisioningRequestSettings,
-    parse_autoscaler_config,
-)
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, AutoscalerLoop, ProvisionRequest
 from extender.autoscaler.providers.provisioning_request import (
     PLAN_ANNOTATION,
@@ -23,6 +17,12 @@ from extender.autoscaler.providers.provisioning_request import (
     chunk_requests,
     pod_template,
     provisioning_request,
+)
+from extender.autoscaler.settings import (
+    CaExpanderSettings,
+    NodeReserve,
+    ProvisioningRequestSettings,
+    parse_autoscaler_config,
 )
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.core import autoscale

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from extender.config import BindConfig, parse_config
 from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs, BindError
+from extender.settings.extender import BindConfig, parse_config
 
 ARGS = BindArgs("default", "p", "uid-1", "node-1")
 CONFIG = BindConfig(timeout_seconds=2.0, attempt_timeout_seconds=0.2, backoff_initial_seconds=0.01)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from extender.config import KubernetesConfig
 from extender.kube.client import environment_proxy, new_api_client, read_json
+from extender.settings.extender import KubernetesConfig
 
 
 async def _namespace_server(heads: list[str]) -> asyncio.Server:

@@ -91,7 +91,7 @@ def test_product_policy_defaults_are_the_shipped_config() -> None:
     assert from_files == ProductSettings()
     assert from_files.host_score == "profile" and from_files.consolidation  # the controller on, consolidation on
     # the flavour catalogue of the built-in autoscaled workloads is the shipped one
-    from extender.config import ExtenderConfig
+    from extender.settings.extender import ExtenderConfig
 
     assert ExtenderConfig().flavours == HTAS_FLAVOURS
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.config import MARKER_RESOURCE, ExtenderConfig
 from extender.core import slack
 from extender.core.model import NodeGroup, Resources, WorkloadKind
 from extender.core.slack import BATCH_CPU, BATCH_MEMORY, Amount
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import MARKER_RESOURCE, ExtenderConfig
 from extender.webhook import verbs
 
 GI = 2**30

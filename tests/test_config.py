@@ -1,5 +1,5 @@
-"""extender.config: the extender's settings -- defaults, strict validation naming every wrong option at once, and
-layered files (several --config deep-merged in order)."""
+"""extender.settings.extender: the extender's settings -- defaults, strict validation naming every wrong option at
+once, and layered files (several --config deep-merged in order)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.config import FLAVOURS_PATH, ConfigError, ExtenderConfig, deep_merge, load_config, parse_config
 from extender.core.model import DEFAULT_CLASSES, WorkloadKind
+from extender.settings.extender import FLAVOURS_PATH, ConfigError, ExtenderConfig, deep_merge, load_config, parse_config
 
 
 def test_no_file_is_every_default_and_the_catalogue_comes_from_its_one_file() -> None:

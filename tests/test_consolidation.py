@@ -11,15 +11,15 @@ import pytest
 from extender.agent.backends.simulated import PROGRESS_ANNOTATION, STOPPED_ANNOTATION
 from extender.agent.protocol import check_migration_id
 from extender.autoscaler.handoff import Consolidation
-from extender.config import ExtenderConfig
 from extender.consolidation import decide
-from extender.consolidation.config import ConsolidationSettings, load_consolidation_config, parse_consolidation_config
 from extender.consolidation.decide import MoveVerdict
+from extender.consolidation.settings import ConsolidationSettings, load_consolidation_config, parse_consolidation_config
 from extender.core import reschedule
 from extender.core.model import Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.core.reschedule import MigrationPlan
 from extender.kube.convert import node_from_k8s, pod_from_k8s
 from extender.settings import SettingsError
+from extender.settings.extender import ExtenderConfig
 from tests.test_autoscaler_loop import LARGE, SMALL, loop, node, pod, snap
 
 GI = 2**30

@@ -397,7 +397,7 @@ def test_admission_patch_adds_gate_and_marker_once() -> None:
 
 
 def test_controller_config_defaults_and_errors() -> None:
-    from extender.config import ConfigError, parse_config
+    from extender.settings.extender import ConfigError, parse_config
 
     cfg = parse_config({"controller": {"enabled": True, "time_compression": 6}})
     assert cfg.controller.enabled and cfg.controller.time_compression == 6.0

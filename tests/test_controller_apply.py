@@ -16,11 +16,11 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from extender.config import ExtenderConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION, Account, RequestState
 from extender.controller.loop import QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
+from extender.settings.extender import ExtenderConfig
 
 CONFIG = ExtenderConfig()
 CONFIG = CONFIG.model_copy(update=dict(controller=CONFIG.controller.model_copy(update=dict(persistence="memory"))))

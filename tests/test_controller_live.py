@@ -19,10 +19,16 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from extender.config import ControllerConfig, ExtenderConfig, KubernetesConfig, LeaderElectionConfig, ServerConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION
 from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.kube.client import ApiError, new_api_client, read_json
+from extender.settings.extender import (
+    ControllerConfig,
+    ExtenderConfig,
+    KubernetesConfig,
+    LeaderElectionConfig,
+    ServerConfig,
+)
 from extender.webhook.serve import Running, start
 from tests.live import require_kubeconfig
 

@@ -11,11 +11,11 @@ import pytest
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from extender.config import ExtenderConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION
 from extender.controller.loop import QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
+from extender.settings.extender import ExtenderConfig
 
 CONFIG = ExtenderConfig()
 GROUP = "qos.kube-qos-extender.io/node-group"

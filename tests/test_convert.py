@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.config import LabelSelector, NodeGroupsConfig, PodDefaults
 from extender.core.model import DEFAULT_CLASSES, InvalidInputError, NodeGroup, WorkloadKind
 from extender.kube.convert import (
     CLASS_KEY,
@@ -23,6 +22,7 @@ from extender.kube.convert import (
     pod_requests,
     pod_settings,
 )
+from extender.settings.extender import LabelSelector, NodeGroupsConfig, PodDefaults
 
 DEFAULTS = PodDefaults()
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
-from extender.agent.config import AgentConfigError, load_agent_config
-from extender.autoscaler.config import parse_autoscaler_config
-from extender.config import deep_merge, load_config, parse_config
-from extender.consolidation.config import parse_consolidation_config
+from extender.agent.settings import AgentConfigError, load_agent_config
+from extender.autoscaler.settings import parse_autoscaler_config
+from extender.consolidation.settings import parse_consolidation_config
 from extender.settings import SettingsError
+from extender.settings.extender import deep_merge, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"

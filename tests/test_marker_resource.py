@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from extender.config import MARKER_RESOURCE, ExtenderConfig, SchedulingConfig, load_config
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import MARKER_RESOURCE, ExtenderConfig, SchedulingConfig, load_config
 from extender.webhook import verbs
 
 

@@ -14,12 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
-from extender.agent.config import AgentConfig, load_agent_config
-from extender.autoscaler.config import AutoscalerSettings
-from extender.config import ExtenderConfig, load_config
-from extender.consolidation.config import ConsolidationSettings
+from extender.agent.settings import AgentConfig, load_agent_config
+from extender.autoscaler.settings import AutoscalerSettings
+from extender.consolidation.settings import ConsolidationSettings
 from extender.processes.settings_reference import generated
 from extender.settings import Settings, SettingsError, load_settings
+from extender.settings.extender import ExtenderConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs" / "settings"

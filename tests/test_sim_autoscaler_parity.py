@@ -19,10 +19,10 @@ import pytest
 
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, AutoscalerLoop, Decisions
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ExtenderConfig
 from extender.core import autoscale, reschedule
 from extender.core.autoscale_scan import ScanState
 from extender.core.model import NodeGroup, WorkloadKind
+from extender.settings.extender import ExtenderConfig
 from extender.sim import engine
 from extender.sim.engine import Simulator, State
 from extender.sim.workloads import load_workload

@@ -166,7 +166,7 @@ def test_the_sidecar_runs_the_same_slo_trigger_on_a_gated_pod() -> None:
     between batch cycles; without them it waits for the cycle."""
     from extender.autoscaler.loop import AutoscalerLoop
     from extender.autoscaler.view import GATED_DEMAND_SECONDS, AutoscalerSnapshot
-    from extender.config import ExtenderConfig
+    from extender.settings.extender import ExtenderConfig
     from tests.autoscaler_settings import make_settings
 
     config = ExtenderConfig()

@@ -1,4 +1,4 @@
-"""The `slack` section of the extender config (extender.config): the shipped defaults (off),
+"""The `slack` section of the extender config (extender.settings.extender): the shipped defaults (off),
 strict validation with errors naming the option, and relative model paths."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.config import ExtenderConfig, SlackConfig, load_config, parse_config
 from extender.controller.slack import settings_from_config
 from extender.core.model import DEFAULT_CLASSES
 from extender.settings import SettingsError
+from extender.settings.extender import ExtenderConfig, SlackConfig, load_config, parse_config
 
 
 def parse_slack_config(raw: object, _classes: object = None, base: Path | None = None) -> SlackConfig:

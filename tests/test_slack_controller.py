@@ -19,7 +19,6 @@ from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 from sklearn.cluster import KMeans  # type: ignore[import-untyped]
 
-from extender.config import ExtenderConfig, SlackConfig
 from extender.controller.slack import (
     SlackController,
     SlackMetrics,
@@ -30,6 +29,7 @@ from extender.core.characterise import CharacteriseConfig
 from extender.core.model import DEFAULT_CLASSES, Resources
 from extender.kube.usage import PrometheusUsage
 from extender.processes.serve import slack_term
+from extender.settings.extender import ExtenderConfig, SlackConfig
 from tests.golden.replay import node_objects
 
 GI = 2**30

@@ -19,12 +19,12 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from extender.config import parse_config
 from extender.controller.slack import BATCH_CPU, SlackController, SlackMetrics, SlackSettings
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
 from extender.core.model import InvalidInputError
 from extender.core.slack import Amount, usage_stale
 from extender.kube.usage import UsageSourceError
+from extender.settings.extender import parse_config
 
 GI = 2**30
 CFG = CharacteriseConfig(k=2, seeds=(0,), observation_seconds=20.0)

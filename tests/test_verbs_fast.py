@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.config import ExtenderConfig
 from extender.core import packing
 from extender.core.model import InvalidInputError
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ExtenderConfig
 from extender.webhook import verbs
 from tests.test_webhook_snapshot import node, pod
 

@@ -20,8 +20,8 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from extender.config import ConfigError, ExtenderConfig, ServerConfig, TlsConfig, parse_config
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ConfigError, ExtenderConfig, ServerConfig, TlsConfig, parse_config
 from extender.webhook import verbs
 from extender.webhook.app import make_app, make_ssl_context, start_loopback_server, start_server
 from extender.webhook.metrics import Metrics

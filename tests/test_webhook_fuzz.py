@@ -19,8 +19,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender.config import ExtenderConfig
 from extender.kube.snapshot import RequestPods, Snapshot
+from extender.settings.extender import ExtenderConfig
 from extender.webhook.app import INTERNAL_ERROR_PREFIX, make_app
 from extender.webhook.metrics import Metrics
 from tests.golden.replay import FULL_LOG, NODECACHE_LOG, load_log, node_objects

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from extender.config import ExtenderConfig, SchedulingConfig
 from extender.core import packing
 from extender.core.model import InvalidInputError
 from extender.kube.convert import CLASS_KEY
+from extender.settings.extender import ExtenderConfig, SchedulingConfig
 from extender.webhook import verbs
 from tests.golden.replay import FULL_LOG, NODECACHE_LOG, V135_LOGS, Step, load_log, node_objects, replay
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.config import ExtenderConfig
 from extender.core import packing
 from extender.core.model import InvalidInputError, Pod, Resources
 from extender.kube.convert import pod_from_k8s
 from extender.kube.snapshot import BindLedger, Snapshot
+from extender.settings.extender import ExtenderConfig
 from extender.webhook import verbs
 
 CONFIG = ExtenderConfig()

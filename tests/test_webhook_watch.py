@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from extender.config import BindConfig, ExtenderConfig, KubernetesConfig
 from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs, BindError
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
+from extender.settings.extender import BindConfig, ExtenderConfig, KubernetesConfig
 
 
 def _closed_port() -> int:

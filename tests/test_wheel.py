@@ -283,7 +283,7 @@ def test_wheel_contains_package_data(installed: Installed) -> None:
 
 def test_runs_from_the_venv_not_the_source_tree(installed: Installed) -> None:
     code = (
-        "import json, extender, extender.cli, extender.config as c, extender.autoscaler.protogen as p\n"
+        "import json, extender, extender.cli, extender.settings.extender as c, extender.autoscaler.protogen as p\n"
         "print(json.dumps([extender.__file__, str(c.FLAVOURS_PATH), str(p.PROTO_DIR)]))"
     )
     out = subprocess.run(

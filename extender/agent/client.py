@@ -16,9 +16,9 @@ import aiohttp
 import orjson
 
 from extender.agent.archive import CHUNK, ArchiveInfo
-from extender.agent.config import AgentTlsConfig
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.protocol import ARCHIVE_SHA256_HEADER, ARCHIVE_SIZE_HEADER, FailureKind, Stage
+from extender.agent.settings import AgentTlsConfig
 
 __all__ = ["AgentClient", "PeerError", "client_ssl_context"]
 

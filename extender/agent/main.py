@@ -32,8 +32,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
     import asyncio
 
     from extender.agent.backends.base import BackendError
-    from extender.agent.config import AgentConfigError, load_agent_config
     from extender.agent.server import run_agent
+    from extender.agent.settings import AgentConfigError, load_agent_config
     from extender.logs import setup_logging
 
     overrides = {

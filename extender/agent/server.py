@@ -32,7 +32,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from extender.agent import archive as arc
 from extender.agent.backends.base import Backend, BackendError, WorkloadNotFoundError, WorkloadRef
 from extender.agent.client import AgentClient
-from extender.agent.config import AgentConfig, find_criu
 from extender.agent.events import EventSink, KubeEventSink, NullEventSink
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.journal import Journal
@@ -48,6 +47,7 @@ from extender.agent.protocol import (
     reconcile_destination,
     transfer_verdict,
 )
+from extender.agent.settings import AgentConfig, find_criu
 from extender.signals import stop_event
 
 __all__ = ["Agent", "make_app", "run_agent", "server_ssl_context"]

@@ -36,8 +36,8 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.handoff import Consolidation
+from extender.autoscaler.settings import AutoscalerSettings
 from extender.autoscaler.view import AutoscalerSnapshot, group_of
 from extender.core import autoscale, autoscale_scan
 from extender.core.model import Flavour, InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind

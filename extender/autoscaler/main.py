@@ -23,17 +23,17 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.autoscaler.config import AutoscalerSettings
 from extender.autoscaler.events import AutoscalerEvents
 from extender.autoscaler.handoff import ConsolidationHandoff, RecordingHandoff
 from extender.autoscaler.loop import AutoscalerLoop, Decisions
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.providers.provisioning_request import ProvisioningRequestProvider
+from extender.autoscaler.settings import AutoscalerSettings
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ConfigError, ExtenderConfig
 from extender.kube.client import new_api_client
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
+from extender.settings.extender import ConfigError, ExtenderConfig
 
 __all__ = ["RunningAutoscaler", "start_autoscaler"]
 

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.config import ExtenderConfig
 from extender.core.autoscale_scan import group_of
 from extender.core.model import Node, NodeGroup, Pod
 from extender.kube.convert import Problem, pod_key
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ExtenderConfig
 
 __all__ = ["GATED_DEMAND_SECONDS", "AutoscalerSnapshot", "PendingInfo", "group_of"]
 

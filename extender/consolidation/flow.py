@@ -34,25 +34,25 @@ from typing import Any, Protocol
 from kubernetes_asyncio import client as k8s
 
 from extender.agent.client import AgentClient, PeerError
-from extender.agent.config import AgentTlsConfig
 from extender.agent.protocol import FailureKind
-from extender.autoscaler.config import AutoscalerSettings
+from extender.agent.settings import AgentTlsConfig
 from extender.autoscaler.events import AutoscalerEvents
 from extender.autoscaler.handoff import Consolidation
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE, Notice
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.base import Provider
+from extender.autoscaler.settings import AutoscalerSettings
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.config import ConfigError, ExtenderConfig
 from extender.consolidation import decide
-from extender.consolidation.config import ConsolidationSettings
 from extender.consolidation.decide import MoveVerdict, NodeOutcome
 from extender.consolidation.metrics import ConsolidationMetrics
+from extender.consolidation.settings import ConsolidationSettings
 from extender.core.model import WorkloadKind
 from extender.core.reschedule import MigrationPlan
 from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs, BindError
 from extender.kube.client import ApiError, read_json
+from extender.settings.extender import ConfigError, ExtenderConfig
 
 __all__ = ["AutoscalerRuntime", "ConsolidationFlow"]
 

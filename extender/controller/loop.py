@@ -31,7 +31,6 @@ from typing import Any
 from kubernetes_asyncio import client as k8s
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
-from extender.config import ExtenderConfig
 from extender.controller.accounting import (
     ACCOUNT_ANNOTATION,
     Account,
@@ -68,6 +67,7 @@ from extender.core.slack import node_groups_for
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import PodProblems, parse_timestamp
 from extender.kube.events import KubeEventSink
+from extender.settings.extender import ExtenderConfig
 
 __all__ = ["ControllerEvents", "QosController"]
 

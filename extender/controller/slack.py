@@ -20,7 +20,7 @@ the node; that node then publishes no more than its real slack for the interval.
 This module is the thin shell: the model file (load, save, refit when it is missing or bad), fitting from the
 usage history in Prometheus, the node status PATCH and the evictions; every number and every choice is
 decided in ``extender.core``. ``qos-extender serve`` starts it when the config's ``slack.enabled`` is true
-(:mod:`extender.config`, :mod:`extender.processes.serve`).
+(:mod:`extender.settings.extender`, :mod:`extender.processes.serve`).
 """
 
 from __future__ import annotations
@@ -798,7 +798,7 @@ def _services(nodes: Sequence[Node]) -> dict[str, Resources]:
 
 
 def settings_from_config(cfg: SlackConfig, classes: Mapping[str, ServiceClass], defaults: PodDefaults) -> SlackSettings:
-    """The controller's settings from a validated ``slack`` section (:mod:`extender.config`)."""
+    """The controller's settings from a validated ``slack`` section (:mod:`extender.settings.extender`)."""
     return SlackSettings(
         model_path=Path(cfg.model_path),
         config=cfg.characterise.core(),

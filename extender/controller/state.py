@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from extender.config import ExtenderConfig
 from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.kube.convert import Problem, is_terminal, parse_timestamp, pod_key
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ExtenderConfig
 
 __all__ = ["PodInfo", "TrackingSnapshot", "pod_info"]
 

@@ -11,13 +11,13 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
-from extender.config import ExtenderConfig, load_config
 from extender.settings import SettingsError
+from extender.settings.extender import ExtenderConfig, load_config
 from extender.signals import stop_event
 
 if TYPE_CHECKING:
-    from extender.autoscaler.config import AutoscalerSettings
-    from extender.consolidation.config import ConsolidationSettings
+    from extender.autoscaler.settings import AutoscalerSettings
+    from extender.consolidation.settings import ConsolidationSettings
 
 __all__ = ["add_autoscaler_arguments", "run_autoscaler_command"]
 
@@ -65,7 +65,7 @@ def add_autoscaler_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_autoscaler_command(args: argparse.Namespace) -> int:
     """`qos-extender autoscaler`: validate the files (``--check-config`` prints the catalogue), then run."""
-    from extender.autoscaler.config import load_autoscaler_config
+    from extender.autoscaler.settings import load_autoscaler_config
     from extender.logs import setup_logging
 
     try:
@@ -73,7 +73,7 @@ def run_autoscaler_command(args: argparse.Namespace) -> int:
         settings = load_autoscaler_config(args.autoscaler_config, config)
         consolidation = None
         if getattr(args, "consolidation_config", None):
-            from extender.consolidation.config import load_consolidation_config
+            from extender.consolidation.settings import load_consolidation_config
 
             consolidation = load_consolidation_config(args.consolidation_config)
     except SettingsError as exc:

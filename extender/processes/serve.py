@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from extender.config import ExtenderConfig, SlackConfig, load_config
 from extender.settings import SettingsError
+from extender.settings.extender import ExtenderConfig, SlackConfig, load_config
 
 __all__ = ["run_serve_command", "slack_term"]
 

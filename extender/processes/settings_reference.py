@@ -14,10 +14,10 @@ __all__ = ["generated"]
 
 def _models() -> dict[str, tuple[type[Settings], str | None]]:
     # imported here: settings sits below the shells in the layers, the generator reads their models
-    from extender.agent.config import AgentConfig
-    from extender.autoscaler.config import AutoscalerSettings
-    from extender.config import ExtenderConfig
-    from extender.consolidation.config import ConsolidationSettings
+    from extender.agent.settings import AgentConfig
+    from extender.autoscaler.settings import AutoscalerSettings
+    from extender.consolidation.settings import ConsolidationSettings
+    from extender.settings.extender import ExtenderConfig
 
     return {
         "agent": (AgentConfig, "agent"),

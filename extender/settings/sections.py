@@ -1,7 +1,7 @@
 """The sections of the extender's settings (every option declared once: type, default, bounds, description), and
 the narrow views the low layers take of them.
 
-Why apart from the root (extender.config.ExtenderConfig and its loader): a component receives the sections it
+Why apart from the root (extender.settings.extender.ExtenderConfig and its loader): a component receives the sections it
 reads and nothing more, and the low layers (kube, the webhook's verbs, core) never import the settings root --
 an import-linter contract keeps it so. What the verbs and the snapshot read of the whole is a Protocol here
 (``PlacementSettings``, ``SnapshotSettings``) that the root satisfies.

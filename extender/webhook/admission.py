@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from extender.config import ExtenderConfig
 from extender.controller.patches import admission_patch
+from extender.settings.extender import ExtenderConfig
 from extender.webhook.colocate import colocate_for
 
 __all__ = ["ADMISSION_PATH", "add_admission_route", "review"]

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from extender.config import ExtenderConfig, TlsConfig
 from extender.core.model import InvalidInputError
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ExtenderConfig, TlsConfig
 from extender.webhook import access, verbs
 from extender.webhook.admission import add_admission_route
 from extender.webhook.metrics import Metrics

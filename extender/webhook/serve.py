@@ -11,7 +11,6 @@ from typing import Any
 
 from aiohttp import web
 
-from extender.config import ConfigError, ExtenderConfig
 from extender.controller.accounting import ACCOUNT_ANNOTATION
 from extender.controller.leader import Leadership
 from extender.controller.loop import ControllerEvents, QosController
@@ -22,6 +21,7 @@ from extender.kube.client import new_api_client, sibling_client
 from extender.kube.events import KubeEventSink
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
+from extender.settings.extender import ConfigError, ExtenderConfig
 from extender.signals import stop_event
 from extender.webhook.app import make_app, start_loopback_server, start_server
 from extender.webhook.metrics import Metrics

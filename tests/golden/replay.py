@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
-from extender.config import ExtenderConfig
 from extender.kube.convert import pod_from_k8s
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ExtenderConfig
 
 GOLDEN = Path(__file__).resolve().parent
 FULL_LOG = GOLDEN / "requests.log"

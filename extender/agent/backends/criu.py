@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from extender.agent.backends.base import BackendError, CheckpointResult, WorkloadNotFoundError, WorkloadRef
-from extender.agent.config import CriuConfig
+from extender.agent.settings import CriuConfig
 
 __all__ = ["ChildReaper", "CriuBackend", "ProcStat", "criu_check", "read_proc_stat"]
 

@@ -34,8 +34,8 @@ from typing import Any
 from urllib.parse import quote
 
 from extender.agent.backends.base import BackendError, CheckpointResult, WorkloadNotFoundError, WorkloadRef
-from extender.agent.config import KubeletConfig
 from extender.agent.containerd import ContainerdError, ContainerdImporter
+from extender.agent.settings import KubeletConfig
 
 __all__ = [
     "CRIO_LEGACY_NAME_ANNOTATION",

@@ -39,10 +39,10 @@ import grpc
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.protogen import ExpanderStubs, load_expander
 from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION
-from extender.config import ExtenderConfig
 from extender.core import autoscale
 from extender.core.model import Flavour, InvalidInputError, Node, Pod
 from extender.kube.convert import node_from_k8s, pod_from_k8s
+from extender.settings.extender import ExtenderConfig
 
 __all__ = [
     "DecodedOption",

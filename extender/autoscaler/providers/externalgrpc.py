@@ -34,10 +34,10 @@ from extender.autoscaler.nodegroups import CREATING, DELETING, RUNNING, NodeGrou
 from extender.autoscaler.protogen import ExternalGrpcStubs, load_externalgrpc
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.providers.cluster_autoscaler import pod_to_dict
-from extender.config import ExtenderConfig
 from extender.core.model import InvalidInputError
 from extender.kube.convert import pod_from_k8s
 from extender.kube.snapshot import Snapshot
+from extender.settings.extender import ExtenderConfig
 
 __all__ = ["CloudProviderServer", "NodeGroupOptions", "node_message"]
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from kubernetes_asyncio import client as k8s
 
-from extender.autoscaler.config import LagDistribution
 from extender.autoscaler.loop import RETIRING_LABEL, ProvisionRequest
+from extender.autoscaler.settings import LagDistribution
 from extender.kube.client import ApiError, read_json
 
 __all__ = ["PROVIDER_ID_PREFIX", "KwokProvider", "node_manifest", "sample_lag"]

@@ -19,10 +19,10 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from extender.config import ExtenderConfig, parse_flavours
 from extender.core.autoscale import ScoreWeights, validate_catalogue
 from extender.core.model import Flavour, InvalidInputError, NodeGroup, Resources, cpu_millicores, memory_bytes
 from extender.settings import ExistingFile, Settings, SettingsError, load_settings
+from extender.settings.extender import ExtenderConfig, parse_flavours
 
 __all__ = [
     "AutoscalerSettings",
