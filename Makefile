@@ -15,8 +15,8 @@ $(BIN)/qos-extender: pyproject.toml
 venv: $(BIN)/qos-extender
 
 lint: venv
-	$(BIN)/ruff check extender tests bench e2e
-	$(BIN)/ruff format --check extender tests bench e2e
+	$(BIN)/ruff check extender lab tests bench e2e
+	$(BIN)/ruff format --check extender lab tests bench e2e
 
 typecheck: venv
 	$(BIN)/mypy
@@ -54,7 +54,7 @@ e2e: live
 test: lint typecheck unit live
 
 demo: venv
-	$(BIN)/qos-extender demo
+	$(BIN)/python -m lab.demo
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

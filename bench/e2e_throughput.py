@@ -39,7 +39,7 @@ import urllib3
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.kube.sync_client import Kube, KubeError, scrape_metrics  # noqa: E402
+from lab.kube_sync import Kube, KubeError, scrape_metrics  # noqa: E402
 
 MARKER = "qos.kube-qos-extender.io/managed"
 ENV = {

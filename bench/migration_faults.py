@@ -64,8 +64,8 @@ from extender.consolidation import decide  # noqa: E402
 from extender.consolidation.flow import ConsolidationFlow  # noqa: E402
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings  # noqa: E402
 from extender.kube.client import new_api_client  # noqa: E402
-from extender.kube.sync_client import Kube, KubeError  # noqa: E402
 from extender.settings.extender import ExtenderConfig, KubernetesConfig  # noqa: E402
+from lab.kube_sync import Kube, KubeError  # noqa: E402
 
 FAULTS = (
     "restore-refused",

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from extender.kube.sync_client import Kube, KubeError, http_json, scrape_metrics
+from lab.kube_sync import Kube, KubeError, http_json, scrape_metrics
 
 _LIFECYCLE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 

@@ -19,7 +19,7 @@ import pytest
 from extender.controller.slack import SlackController, SlackSettings
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, WorkloadModel, fit_model
 from extender.core.slack import Amount
-from extender.kube.sync_client import Kube
+from lab.kube_sync import Kube
 from tests.live import require_kubeconfig
 
 IMAGE = "registry.invalid/pause:3.9"  # never pulled: kwok runs no containers

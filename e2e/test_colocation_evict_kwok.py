@@ -41,9 +41,9 @@ from extender.controller.slack import (
 )
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
-from extender.kube.sync_client import Kube
 from extender.kube.usage import PrometheusUsage
 from extender.settings.extender import KubernetesConfig
+from lab.kube_sync import Kube
 
 pytestmark = [pytest.mark.live]
 

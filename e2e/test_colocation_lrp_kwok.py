@@ -27,9 +27,9 @@ from e2e.kwok_usage import IMAGE, controller_settings, fixture_model, kwok_usage
 from extender.controller.slack import SlackController, SlackMetrics
 from extender.core.slack import BATCH_CPU, BATCH_MEMORY, Amount
 from extender.kube.client import new_api_client
-from extender.kube.sync_client import Kube
 from extender.kube.usage import PrometheusUsage
 from extender.settings.extender import KubernetesConfig
+from lab.kube_sync import Kube
 
 pytestmark = [pytest.mark.live]
 

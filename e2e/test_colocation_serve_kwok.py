@@ -32,8 +32,8 @@ from e2e.conftest import MARKER
 from e2e.kwok_usage import IMAGE, fixture_model, kwok_usage_node, service_pod, slack_test_settings
 from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
 from extender.core.model import memory_bytes
-from extender.kube.sync_client import Kube
 from extender.settings.extender import ExtenderConfig
+from lab.kube_sync import Kube
 
 pytestmark = [pytest.mark.live]
 

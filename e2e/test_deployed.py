@@ -31,7 +31,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from extender.kube.sync_client import Kube, KubeError, http_json
+from lab.kube_sync import Kube, KubeError, http_json
 
 pytestmark = [pytest.mark.live, pytest.mark.deployed]
 

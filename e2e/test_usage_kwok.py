@@ -20,8 +20,8 @@ import pytest
 
 from e2e.kwok_usage import IMAGE, kwok_usage_node
 from extender.core.model import Resources
-from extender.kube.sync_client import Kube
 from extender.kube.usage import ContainerKey, PrometheusUsage, pod_traces, pod_usage, service_profiles
+from lab.kube_sync import Kube
 
 pytestmark = [pytest.mark.live]
 

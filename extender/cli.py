@@ -187,45 +187,6 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_simulate() -> None:
-    for workload, policies in (
-        ("qos-validation1", ["qos-driven", "qos-paper", "priority"]),
-        ("htas-cycle", ["htas", "k8s"]),
-    ):
-        # through the real parser: every option `simulate` reads has its default (a hand-built Namespace missed
-        # `days` and `make demo` died after its cluster part)
-        ns = build_parser().parse_args(
-            ["simulate", "--workload", workload, *(a for p in policies for a in ("--policy", p))]
-        )
-        _simulate(ns)
-        print()
-
-
-def _demo(args: argparse.Namespace) -> int:
-    """make demo: the real local control plane + extender, a sample workload and its report, then the
-    simulator's comparison of the same policy core on the paper workloads; tears the cluster down."""
-    from extender.demo import ClusterDemo, cluster_env, repo_root
-
-    rc = 0
-    if not args.simulate_only:
-        root = repo_root()
-        demo = ClusterDemo(cluster_env())
-        try:
-            values = demo.up(root)
-            rc = demo.run(values)
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            print(f"qos-extender demo: {exc}", file=sys.stderr)
-            rc = 1
-        finally:
-            if args.keep:
-                print(f"kept the cluster: set -a; . {demo.env['QOS_STATE']}/env; set +a  (hack/local-down.sh to stop)")
-            else:
-                demo.down(root)
-    print("\n== simulator: the same policy core on the paper workloads (qos-validation1, htas-cycle)\n")
-    _demo_simulate()
-    return rc
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qos-extender", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -273,12 +234,6 @@ def build_parser() -> argparse.ArgumentParser:
     autoscaler_process.add_autoscaler_arguments(scaler)
     scaler.set_defaults(func=autoscaler_process.run_autoscaler_command)
 
-    demo = sub.add_parser(
-        "demo", help="the README's first command: local cluster + extender, sample workload, report, simulator"
-    )
-    demo.add_argument("--keep", action="store_true", help="leave the demo cluster running")
-    demo.add_argument("--simulate-only", action="store_true", help="skip the cluster part (no binaries needed)")
-    demo.set_defaults(func=_demo)
     return parser
 
 

@@ -25,11 +25,11 @@ from aiohttp import web
 from extender.kube.binder import KubeBinder
 from extender.kube.client import new_api_client
 from extender.kube.snapshot import Snapshot
-from extender.kube.sync_client import Kube
 from extender.kube.watch import node_reflector, pod_reflector
 from extender.settings.extender import ExtenderConfig, KubernetesConfig, ServerConfig, TlsConfig
 from extender.webhook.app import make_app, start_server
 from extender.webhook.metrics import Metrics
+from lab.kube_sync import Kube
 
 MARKER = "qos.kube-qos-extender.io/managed"
 NS = "golden"

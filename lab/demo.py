@@ -1,15 +1,16 @@
-"""`qos-extender demo` (make demo): the real local control plane with the extender, a sample workload, a report.
+"""`make demo` (python -m lab.demo): the real local control plane with the extender, a sample workload, a report.
 
 Steps: hack/local-up.sh with QOS_WITH_EXTENDER=1 on its own state dir and ports (builds or reuses the
 binaries first: hack/build-tools.sh is cached), kwok nodes of several flavours in both node groups, a mix of
 batch pods (with runtimes) and services across the gold/silver/bronze classes submitted to qos-scheduler,
 then a report: where pods landed by node group and flavour, the extender's per-verb counts and latency from
-its /metrics, and a Prometheus query over its HTTP API. The caller (cli) adds the simulator's comparison and
-hack/local-down.sh tears everything down.
+its /metrics, and a Prometheus query over its HTTP API. Then the simulator's comparison of the same policy
+core on the paper workloads; hack/local-down.sh tears everything down.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -21,10 +22,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from extender.cli import build_parser
 from extender.core.model import cpu_millicores
-from extender.kube.sync_client import Kube, http_json, scrape_metrics
+from lab.kube_sync import Kube, http_json, scrape_metrics
 
-__all__ = ["DEMO_ENV", "NODES", "ClusterDemo", "cluster_env", "repo_root"]
+__all__ = ["DEMO_ENV", "NODES", "ClusterDemo", "cluster_env", "main", "repo_root"]
 
 PREFIX = "qos.kube-qos-extender.io/"
 MARKER = PREFIX + "managed"
@@ -258,3 +260,54 @@ class ClusterDemo:
             self.say(f"  verb={r['metric'].get('verb', '?'):<11} {float(r['value'][1]):>6.0f}")
         if not result:
             self.say("  (no samples yet)")
+
+
+def _demo_simulate() -> None:
+    for workload, policies in (
+        ("qos-validation1", ["qos-driven", "qos-paper", "priority"]),
+        ("htas-cycle", ["htas", "k8s"]),
+    ):
+        # through the real parser: every option `simulate` reads has its default (a hand-built Namespace missed
+        # `days` and `make demo` died after its cluster part)
+        ns = build_parser().parse_args(
+            ["simulate", "--workload", workload, *(a for p in policies for a in ("--policy", p))]
+        )
+        ns.func(ns)
+        print()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """make demo: the real local control plane + extender, a sample workload and its report, then the
+    simulator's comparison of the same policy core on the paper workloads; tears the cluster down."""
+    rc = 0
+    if not args.simulate_only:
+        root = repo_root()
+        demo = ClusterDemo(cluster_env())
+        try:
+            values = demo.up(root)
+            rc = demo.run(values)
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            print(f"make demo: {exc}", file=sys.stderr)
+            rc = 1
+        finally:
+            if args.keep:
+                print(f"kept the cluster: set -a; . {demo.env['QOS_STATE']}/env; set +a  (hack/local-down.sh to stop)")
+            else:
+                demo.down(root)
+    print("\n== simulator: the same policy core on the paper workloads (qos-validation1, htas-cycle)\n")
+    _demo_simulate()
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab.demo",
+        description="the README's first command: local cluster + extender, sample workload, report, simulator",
+    )
+    parser.add_argument("--keep", action="store_true", help="leave the demo cluster running")
+    parser.add_argument("--simulate-only", action="store_true", help="skip the cluster part (no binaries needed)")
+    return _demo(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
