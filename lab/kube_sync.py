@@ -1,4 +1,4 @@
-"""A small synchronous Kubernetes REST client for scripts: `make demo` (lab.demo), bench/ and e2e/ (lab tooling, not in the wheel).
+"""A small synchronous Kubernetes REST client for scripts: `make demo` (lab.demo), bench/ and e2e/ (not in the wheel).
 
 The extender itself is asynchronous (kubernetes_asyncio); scripts that create a workload, wait and report are
 simpler with plain blocking calls. This reads a kubeconfig (current context; certificate files or inline
