@@ -14,17 +14,17 @@ LABEL io.kube-qos-extender.stage=build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
     QOS_PROTO_CACHE=/opt/venv/share/kube-qos-extender/protos
 WORKDIR /src
-# Dependencies first, in their own layer (pinned with == in pyproject.toml): a code change does not install
-# numpy, scipy and grpcio again. An optional wheelhouse/ in the build context (hack/build-image.sh fills it
+# Dependencies first, in their own layer: every one, transitive ones included, at the version and with the hashes
+# of requirements.lock (generated from pyproject.toml by pip-compile --generate-hashes; tests/test_lock.py keeps
+# them in step), so two builds install the same bytes; a code change does not install numpy, scipy and grpcio
+# again. An optional wheelhouse/ in the build context (hack/build-image.sh fills it
 # with the wheels of the dependencies and build requirements, fetched by the host's pip with the host's CA
 # trust and cache) makes the build use no index at all; without it pip downloads from PyPI as usual.
-COPY pyproject.toml wheelhous[e] /wheelhouse/
+COPY requirements.lock wheelhous[e] /wheelhouse/
 RUN if ls /wheelhouse/*.whl > /dev/null 2>&1; then \
       printf '[global]\nno-index = true\nfind-links = /wheelhouse\n' > /etc/pip.conf; fi \
  && python3 -m venv /opt/venv \
- && python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/wheelhouse/pyproject.toml", "rb"))["project"]["dependencies"]))' \
-      > /tmp/requirements.txt \
- && /opt/venv/bin/pip install -r /tmp/requirements.txt
+ && /opt/venv/bin/pip install --require-hashes --no-deps -r /wheelhouse/requirements.lock
 COPY pyproject.toml ./
 COPY README.md ./
 COPY extender/ extender/

@@ -4,15 +4,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export QOS_CACHE ?= $(HOME)/.cache/kube-qos-extender
 
-.PHONY: demo test venv lint typecheck unit live e2e tools criu image bench clean
+.PHONY: lock demo test venv lint typecheck unit live e2e tools criu image bench clean
 
-$(BIN)/qos-extender: pyproject.toml
+$(BIN)/qos-extender: pyproject.toml requirements.lock
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
 	touch $@
 
 venv: $(BIN)/qos-extender
+
+# The image's dependencies, transitive ones included, pinned with their hashes (the Dockerfile installs exactly
+# these; the venv takes them as constraints). Run after changing [project] dependencies in pyproject.toml.
+lock:
+	$(PY) -m venv $(QOS_CACHE)/pip-tools
+	$(QOS_CACHE)/pip-tools/bin/pip install -q pip-tools==7.6.2
+	$(QOS_CACHE)/pip-tools/bin/pip-compile -q --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
+	  --no-emit-find-links --output-file=requirements.lock pyproject.toml
 
 lint: venv
 	$(BIN)/ruff check extender lab tests bench e2e

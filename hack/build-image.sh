@@ -393,9 +393,10 @@ fill_wheelhouse() { # <dir>; prints its key
   target="$(docker run --rm --network none "${IMAGE_PYTHON}" python3 -c \
     'import platform, sys; print(platform.machine(), platform.libc_ver()[1], "%d.%d" % sys.version_info[:2])')"
   read -r arch glibc pyver <<< "${target}"
+  # the locked dependencies (with hashes) and, apart (pip's hash mode is all or nothing), the build requirements
   reqs="$(python3 -c 'import sys, tomllib; d = tomllib.load(open(sys.argv[1], "rb"))
-print("\n".join(d["project"]["dependencies"] + d["build-system"]["requires"]))' "${REPO_ROOT}/pyproject.toml")"
-  key="$(printf '%s\n' "${target}" "${reqs}" | sha)"
+print("\n".join(d["build-system"]["requires"]))' "${REPO_ROOT}/pyproject.toml")"
+  key="$(printf '%s\n' "${target}" "${reqs}" | cat - "${REPO_ROOT}/requirements.lock" | sha)"
   if [[ "$(cat "$1/.key" 2>/dev/null)" == "${key}" && "${FORCE}" == 0 ]]; then
     echo "${key}"
     return 0
@@ -407,9 +408,12 @@ print("\n".join(d["project"]["dependencies"] + d["build-system"]["requires"]))' 
   mkdir -p "$1"
   log "kube-qos-extender: fetching wheels for CPython ${pyver} / glibc ${glibc} / ${arch} into $1"
   printf '%s\n' "${reqs}" > "$1/.requirements.txt"
-  pip_cmd download -q --disable-pip-version-check --only-binary=:all: --python-version "${pyver}" \
-    --implementation cp --abi "cp${pyver/./}" --abi abi3 --abi none "${platforms[@]}" \
-    -d "$1" -r "$1/.requirements.txt" >&2
+  local req
+  for req in "${REPO_ROOT}/requirements.lock" "$1/.requirements.txt"; do
+    pip_cmd download -q --disable-pip-version-check --only-binary=:all: --python-version "${pyver}" \
+      --implementation cp --abi "cp${pyver/./}" --abi abi3 --abi none "${platforms[@]}" \
+      -d "$1" -r "${req}" >&2
+  done
   echo "${key}" > "$1/.key"
   log "kube-qos-extender: $(find "$1" -name '*.whl' | wc -l) wheels, $(du -sh "$1" | cut -f1) in $((SECONDS - start))s"
   echo "${key}"
@@ -420,7 +424,7 @@ build_extender() {
   mkdir -p "${ctx}"
   wheels_key="$(fill_wheelhouse "${ctx}/wheelhouse")"
   base_id="$(docker image inspect -f '{{.Id}}' "${IMAGE_PYTHON}")"
-  local files=(Dockerfile .dockerignore pyproject.toml README.md extender)
+  local files=(Dockerfile .dockerignore pyproject.toml requirements.lock README.md extender)
   inputs="$(cd "${REPO_ROOT}" && {
     echo "${base_id} ${wheels_key}"
     declare -f build_extender
