@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from extender.controller.slack import SlackController, SlackSettings
+from extender.colocation.controller import SlackController, SlackParams
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, WorkloadModel, fit_model
 from extender.core.slack import Amount
 from lab.kube_sync import Kube
@@ -134,10 +134,10 @@ async def until_classified(ctl: SlackController, node: str, seconds: float = 150
     pytest.fail(f"the service was never classified; last published: {amounts}")
 
 
-def controller_settings(model_path: Path, node_selector: str) -> SlackSettings:
+def controller_settings(model_path: Path, node_selector: str) -> SlackParams:
     """The slack controller as the live tests run it: the two-class model (CFG), ten minutes of history and of
     classification window sampled every 5 s, on the nodes ``node_selector`` picks."""
-    return SlackSettings(
+    return SlackParams(
         model_path=model_path,
         config=CFG,
         history_seconds=600.0,

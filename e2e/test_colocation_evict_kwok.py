@@ -32,7 +32,7 @@ from e2e.kwok_usage import (
     service_pod,
     until_classified,
 )
-from extender.controller.slack import (
+from extender.colocation.controller import (
     BATCH_CPU,
     BATCH_MEMORY,
     EVICTION_REASON,

@@ -24,7 +24,7 @@ from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
 from e2e.kwok_usage import IMAGE, controller_settings, fixture_model, kwok_usage_node, service_pod
-from extender.controller.slack import SlackController, SlackMetrics
+from extender.colocation.controller import SlackController, SlackMetrics
 from extender.core.slack import BATCH_CPU, BATCH_MEMORY, Amount
 from extender.kube.client import new_api_client
 from extender.kube.usage import PrometheusUsage

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from e2e.kwok_usage import controller_settings, fixture_model
 from e2e.test_deployed import BUSYBOX, Product, _requests, namespace, product  # noqa: F401  (fixtures)
-from extender.controller.slack import EVICTION_REASON, SlackController, SlackMetrics
+from extender.colocation.controller import EVICTION_REASON, SlackController, SlackMetrics
 from extender.core.model import memory_bytes
 from extender.core.slack import BATCH_CPU, BATCH_MEMORY, Amount
 from extender.kube.client import new_api_client

@@ -30,7 +30,7 @@ import yaml
 
 from e2e.conftest import MARKER
 from e2e.kwok_usage import IMAGE, fixture_model, kwok_usage_node, service_pod, slack_test_settings
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, save_model
+from extender.colocation.controller import BATCH_CPU, BATCH_MEMORY, save_model
 from extender.core.model import memory_bytes
 from extender.settings.extender import ExtenderConfig
 from lab.kube_sync import Kube

@@ -3,7 +3,7 @@
 A service pod on a kwok node uses (as kwok emulates and Prometheus scrapes) a quarter of what it requests. It
 is classified from that measured usage against a model with two classes, "a quarter all day" and "three
 quarters all day" (a fixture model: the live cluster has no day of history to fit one from, so the *classes* are
-given and everything else is measured). extender.controller.slack.SlackController lists the node and its pods,
+given and everything else is measured). extender.colocation.controller.SlackController lists the node and its pods,
 reads the usage, classifies the service once observed for p, and writes the node's reclaimable capacity (Eq. 3:
 request minus the class's peak) as qos.kube-qos-extender.io/batch-cpu / batch-memory into the node status; the
 stock default-scheduler then binds a batch pod that requests them, and leaves a second one Pending for lack of
@@ -29,7 +29,7 @@ from e2e.kwok_usage import (
     service_pod,
     until_classified,
 )
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, SlackController
+from extender.colocation.controller import BATCH_CPU, BATCH_MEMORY, SlackController
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.usage import PrometheusUsage

@@ -1,4 +1,4 @@
-"""The slack publisher's pure parts and its model file (extender/controller/slack.py,
+"""The slack publisher's pure parts and its model file (extender/colocation/controller.py,
 extender/core/slack.py service_idle / batch_capacity, extender/core/characterise.py classify_services)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from extender.controller.slack import (
+from extender.colocation.controller import (
     BATCH_CPU,
     BATCH_MEMORY,
-    SlackSettings,
+    SlackParams,
     capacity_patch,
     load_model,
     load_or_refit,
@@ -198,8 +198,8 @@ async def test_refresh_every_runs_until_stopped_and_survives_a_failing_step() ->
 
 def test_slack_settings_must_let_a_new_service_be_classified(tmp_path: Path) -> None:
     cfg = CharacteriseConfig(observation_seconds=3600.0)
-    assert SlackSettings(tmp_path / "m.json", cfg, classify_seconds=3600.0).node_selector is None
+    assert SlackParams(tmp_path / "m.json", cfg, classify_seconds=3600.0).node_selector is None
     with pytest.raises(InvalidInputError, match="observation time"):
-        SlackSettings(tmp_path / "m.json", cfg, classify_seconds=600.0)
+        SlackParams(tmp_path / "m.json", cfg, classify_seconds=600.0)
     with pytest.raises(InvalidInputError, match="step_seconds"):
-        SlackSettings(tmp_path / "m.json", cfg, step_seconds=0.0)
+        SlackParams(tmp_path / "m.json", cfg, step_seconds=0.0)

@@ -12,7 +12,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY
+from extender.colocation.controller import BATCH_CPU, BATCH_MEMORY
 from extender.core.model import DEFAULT_CLASSES
 from extender.kube.convert import COLOCATE_KEY, pod_settings
 from extender.settings.extender import ColocateConfig, ControllerConfig, ExtenderConfig, PodDefaults, SlackConfig

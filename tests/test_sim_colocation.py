@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from extender.cli import main
-from extender.controller.slack import plan
+from extender.colocation.controller import plan
 from extender.core import characterise, slack
 from extender.core.model import InvalidInputError, NodeGroup, Resources, WorkloadKind
 from extender.sim import colocation

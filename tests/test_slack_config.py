@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extender.controller.slack import settings_from_config
+from extender.colocation.controller import settings_from_config
 from extender.core.model import DEFAULT_CLASSES
 from extender.settings import SettingsError
 from extender.settings.extender import ExtenderConfig, SlackConfig, load_config, parse_config

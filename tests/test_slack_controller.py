@@ -19,7 +19,7 @@ from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 from sklearn.cluster import KMeans  # type: ignore[import-untyped]
 
-from extender.controller.slack import (
+from extender.colocation.controller import (
     SlackController,
     SlackMetrics,
     fit_from_prometheus,

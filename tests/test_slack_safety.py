@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY, batch_demand
+from extender.colocation.controller import BATCH_CPU, BATCH_MEMORY, batch_demand
 from extender.core.model import InvalidInputError, Resources
 from extender.core.slack import (
     Amount,

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client as k8s
 from prometheus_client import CollectorRegistry
 
-from extender.controller.slack import BATCH_CPU, SlackController, SlackMetrics, SlackSettings
+from extender.colocation.controller import BATCH_CPU, SlackController, SlackMetrics, SlackParams
 from extender.core.characterise import DAY_SECONDS, CharacteriseConfig, ServiceProfile, fit_model
 from extender.core.model import InvalidInputError
 from extender.core.slack import Amount, usage_stale
@@ -136,7 +136,7 @@ async def test_slack_is_withdrawn_when_only_the_instant_reading_is_stale(
 
     fake, url = server
     now = [time.time()]
-    settings = SlackSettings(
+    settings = SlackParams(
         model_path=tmp_path / "model.json", config=CFG, history_seconds=600.0, classify_seconds=600.0,
         step_seconds=30.0, stale_seconds=STALE,
     )  # fmt: skip
@@ -178,7 +178,7 @@ async def test_slack_is_withdrawn_after_the_staleness_and_lent_again(server: tup
         },
         now=now[0],
     )
-    settings = SlackSettings(
+    settings = SlackParams(
         model_path=tmp_path / "model.json",
         config=CFG,
         history_seconds=600.0,

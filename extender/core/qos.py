@@ -218,8 +218,10 @@ def availability(e: float, p: float) -> float:
     return 1.0 if total == 0 else e / total
 
 
-def _slack(e: float, p: float, slo: float) -> float:
-    """The common right-hand side of Eqs. 3 and 6: e / sigma - (e + p)."""
+def _margin(e: float, p: float, slo: float) -> float:
+    """The common right-hand side of Eqs. 3 and 6: e / sigma - (e + p), the time margin to the SLO (positive:
+    time to violate; negative: recoverability). Not "slack": in this code base slack is a service's idle
+    capacity (paper 004, core/slack.py)."""
     e = _finite_nonneg("e", e)
     p = _finite_nonneg("p", p)
     return e / _check_slo(slo) - (e + p)
@@ -232,7 +234,7 @@ def time_to_violate(e: float, p: float, slo: float) -> float:
     value". For an instance already below its SLO we return 0 (it has no time left) rather than raising, so
     callers can ask without first computing A. time_to_violate + recoverability == the Eq. 3/6 formula.
     """
-    return max(0.0, _slack(e, p, slo))
+    return max(0.0, _margin(e, p, slo))
 
 
 def recoverability(e: float, p: float, slo: float) -> float:
@@ -242,7 +244,7 @@ def recoverability(e: float, p: float, slo: float) -> float:
     negative values"). For an instance at or above its SLO nothing has been pending since a violation, so we
     return 0 there: the two functions partition the formula's range.
     """
-    return min(0.0, _slack(e, p, slo))
+    return min(0.0, _margin(e, p, slo))
 
 
 def q_metric(e: float, p: float, slo: float, alpha: float) -> float:
@@ -250,13 +252,13 @@ def q_metric(e: float, p: float, slo: float, alpha: float) -> float:
 
     Both branches reduce to e / sigma - (e + p) - alpha, so no branch is needed. A brand-new request
     (e + p == 0) gets Q = 0 as Algorithm 1 line 3 prescribes, not -alpha: the paper puts new arrivals at
-    neutral urgency rather than ahead of every instance that has some slack.
+    neutral urgency rather than ahead of every instance that has some margin left.
     """
     alpha = _finite_nonneg("alpha", alpha)
-    slack = _slack(e, p, slo)
+    margin = _margin(e, p, slo)
     if e + p == 0:
         return 0.0
-    return slack - alpha
+    return margin - alpha
 
 
 def instance_q(inst: Instance, policy: QosPolicy) -> float:

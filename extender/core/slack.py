@@ -58,7 +58,7 @@ __all__ = [
 # Paper 004 §V: "the weights of CPU and memory are configured as 0.38 and 0.62 respectively during the
 # evaluation process of scheduling and autoscaling" (from the Alibaba trace's average cluster utilisation).
 LRP_WEIGHTS = (0.38, 0.62)
-# The extended resources a node's predicted reclaimable capacity is published as (controller.slack writes them
+# The extended resources a node's predicted reclaimable capacity is published as (colocation.controller writes them
 # into the node's status, webhook.colocate moves an opted-in batch pod's cpu/memory requests onto them):
 # millicores and bytes, so one unit of batch-cpu is one millicore.
 BATCH_CPU = "qos.kube-qos-extender.io/batch-cpu"

@@ -22,7 +22,7 @@ def slack_term(
     """One leader term of the slack controller as a callable run once per term. Its metrics are created here,
     once, in ``registry``: every term reuses them (a registry refuses the same names twice, so a term that
     made its own would fail at once and the replica would hold the Lease without ever publishing)."""
-    from extender.controller.slack import SlackMetrics, run_slack_controller
+    from extender.colocation.controller import SlackMetrics, run_slack_controller
 
     metrics = SlackMetrics(registry)
 

@@ -6,7 +6,7 @@ opted-in batch pods request them instead of cpu/memory), so `product-colocate` i
 layer, and the difference between the two runs is the co-location alone.
 
 The layer decides nothing itself. Every refresh (``slack.refresh_seconds``, 15 min) it does what
-``extender.controller.slack.SlackController._step`` does, with the same pure functions:
+``extender.colocation.controller.SlackController._step`` does, with the same pure functions:
 
 * profiles of the services over the last ``classify_seconds`` (``core.characterise.daily_profile`` of
   usage / request, what ``kube.usage.service_profiles`` does with Prometheus' samples), a model fitted once
@@ -14,7 +14,7 @@ The layer decides nothing itself. Every refresh (``slack.refresh_seconds``, 15 m
   (``due_for_recluster`` / ``recluster_model``), the services classified (``classify_services``, after
   the observation time ``p``);
 * the prediction (``core.slack.service_idle``, Eq. 3, for every classified service pod: the controller's
-  ``predicted_idle``; the simulator may not import ``controller.slack``, which talks to a cluster) and the
+  ``predicted_idle``; the simulator may not import ``colocation.controller``, which talks to a cluster) and the
   capacity per node (``core.slack.batch_capacity``);
 * the safety check: misses (``core.slack.prediction_misses``), the node's real slack (``real_slack``), the
   batch pods that no longer fit (``choose_evictions``, QoS order) evicted (their progress lost, as an

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from extender.controller.slack import BATCH_CPU, BATCH_MEMORY
+from extender.colocation.controller import BATCH_CPU, BATCH_MEMORY
 from extender.core.model import InvalidInputError, WorkloadKind, cpu_millicores, memory_bytes
 from extender.kube.convert import COLOCATE_KEY, pod_settings
 from extender.settings.extender import ColocateConfig, ExtenderConfig

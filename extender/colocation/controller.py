@@ -97,8 +97,8 @@ __all__ = [
     "EVICTION_REASON",
     "SlackController",
     "SlackMetrics",
+    "SlackParams",
     "SlackPublisher",
-    "SlackSettings",
     "batch_demand",
     "capacity_patch",
     "fit_from_prometheus",
@@ -112,7 +112,7 @@ __all__ = [
     "settings_from_config",
 ]
 
-log = logging.getLogger("extender.controller.slack")
+log = logging.getLogger("extender.colocation.controller")
 
 # The reason of the Events on a batch pod evicted (and on its node) because a service's usage grew.
 EVICTION_REASON = "BatchSlackReclaimed"
@@ -336,7 +336,7 @@ async def refresh_every(interval_seconds: float, step: Callable[[], Awaitable[ob
 
 
 @dataclass(frozen=True, slots=True)
-class SlackSettings:
+class SlackParams:
     """How the slack controller reads, fits and publishes.
 
     model_path: the model file (kept across restarts).
@@ -474,7 +474,7 @@ class SlackController:
 
     def __init__(
         self,
-        settings: SlackSettings,
+        settings: SlackParams,
         core_api: Any,
         reader: PrometheusUsage,
         *,
@@ -797,9 +797,9 @@ def _services(nodes: Sequence[Node]) -> dict[str, Resources]:
     return {p.key: p.requests for n in nodes for p in n.pods if p.kind is WorkloadKind.SERVICE}
 
 
-def settings_from_config(cfg: SlackConfig, classes: Mapping[str, ServiceClass], defaults: PodDefaults) -> SlackSettings:
+def settings_from_config(cfg: SlackConfig, classes: Mapping[str, ServiceClass], defaults: PodDefaults) -> SlackParams:
     """The controller's settings from a validated ``slack`` section (:mod:`extender.settings.extender`)."""
-    return SlackSettings(
+    return SlackParams(
         model_path=Path(cfg.model_path),
         config=cfg.characterise.core(),
         history_seconds=cfg.history_seconds,
