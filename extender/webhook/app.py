@@ -18,6 +18,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -106,6 +107,175 @@ async def _read_json(request: web.Request) -> Any:
         raise _Outcome(_error(400, message), "bad_request", message) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """What the handlers serve from, kept on the app (``SERVED_KEY``): the handlers are plain module-level
+    functions of the request, so each can be read, tested and profiled on its own."""
+
+    config: ExtenderConfig
+    snapshot: Snapshot
+    binder: verbs.Binder
+    events: EventSink | None
+    metrics: Metrics
+    clock: Clock
+
+
+SERVED_KEY = web.AppKey("served", _Served)
+Handler = Callable[[web.Request], Awaitable[tuple[web.Response, str]]]
+
+
+def _report(served: _Served, result: verbs.VerbResult) -> None:
+    """A verb's side outputs: filter reasons, decisions, victims and annotation problems as metrics and Events."""
+    metrics = served.metrics
+    for reason, n in result.filtered_out.items():
+        metrics.filtered_nodes.labels(reason).inc(n)
+    for policy, n in result.decisions.items():
+        metrics.decisions.labels(policy).inc(n)
+    if result.victims_kept:
+        metrics.preemption_victims.labels("kept").inc(result.victims_kept)
+    if result.victims_dropped:
+        metrics.preemption_victims.labels("dropped").inc(result.victims_dropped)
+    if result.problems is not None:
+        metrics.annotation_problems.inc(len(result.problems.problems))
+        if served.events is not None:
+            served.events.report(result.problems)
+
+
+async def _sync_verb(
+    request: web.Request, fn: Callable[[object, Snapshot, ExtenderConfig, float], verbs.VerbResult]
+) -> tuple[web.Response, str]:
+    """filter, prioritize and preempt: pure functions of (body, snapshot, settings, now), answered from memory."""
+    served = request.app[SERVED_KEY]
+    body = await _read_json(request)
+    before = len(served.snapshot.ledger)
+    result = fn(body, served.snapshot, served.config, served.clock())
+    expired = before - len(served.snapshot.ledger)
+    if expired > 0:
+        served.metrics.ledger_expired.inc(expired)
+    _report(served, result)
+    return _json(result.body), "ok"
+
+
+async def _filter(request: web.Request) -> tuple[web.Response, str]:
+    return await _sync_verb(request, verbs.filter_nodes)
+
+
+async def _prioritize(request: web.Request) -> tuple[web.Response, str]:
+    return await _sync_verb(request, verbs.prioritize)
+
+
+async def _preempt(request: web.Request) -> tuple[web.Response, str]:
+    return await _sync_verb(request, verbs.preempt)
+
+
+async def _bind(request: web.Request) -> tuple[web.Response, str]:
+    served = request.app[SERVED_KEY]
+    metrics = served.metrics
+    body = await _read_json(request)
+    args = verbs.parse_bind_args(body)
+    try:
+        result, retries = await verbs.bind(args, served.snapshot, served.binder, served.clock())
+    except verbs.BindError as exc:
+        metrics.bind_failures.inc()
+        metrics.bind_retries.inc(exc.retries)
+        return _json({"Error": str(exc)}), "error"
+    metrics.bind_retries.inc(retries)
+    if result["Error"]:
+        metrics.bind_failures.inc()
+        return _json(result), "error"
+    return _json(result), "ok"
+
+
+_VERBS: dict[str, Handler] = {"filter": _filter, "prioritize": _prioritize, "preempt": _preempt, "bind": _bind}
+
+
+async def _verb(request: web.Request) -> web.Response:
+    """POST /<verb>: the verb under the per-request deadline, every failure answered as that verb's caller reads
+    it (in band for filter and bind), and its duration and outcome counted."""
+    served = request.app[SERVED_KEY]
+    verb = request.path.lstrip("/")
+    timeout = served.config.server.request_timeout_seconds
+
+    def fail(status: int, message: str) -> web.Response:
+        return _in_band_error(verb, message) if verb in IN_BAND_ERRORS else _error(status, message)
+
+    start = time.perf_counter()
+    outcome = "internal"
+    try:
+        async with asyncio.timeout(timeout):
+            response, outcome = await _VERBS[verb](request)
+        return response
+    except _Outcome as o:
+        outcome = o.outcome
+        return fail(o.response.status, o.message)
+    except verbs.NotReadyError as exc:
+        outcome = "not_ready"
+        return fail(503, str(exc))
+    except InvalidInputError as exc:
+        outcome = "bad_request"
+        return fail(400, f"bad {verb} request: {exc}")
+    except TimeoutError:
+        outcome = "timeout"
+        return fail(503, f"{verb} did not finish within {timeout} s")
+    except Exception:
+        log.exception("unexpected error", extra={"verb": verb})
+        return fail(500, f"{INTERNAL_ERROR_PREFIX}{verb}; see the extender's log")
+    finally:
+        served.metrics.request_duration.labels(verb).observe(time.perf_counter() - start)
+        served.metrics.requests.labels(verb, outcome).inc()
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    if request.app[SERVED_KEY].snapshot.ready:
+        return _json({"ready": True})
+    return _json({"ready": False, "Error": "snapshot not synced with the API server yet"}, 503)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    served = request.app[SERVED_KEY]
+    served.metrics.update_snapshot(served.snapshot, served.clock())
+    return web.Response(body=served.metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """aiohttp's own 4xx answers (no route, wrong method, too large) as the JSON errors callers expect."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else exc.reason
+        if exc.status == 404:
+            message = f"no such endpoint {request.path} (verbs: POST /filter /prioritize /preempt /bind)"
+        elif exc.status == 405:
+            message = f"method {request.method} not allowed on {request.path}"
+        response = _error(exc.status, message)
+        if exc.status == 405 and "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+
+
+@web.middleware
+async def _client_certificate(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Who may call what: the certificate's subject CN against the path's allowed clients (access.denial)."""
+    transport = request.transport
+    peercert = transport.get_extra_info("peercert") if transport is not None else None
+    tls = request.app[SERVED_KEY].config.server.tls
+    reason = access.denial(request.path, bool(peercert), access.subject_common_names(peercert), tls)
+    if reason is not None:
+        return _error(403, reason)
+    return await handler(request)
+
+
 def make_app(
     config: ExtenderConfig,
     snapshot: Snapshot,
@@ -121,151 +291,21 @@ def make_app(
     ``verbs_only``: the loopback listener's app (no health, metrics, admission; no client-certificate check).
     """
     metrics = metrics if metrics is not None else Metrics()
-    timeout = config.server.request_timeout_seconds
-
-    def report(result: verbs.VerbResult) -> None:
-        for reason, n in result.filtered_out.items():
-            metrics.filtered_nodes.labels(reason).inc(n)
-        for policy, n in result.decisions.items():
-            metrics.decisions.labels(policy).inc(n)
-        if result.victims_kept:
-            metrics.preemption_victims.labels("kept").inc(result.victims_kept)
-        if result.victims_dropped:
-            metrics.preemption_victims.labels("dropped").inc(result.victims_dropped)
-        if result.problems is not None:
-            metrics.annotation_problems.inc(len(result.problems.problems))
-            if events is not None:
-                events.report(result.problems)
-
-    def sync_verb(
-        fn: Callable[[object, Snapshot, ExtenderConfig, float], verbs.VerbResult],
-    ) -> Callable[[web.Request], Awaitable[tuple[web.Response, str]]]:
-        async def run(request: web.Request) -> tuple[web.Response, str]:
-            body = await _read_json(request)
-            before = len(snapshot.ledger)
-            result = fn(body, snapshot, config, clock())
-            expired = before - len(snapshot.ledger)
-            if expired > 0:
-                metrics.ledger_expired.inc(expired)
-            report(result)
-            return _json(result.body), "ok"
-
-        return run
-
-    async def run_bind(request: web.Request) -> tuple[web.Response, str]:
-        body = await _read_json(request)
-        args = verbs.parse_bind_args(body)
-        try:
-            result, retries = await verbs.bind(args, snapshot, binder, clock())
-        except verbs.BindError as exc:
-            metrics.bind_failures.inc()
-            metrics.bind_retries.inc(exc.retries)
-            return _json({"Error": str(exc)}), "error"
-        metrics.bind_retries.inc(retries)
-        if result["Error"]:
-            metrics.bind_failures.inc()
-            return _json(result), "error"
-        return _json(result), "ok"
-
-    handlers: dict[str, Callable[[web.Request], Awaitable[tuple[web.Response, str]]]] = {
-        "filter": sync_verb(verbs.filter_nodes),
-        "prioritize": sync_verb(verbs.prioritize),
-        "preempt": sync_verb(verbs.preempt),
-        "bind": run_bind,
-    }
-
-    def verb_route(verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
-        handler = handlers[verb]
-
-        in_band = verb in IN_BAND_ERRORS
-
-        def fail(status: int, message: str) -> web.Response:
-            return _in_band_error(verb, message) if in_band else _error(status, message)
-
-        async def route(request: web.Request) -> web.Response:
-            start = time.perf_counter()
-            outcome = "internal"
-            try:
-                async with asyncio.timeout(timeout):
-                    response, outcome = await handler(request)
-                return response
-            except _Outcome as o:
-                outcome = o.outcome
-                return fail(o.response.status, o.message)
-            except verbs.NotReadyError as exc:
-                outcome = "not_ready"
-                return fail(503, str(exc))
-            except InvalidInputError as exc:
-                outcome = "bad_request"
-                return fail(400, f"bad {verb} request: {exc}")
-            except TimeoutError:
-                outcome = "timeout"
-                return fail(503, f"{verb} did not finish within {timeout} s")
-            except Exception:
-                log.exception("unexpected error", extra={"verb": verb})
-                return fail(500, f"{INTERNAL_ERROR_PREFIX}{verb}; see the extender's log")
-            finally:
-                metrics.request_duration.labels(verb).observe(time.perf_counter() - start)
-                metrics.requests.labels(verb, outcome).inc()
-
-        return route
-
-    async def healthz(_: web.Request) -> web.Response:
-        return _json({"status": "ok"})
-
-    async def readyz(_: web.Request) -> web.Response:
-        if snapshot.ready:
-            return _json({"ready": True})
-        return _json({"ready": False, "Error": "snapshot not synced with the API server yet"}, 503)
-
-    async def metrics_route(_: web.Request) -> web.Response:
-        metrics.update_snapshot(snapshot, clock())
-        return web.Response(body=metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4"})
-
-    @web.middleware
-    async def json_errors(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            message = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else exc.reason
-            if exc.status == 404:
-                message = f"no such endpoint {request.path} (verbs: POST /filter /prioritize /preempt /bind)"
-            elif exc.status == 405:
-                message = f"method {request.method} not allowed on {request.path}"
-            response = _error(exc.status, message)
-            if exc.status == 405 and "Allow" in exc.headers:
-                response.headers["Allow"] = exc.headers["Allow"]
-            return response
-
-    @web.middleware
-    async def client_certificate(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        transport = request.transport
-        peercert = transport.get_extra_info("peercert") if transport is not None else None
-        reason = access.denial(request.path, bool(peercert), access.subject_common_names(peercert), config.server.tls)
-        if reason is not None:
-            return _error(403, reason)
-        return await handler(request)
-
-    middlewares = [json_errors]
+    middlewares = [_json_errors]
     if config.server.tls.client_ca_file is not None and not verbs_only:
-        middlewares.append(client_certificate)
+        middlewares.append(_client_certificate)
     app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=middlewares)
+    app[SERVED_KEY] = _Served(config, snapshot, binder, events, metrics, clock)
     app[CONFIG_KEY] = config
     app[SNAPSHOT_KEY] = snapshot
     app[METRICS_KEY] = metrics
-    for verb in handlers:
-        app.router.add_post(f"/{verb}", verb_route(verb))
+    for verb in _VERBS:
+        app.router.add_post(f"/{verb}", _verb)
     if verbs_only:
         return app
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_route)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_get("/metrics", _metrics)
     add_admission_route(app, config)  # POST /admission/mutate (issue 6): gates qos pods when the controller runs
     return app
 
