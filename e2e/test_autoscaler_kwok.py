@@ -27,7 +27,6 @@ from kubernetes_asyncio import client as k8s
 from e2e.kwok_autoscaling import autoscaled_namespace, burst_pod
 from e2e.kwok_autoscaling import until as _until
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, Decisions
-from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
 from extender.autoscaler.settings import (
     AutoscalerSettings,
     KwokSettings,
@@ -37,6 +36,7 @@ from extender.autoscaler.settings import (
 )
 from extender.core.model import Flavour, Resources
 from extender.kube.client import read_json
+from extender.processes.sidecar import RunningAutoscaler, start_autoscaler
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
 from tests.live import require_kubeconfig
 

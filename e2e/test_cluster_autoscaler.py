@@ -38,7 +38,6 @@ from e2e.ca_support import (
     pki,
 )
 from e2e.kwok_autoscaling import until
-from extender.autoscaler.main import start_autoscaler
 from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION, ProvisioningRequestProvider
 from extender.autoscaler.settings import (
     AutoscalerSettings,
@@ -51,6 +50,7 @@ from extender.autoscaler.settings import (
 )
 from extender.consolidation.decide import cordon_patch
 from extender.kube.client import ApiError, new_api_client, read_json
+from extender.processes.sidecar import start_autoscaler
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
 from tests.live import require_kubeconfig
 

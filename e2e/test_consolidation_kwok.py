@@ -42,7 +42,6 @@ from extender.agent.events import KubeEventSink
 from extender.agent.server import Agent
 from extender.agent.settings import AgentConfig
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE
-from extender.autoscaler.main import start_autoscaler
 from extender.autoscaler.settings import (
     AutoscalerSettings,
     MetricsSettings,
@@ -52,6 +51,7 @@ from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.core.model import Flavour, Resources
 from extender.kube.client import ApiError, new_api_client, read_json
+from extender.processes.sidecar import start_autoscaler
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
 from tests.live import require_kubeconfig
 from tests.test_agent_support import Pki, make_pki, serve_in_process

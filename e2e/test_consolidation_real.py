@@ -45,7 +45,6 @@ from e2e.test_deployed import ROOT, Product, _ready, namespace, product  # noqa:
 from e2e.test_migration_real import GROUP, _cid, _counter, _history, _logs, _running_tasks
 from e2e.ticks import LogFollower
 from extender.autoscaler.loop import ProvisionRequest
-from extender.autoscaler.main import RunningAutoscaler, start_autoscaler
 from extender.autoscaler.settings import (
     AutoscalerSettings,
     MetricsSettings,
@@ -54,6 +53,7 @@ from extender.consolidation import decide
 from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.core.model import Flavour, Resources
+from extender.processes.sidecar import RunningAutoscaler, start_autoscaler
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
 
 pytestmark = [pytest.mark.live, pytest.mark.deployed]

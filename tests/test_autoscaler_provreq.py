@@ -163,7 +163,7 @@ def test_a_request_that_never_reached_ca_does_not_count_against_the_pod() -> Non
 
 
 def test_dry_run_under_cluster_autoscaler_hands_nothing_over() -> None:
-    from extender.autoscaler.main import ca_mode_settings
+    from extender.processes.sidecar import ca_mode_settings
 
     base = settings(provider="cluster-autoscaler", expander=CaExpanderSettings(cert_file=CERT, key_file=CERT))
     live = ca_mode_settings(base)

@@ -22,6 +22,7 @@ from kubernetes_asyncio import client as k8s
 from extender.controller.accounting import ACCOUNT_ANNOTATION
 from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.kube.client import ApiError, new_api_client, read_json
+from extender.processes.webhook import Running, start
 from extender.settings.extender import (
     ControllerConfig,
     ExtenderConfig,
@@ -29,7 +30,6 @@ from extender.settings.extender import (
     LeaderElectionConfig,
     ServerConfig,
 )
-from extender.webhook.serve import Running, start
 from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]

@@ -499,7 +499,7 @@ def test_cluster_autoscaler_overlay_grants_the_autoscaler_exactly_what_its_code_
     # backend (main._cloud_provider); the planning loop itself gets no provider (provider cluster-autoscaler).
     raw = _load(CLUSTER_AUTOSCALER / "cloud-provider" / "autoscaler.yaml")["autoscaler"]
     assert raw["provider"] == "cluster-autoscaler" and "cloud_provider" in raw["cluster_autoscaler"]  # backend: kwok
-    assert "KwokProvider" in _function_calls(ROOT / "extender" / "autoscaler" / "main.py", "_cloud_provider")
+    assert "KwokProvider" in _function_calls(ROOT / "extender" / "processes" / "sidecar.py", "_cloud_provider")
     # Only create / delete: set_retiring (patch_node) is called by the buying loop only, and under CA the loop is a
     # dry run (it never retires); the cloud provider's backend creates and deletes the nodes CA asks for.
     kwok = api_rules(*KWOK_PROVIDER) - KWOK_RETIRING
@@ -556,7 +556,7 @@ def test_every_rule_names_the_calls_that_justify_it() -> None:
 
 def test_agent_rbac_matches_the_code(agent_ds: dict[str, Any]) -> None:
     # The ServiceAccount gets nothing: in the DaemonSet the agent makes no API server call.
-    calling = {f for f in _module_files("extender.agent.main") if _calls_api(f)}
+    calling = {f for f in _module_files("extender.processes.agent") if _calls_api(f)}
     assert calling == {"extender/agent/events.py", "extender/agent/backends/simulated.py"}
     cfg = load_agent_config(str(AGENT / "agent.yaml"), node_name="n")
     assert cfg.backend == "kubelet"  # simulated.py (pods get/patch) is not used

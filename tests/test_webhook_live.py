@@ -27,8 +27,8 @@ from extender.kube.client import ApiError, new_api_client, read_json
 from extender.kube.events import EVENT_REASON
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import node_reflector
+from extender.processes.webhook import Running, start
 from extender.settings.extender import ExtenderConfig, KubernetesConfig, ServerConfig
-from extender.webhook.serve import Running, start
 from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]

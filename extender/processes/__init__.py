@@ -4,10 +4,14 @@ The feature packages (webhook + controller, autoscaler, agent, consolidation) ea
 know nothing of each other's processes; the few places where one process combines several of them live here,
 above them all in the import layers (pyproject.toml ``[tool.importlinter]``):
 
-- ``serve``: the extender webhook, which starts the QoS controller in the same process;
-- ``autoscaler``: the autoscaler sidecar and, with ``--consolidation-config`` (``enabled: true``), the
-  consolidation flow as its hand-off (``consolidation`` depends on the autoscaler, never the reverse);
-- ``agent``: the node agent (``extender.agent.main``; nothing else runs in its process).
+- ``serve`` (command) and ``webhook`` (assembly: list+watch snapshot, binder, events, the HTTP app, the QoS
+  controller under leader election), plus the idle-capacity controller when ``slack.enabled``;
+- ``autoscaler`` (command) and ``sidecar`` (assembly: provider, loop, CA's gRPC expander, metrics) and, with
+  ``--consolidation-config`` (``enabled: true``), the consolidation flow as its hand-off (``consolidation``
+  depends on the autoscaler, never the reverse);
+- ``agent``: the node agent (nothing else runs in its process).
+
+Every process is assembled here and nowhere else (issue 28): the feature packages hold parts, not processes.
 
 One module per process (``serve``, ``autoscaler``, ``agent``): what a process may run is the import closure of
 its module (tests/test_manifests.py grants the autoscaler's RBAC from it). Imports of the heavy parts stay

@@ -26,8 +26,8 @@ async def _autoscaler_process(
     config: ExtenderConfig, settings: AutoscalerSettings, consolidation: ConsolidationSettings | None = None
 ) -> None:
     """The autoscaler sidecar, with the agent-driven consolidation flow (issue #8) as its hand-off when enabled."""
-    from extender.autoscaler.main import start_autoscaler
     from extender.consolidation.flow import ConsolidationFlow
+    from extender.processes.sidecar import start_autoscaler
 
     flow: ConsolidationFlow | None = None
     if consolidation is not None and consolidation.enabled:

@@ -46,8 +46,8 @@ async def _serve(config: ExtenderConfig) -> None:
     holder of the Lease ``<controller lease>-slack`` runs it, so replicas never evict the same pod twice or
     fight over node status; a replica that loses the Lease stops its refreshes at once."""
     from extender.controller.leader import Leadership
+    from extender.processes.webhook import start
     from extender.signals import stop_event
-    from extender.webhook.serve import start
 
     running = await start(config)
     stop = stop_event()
@@ -64,7 +64,7 @@ async def _serve(config: ExtenderConfig) -> None:
                 running.tasks.append(asyncio.create_task(publish(), name="slack-controller"))
         await stop.wait()
     finally:
-        logging.getLogger("extender.webhook.serve").info("stopping")
+        logging.getLogger("extender.processes.webhook").info("stopping")
         await running.stop()
 
 

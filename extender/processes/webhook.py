@@ -28,7 +28,7 @@ from extender.webhook.metrics import Metrics
 
 __all__ = ["Running", "serve", "start"]
 
-log = logging.getLogger("extender.webhook.serve")
+log = logging.getLogger("extender.processes.webhook")
 
 
 @dataclass
