@@ -1,4 +1,4 @@
-"""The core must stay pure: no I/O frameworks, no asyncio, no clock reads (DESIGN.md)."""
+"""The core must stay pure: no I/O frameworks, no asyncio, no clock reads (docs/DESIGN.md)."""
 
 import ast
 from pathlib import Path

@@ -1,7 +1,7 @@
 """Agent settings: a YAML file (every key optional) plus command-line overrides, validated at start on the strict
 settings base (extender.settings): a string where a boolean belongs (``allow_plaintext: "false"``) is refused by
 name instead of read as true, and every error of the file is reported at once. The reference with every option
-and its description is generated from these models: config/agent/agent.reference.yaml (a test keeps it so)."""
+and its description is generated from these models: docs/settings/agent.yaml (a test keeps it so)."""
 
 from __future__ import annotations
 

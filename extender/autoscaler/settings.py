@@ -150,7 +150,7 @@ class NodeReserve(Settings):
 class ProvisioningRequestSettings(Settings):
     """Demand handed to cluster-autoscaler as ProvisioningRequests (providers/provisioning_request.py): the
     namespace where the requests and their PodTemplates live (the sidecar's own), and the class CA runs them with.
-    CA needs --enable-provisioning-requests and the CRD (config/cluster-autoscaler/README.md). Disabled: the sidecar
+    CA needs --enable-provisioning-requests and the CRD (README.md, "cluster-autoscaler"). Disabled: the sidecar
     only answers CA's expander (plans as metrics); gated qos pods then never reach CA."""
 
     enabled: bool = True
