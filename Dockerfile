@@ -1,6 +1,6 @@
 # kube-qos-extender: one image for `qos-extender serve | agent | autoscaler | simulate`.
 # Multi-stage: the build stage makes the venv (dependencies from PyPI as manylinux wheels, no compiler needed;
-# the gRPC stubs of the cluster-autoscaler expander generated ahead of time); the runtime stage is the same base
+# the gRPC stubs generated when the package is built); the runtime stage is the same base
 # + that venv only, running as the unprivileged user 65532.
 #
 # Built and tested without any registry by hack/build-image.sh (classic builder, DOCKER_BUILDKIT=0, with
@@ -11,8 +11,7 @@ ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 LABEL io.kube-qos-extender.stage=build
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
-    QOS_PROTO_CACHE=/opt/venv/share/kube-qos-extender/protos
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 # Dependencies first, in their own layer: every one, transitive ones included, at the version and with the hashes
 # of requirements.lock (generated from pyproject.toml by pip-compile --generate-hashes; tests/test_lock.py keeps
@@ -28,12 +27,9 @@ RUN if ls /wheelhouse/*.whl > /dev/null 2>&1; then \
 COPY pyproject.toml ./
 COPY README.md ./
 COPY extender/ extender/
-# The stubs go to $QOS_PROTO_CACHE/<hash of the .proto files + grpcio-tools version>: the runtime finds them
-# there and never writes (read-only root filesystem); protogen makes the tree world-readable, so user 65532
-# reads stubs generated here as root. pip itself is not needed at run time.
+# Building the package generates the gRPC stubs (setup.py; grpcio-tools and mypy-protobuf are build requirements
+# only, from the wheelhouse like the rest). pip itself is not needed at run time.
 RUN /opt/venv/bin/pip install --no-deps . \
- && /opt/venv/bin/python -m extender.autoscaler.protogen \
- && /opt/venv/bin/python -m compileall -q "${QOS_PROTO_CACHE}" \
  && /opt/venv/bin/pip uninstall -q -y pip \
  && /opt/venv/bin/qos-extender --help > /dev/null
 
@@ -44,8 +40,7 @@ LABEL org.opencontainers.image.title="kube-qos-extender" \
 RUN echo 'nonroot:x:65532:65532:nonroot:/home/nonroot:/usr/sbin/nologin' >> /etc/passwd \
  && echo 'nonroot:x:65532:' >> /etc/group \
  && mkdir -p /home/nonroot && chown 65532:65532 /home/nonroot
-ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/home/nonroot \
-    QOS_PROTO_CACHE=/opt/venv/share/kube-qos-extender/protos
+ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/home/nonroot
 COPY --from=build /opt/venv /opt/venv
 USER 65532:65532
 WORKDIR /home/nonroot

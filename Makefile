@@ -9,7 +9,9 @@ export QOS_CACHE ?= $(HOME)/.cache/kube-qos-extender
 $(BIN)/qos-extender: pyproject.toml requirements.lock
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	# the lock as constraints, without its hashes (pip's hash mode cannot hash an editable install)
+	sed -e '/--hash=/d' -e 's/ \\$$//' requirements.lock > $(VENV)/constraints.txt
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e '.[dev]'
 	touch $@
 
 venv: $(BIN)/qos-extender
@@ -23,8 +25,8 @@ lock:
 	  --no-emit-find-links --output-file=requirements.lock pyproject.toml
 
 lint: venv
-	$(BIN)/ruff check extender lab tests bench e2e
-	$(BIN)/ruff format --check extender lab tests bench e2e
+	$(BIN)/ruff check extender lab tests bench e2e setup.py
+	$(BIN)/ruff format --check extender lab tests bench e2e setup.py
 
 typecheck: venv
 	$(BIN)/mypy

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import yaml
 
-from extender.autoscaler.protogen import ExpanderStubs, ExternalGrpcStubs, load_externalgrpc
+from extender.autoscaler.stubs import ExpanderStubs, ExternalGrpcStubs, load_externalgrpc
 
 __all__ = ["CloudConfig", "CloudProviderClient", "NotImplementedByProvider", "external_node", "pod_message"]
 

@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from extender.autoscaler.metrics import AutoscalerMetrics
-from extender.autoscaler.protogen import load_expander
 from extender.autoscaler.providers.cluster_autoscaler import ExpanderServer, choose
+from extender.autoscaler.stubs import load_expander
 from extender.core import autoscale
 from extender.core.model import Flavour, Pod, Resources
 from extender.settings.extender import ExtenderConfig
@@ -207,13 +207,3 @@ def test_choose_is_pure_and_deterministic() -> None:
     first = choose(views, CATALOGUE, autoscale.ScoreWeights())
     assert first == choose(list(reversed(views)), CATALOGUE, autoscale.ScoreWeights())
     assert first.chosen == ("a",)  # same flavour and pods: fewer nodes, then the id
-
-
-def test_generated_stub_directory_is_readable_by_other_users(tmp_path: Path) -> None:
-    """The image generates the stubs as root at build time and runs as 65532: the tree must be world-readable."""
-    from extender.autoscaler import protogen
-
-    out = protogen.generate(tmp_path / "stubs")
-    assert out.stat().st_mode & 0o777 == 0o755
-    for f in out.iterdir():
-        assert f.stat().st_mode & 0o004, f

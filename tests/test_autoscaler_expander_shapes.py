@@ -20,7 +20,6 @@ import grpc
 import pytest
 
 from extender.autoscaler.metrics import AutoscalerMetrics
-from extender.autoscaler.protogen import load_expander
 from extender.autoscaler.providers.cluster_autoscaler import (
     SHAPE_BOTH,
     SHAPE_BYTES,
@@ -30,6 +29,7 @@ from extender.autoscaler.providers.cluster_autoscaler import (
     node_to_dict,
     pod_to_dict,
 )
+from extender.autoscaler.stubs import load_expander
 from extender.core import autoscale
 from extender.core.model import Flavour, Resources
 from extender.kube.convert import node_from_k8s, pod_from_k8s
@@ -130,7 +130,7 @@ def test_golden_requests_have_each_ca_versions_fields() -> None:
 @pytest.mark.parametrize("version", sorted(SHAPES))
 def test_decoding_matches_what_k8s_api_encoded(version: str) -> None:
     request = STUBS.pb2.BestOptionsRequest.FromString(golden(version))
-    decoded = decode_request(request, STUBS)
+    decoded = decode_request(request)
     assert decoded.shape == SHAPES[version][1]
     assert decoded.problems == ()
     assert [(o.node_group_id, o.node_count) for o in decoded.options] == [

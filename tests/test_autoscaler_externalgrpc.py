@@ -23,10 +23,10 @@ import pytest
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, AutoscalerLoop, ProvisionRequest
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.nodegroups import NodeGroupError, NodeGroups
-from extender.autoscaler.protogen import load_externalgrpc
 from extender.autoscaler.providers.externalgrpc import CloudProviderServer, NodeGroupOptions, node_message
 from extender.autoscaler.providers.kwok import node_manifest
 from extender.autoscaler.settings import parse_autoscaler_config
+from extender.autoscaler.stubs import load_externalgrpc
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.core import autoscale
 from extender.core.model import Flavour, NodeGroup, Resources, parse_quantity
@@ -386,7 +386,7 @@ async def test_template_is_the_node_the_backend_creates_and_k8s_api_reads_it(h: 
     assert view["annotations"]["qos.kube-qos-extender.io/price-per-hour"] == "0.2"
     # what kwok will create, except name, providerID and the conditions kwok sets
     request = ProvisionRequest("x", HIMEM, NodeGroup.SERVICE, dict(h.server.state.specs["service-s.himem"].labels), ())
-    made = _node_view(node_message(STUBS, node_manifest(request)))
+    made = _node_view(node_message(node_manifest(request)))
     for key in ("capacity", "allocatable", "info", "phase", "annotations"):
         assert made[key] == view[key], key
     assert {k: v for k, v in made["labels"].items() if k != "kubernetes.io/hostname"} == {
@@ -400,7 +400,7 @@ async def test_template_is_the_node_the_backend_creates_and_k8s_api_reads_it(h: 
     manifest["status"]["conditions"] = [
         {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "template node"}
     ]
-    ours = node_message(STUBS, manifest)
+    ours = node_message(manifest)
     assert _node_view(STUBS.core.Node.FromString(GO_TEMPLATE)) == _node_view(ours)
     assert _node_view(ours)["capacity"] == {"cpu": 4, "memory": 16 * GI, "pods": 110}
     assert ours.status.capacity["cpu"].string == "4000m"  # ours as node_manifest writes it, Go's canonical above

@@ -15,9 +15,10 @@ if none can be priced, or anything fails, all options are returned unchanged, wh
 on an error. TLS is mandatory (CA refuses an insecure expander); answers take milliseconds, far below
 CA's 5 s call timeout (measured in tests/test_autoscaler_expander.py).
 
-Wire format (``protos/expander.proto``, our own, stubs by ``extender.autoscaler.protogen``): CA before 1.34.3
-embeds each pod / template node as a message (``Option.pod = 4``, ``nodeMap = 2``), 1.34.3-1.34.x sends those and
-their raw protobuf bytes (``podBytes = 5``, ``nodeBytesMap = 3``; the bytes are preferred), 1.35+ only the bytes.
+Wire format (``protos/expander.proto``, our own; stubs generated at build time, ``extender.autoscaler.stubs``):
+CA before 1.34.3 embeds each pod / template node as a message (``Option.pod = 4``, ``nodeMap = 2``), 1.34.3-1.34.x
+sends those and their raw protobuf bytes (``podBytes = 5``, ``nodeBytesMap = 3``; the bytes are preferred), 1.35+
+only the bytes.
 ``decode_request`` reads all three with our minimal core/v1 messages (``protos/k8s_core_v1_minimal.proto``:
 only the fields we use, Kubernetes' field numbers) into the Kubernetes JSON shape, then ``extender.kube.convert``
 like every other pod and node. The request is parsed by us, not by the gRPC runtime: an undecodable or empty
@@ -35,9 +36,11 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from extender.autoscaler.metrics import AutoscalerMetrics
-from extender.autoscaler.protogen import ExpanderStubs, load_expander
+from extender.autoscaler.protos import expander_pb2 as pb2
+from extender.autoscaler.protos import k8s_core_v1_minimal_pb2 as core
 from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION
 from extender.core import autoscale
 from extender.core.model import Flavour, InvalidInputError, Node, Pod
@@ -167,17 +170,17 @@ class DecodedRequest:
     problems: tuple[str, ...]  # entries skipped or taken from the older field, for the log and the reply
 
 
-def _decode_bytes(stubs: ExpanderStubs, cls: Any, raw: bytes) -> Any | None:
+def _decode_bytes(cls: Any, raw: bytes) -> Any | None:
     """pod.Marshal() / node.Marshal() bytes -> our minimal message; None if not a (named) object."""
     try:
         msg = cls.FromString(raw)
-    except stubs.decode_error:
+    except DecodeError:
         return None
     # an object CA sends always has a name; an empty or foreign payload can parse to a nameless message
     return msg if msg.metadata.name else None
 
 
-def _option_pods(option: Any, stubs: ExpanderStubs, cache: dict[bytes, Any | None]) -> tuple[list[Any], str | None]:
+def _option_pods(option: Any, cache: dict[bytes, Any | None]) -> tuple[list[Any], str | None]:
     """One option's pods: podBytes when they all decode, else its embedded pods when it has them."""
     named = [p for p in option.pod if p.metadata.name]
     if not option.podBytes:
@@ -186,7 +189,7 @@ def _option_pods(option: Any, stubs: ExpanderStubs, cache: dict[bytes, Any | Non
     pods = []
     for raw in option.podBytes:
         if raw not in cache:
-            cache[raw] = _decode_bytes(stubs, stubs.core.Pod, raw)
+            cache[raw] = _decode_bytes(core.Pod, raw)
         if cache[raw] is not None:
             pods.append(cache[raw])
     bad = len(option.podBytes) - len(pods)
@@ -196,7 +199,7 @@ def _option_pods(option: Any, stubs: ExpanderStubs, cache: dict[bytes, Any | Non
     return (named, f"{what}, used its pod field") if named else (pods, what)
 
 
-def decode_request(request: Any, stubs: ExpanderStubs) -> DecodedRequest:
+def decode_request(request: Any) -> DecodedRequest:
     """Pods and template nodes of a parsed BestOptionsRequest, whichever of CA's three shapes it has.
 
     Bytes fields are preferred (CA 1.34.3+ fills both with the same objects); an entry whose bytes do not decode
@@ -220,7 +223,7 @@ def decode_request(request: Any, stubs: ExpanderStubs) -> DecodedRequest:
     for group_id in sorted(set(request.nodeBytesMap) | set(request.nodeMap)):
         node = None
         if group_id in request.nodeBytesMap:
-            node = _decode_bytes(stubs, stubs.core.Node, request.nodeBytesMap[group_id])
+            node = _decode_bytes(core.Node, request.nodeBytesMap[group_id])
             if node is None:
                 problems.append(f"nodeBytesMap[{group_id}] does not decode as a Node")
         if node is None and group_id in request.nodeMap:
@@ -235,7 +238,7 @@ def decode_request(request: Any, stubs: ExpanderStubs) -> DecodedRequest:
     decoded: list[DecodedOption] = []
     cache: dict[bytes, Any | None] = {}  # CA repeats the same pending pods in every option: decode each once
     for option in options:
-        pods, problem = _option_pods(option, stubs, cache)
+        pods, problem = _option_pods(option, cache)
         if problem:
             problems.append(problem)
         decoded.append(DecodedOption(option.nodeGroupId, option.nodeCount, tuple(pods)))
@@ -333,7 +336,6 @@ class ExpanderServer:
         self.listen = listen
         self._creds = grpc.ssl_server_credentials([(key_pem, cert_pem)])
         self.metrics = metrics
-        self.stubs = load_expander()
         self._server: Any = None
         self.port = 0
         self.last_choice: ExpanderChoice | None = None
@@ -379,7 +381,7 @@ class ExpanderServer:
 
     def _answer(self, request: Any) -> tuple[ExpanderChoice, str, str]:
         """(choice, outcome, shape) for a parsed request; raises RequestError for an unusable one."""
-        decoded = decode_request(request, self.stubs)
+        decoded = decode_request(request)
         choice = choose(self._views(decoded), self.catalogue, self.weights)
         self._count_nodes(decoded, choice)
         if decoded.problems:
@@ -391,8 +393,8 @@ class ExpanderServer:
         """The Expander.BestOptions method; ``raw`` is the serialized request (we parse it ourselves)."""
         started = time.perf_counter()
         try:
-            request = self.stubs.pb2.BestOptionsRequest.FromString(raw)
-        except self.stubs.decode_error as exc:
+            request = pb2.BestOptionsRequest.FromString(raw)
+        except DecodeError as exc:
             await self._invalid(context, started, f"cannot decode BestOptionsRequest ({len(raw)} bytes): {exc}")
         shape = "?"
         try:
@@ -405,7 +407,7 @@ class ExpanderServer:
             choice = ExpanderChoice(tuple(o.nodeGroupId for o in request.options), None, f"error: {exc!r}")
         self.last_choice = choice
         chosen = set(choice.chosen)
-        response = self.stubs.pb2.BestOptionsResponse()
+        response = pb2.BestOptionsResponse()
         for option in request.options:
             if option.nodeGroupId in chosen:
                 kept = response.options.add()
@@ -450,8 +452,8 @@ class ExpanderServer:
 
     async def start(self) -> int:
         server = grpc.aio.server()
-        service = self.stubs.pb2.DESCRIPTOR.services_by_name["Expander"].full_name  # grpcplugin.Expander
-        method = grpc.unary_unary_rpc_method_handler(
+        service = pb2.DESCRIPTOR.services_by_name["Expander"].full_name  # grpcplugin.Expander
+        method: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
             self.BestOptions,
             request_deserializer=None,  # raw bytes: decode errors become INVALID_ARGUMENT with the reason
             response_serializer=lambda response: response.SerializeToString(),

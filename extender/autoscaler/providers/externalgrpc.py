@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from extender.autoscaler.loop import ProvisionRequest
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.nodegroups import CREATING, DELETING, RUNNING, NodeGroupError, NodeGroups, hours_between
-from extender.autoscaler.protogen import ExternalGrpcStubs, load_externalgrpc
+from extender.autoscaler.protos import externalgrpc_pb2 as pb2
+from extender.autoscaler.protos import k8s_core_v1_minimal_pb2 as core
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.providers.cluster_autoscaler import pod_to_dict
 from extender.core.model import InvalidInputError
@@ -43,7 +45,11 @@ __all__ = ["CloudProviderServer", "NodeGroupOptions", "node_message"]
 
 log = logging.getLogger("extender.autoscaler.externalgrpc")
 
-_STATES = {RUNNING: 1, CREATING: 2, DELETING: 3}  # InstanceStatus.InstanceState numbers
+_STATES = {
+    RUNNING: pb2.InstanceStatus.instanceRunning,
+    CREATING: pb2.InstanceStatus.instanceCreating,
+    DELETING: pb2.InstanceStatus.instanceDeleting,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +65,11 @@ def _quantities(target: Any, values: Mapping[str, Any]) -> None:
         target[k].string = str(v)
 
 
-def node_message(stubs: ExternalGrpcStubs, manifest: Mapping[str, Any]) -> Any:
+def node_message(manifest: Mapping[str, Any]) -> Any:
     """A Kubernetes Node (JSON shape, as the backend creates it) -> our minimal core/v1 Node message: metadata name,
     labels, annotations; spec providerID, unschedulable, taints; status capacity, allocatable, phase, conditions,
     nodeInfo. Serialized, it is what ``node.Marshal()`` of k8s.io/api gives for those fields."""
-    n = stubs.core.Node()
+    n = core.Node()
     meta, spec, status = manifest.get("metadata", {}), manifest.get("spec", {}), manifest.get("status", {})
     n.metadata.name = meta["name"]
     n.metadata.labels.update(meta.get("labels", {}))
@@ -133,7 +139,6 @@ class CloudProviderServer:
         self.options = options
         self.metrics = metrics
         self.clock = clock
-        self.stubs = load_externalgrpc()
         self._templates: dict[str, tuple[bytes, Any]] = {}
         self._server: Any = None
         self.port = 0
@@ -170,7 +175,7 @@ class CloudProviderServer:
     # -------------------------------------------------------------------------------------------- methods
 
     async def NodeGroups(self, req: Any) -> Any:
-        out = self.stubs.pb2.NodeGroupsResponse()
+        out = pb2.NodeGroupsResponse()
         for spec in self.state.specs.values():
             ng = out.nodeGroups.add()
             ng.id, ng.minSize, ng.maxSize, ng.debug = spec.id, spec.min_size, spec.max_size, spec.debug
@@ -181,7 +186,7 @@ class CloudProviderServer:
             raise NodeGroupError("INVALID_ARGUMENT", "NodeGroupForNodeRequest.node is missing")
         node = req.node
         spec = self.state.group_of_node(node.name, node.providerID, node.labels)
-        out = self.stubs.pb2.NodeGroupForNodeResponse()
+        out = pb2.NodeGroupForNodeResponse()
         out.nodeGroup.SetInParent()  # id "": not a node of ours, CA leaves it alone
         if spec is not None:
             g = out.nodeGroup
@@ -199,13 +204,13 @@ class CloudProviderServer:
             raise NodeGroupError("INVALID_ARGUMENT", "PricingNodePriceRequest.node is missing")
         hours = self._period(req, ("startTimestamp", "endTimestamp"), ("startTime", "endTime"))
         per_hour = self.state.node_price_per_hour(req.node.labels, req.node.annotations)
-        return self.stubs.pb2.PricingNodePriceResponse(price=per_hour * hours)
+        return pb2.PricingNodePriceResponse(price=per_hour * hours)
 
     def _pod(self, req: Any) -> Any:
         if req.pod_bytes:
             try:
-                pod = self.stubs.core.Pod.FromString(req.pod_bytes)
-            except self.stubs.decode_error as exc:
+                pod = core.Pod.FromString(req.pod_bytes)
+            except DecodeError as exc:
                 raise NodeGroupError("INVALID_ARGUMENT", f"pod_bytes is not a core/v1 Pod: {exc}") from exc
         elif req.HasField("pod"):
             pod = req.pod
@@ -226,24 +231,24 @@ class CloudProviderServer:
         except InvalidInputError as exc:
             raise NodeGroupError("INVALID_ARGUMENT", f"pod {msg.metadata.name}: {exc}") from exc
         price = self.state.pod_price_per_hour(pod.requests) * hours
-        return self.stubs.pb2.PricingPodPriceResponse(price=price)
+        return pb2.PricingPodPriceResponse(price=price)
 
     async def GPULabel(self, req: Any) -> Any:
-        return self.stubs.pb2.GPULabelResponse(label=self.gpu_label)
+        return pb2.GPULabelResponse(label=self.gpu_label)
 
     async def GetAvailableGPUTypes(self, req: Any) -> Any:
-        return self.stubs.pb2.GetAvailableGPUTypesResponse()  # no flavour of ours has a GPU
+        return pb2.GetAvailableGPUTypesResponse()  # no flavour of ours has a GPU
 
     async def Cleanup(self, req: Any) -> Any:
-        return self.stubs.pb2.CleanupResponse()  # CA is going away; the sidecar keeps serving
+        return pb2.CleanupResponse()  # CA is going away; the sidecar keeps serving
 
     async def Refresh(self, req: Any) -> Any:
         await self.refresh()
-        return self.stubs.pb2.RefreshResponse()
+        return pb2.RefreshResponse()
 
     async def NodeGroupTargetSize(self, req: Any) -> Any:
         members = await self.refresh()
-        return self.stubs.pb2.NodeGroupTargetSizeResponse(targetSize=self.state.target_size(req.id, members))
+        return pb2.NodeGroupTargetSizeResponse(targetSize=self.state.target_size(req.id, members))
 
     async def NodeGroupIncreaseSize(self, req: Any) -> Any:
         members = await self.refresh()
@@ -262,7 +267,7 @@ class CloudProviderServer:
             "cluster-autoscaler scale-up",
             extra={"decision": {"node_group": req.id, "delta": req.delta, "nodes": created}},
         )
-        return self.stubs.pb2.NodeGroupIncreaseSizeResponse()
+        return pb2.NodeGroupIncreaseSizeResponse()
 
     async def NodeGroupDeleteNodes(self, req: Any) -> Any:
         members = await self.refresh()
@@ -278,7 +283,7 @@ class CloudProviderServer:
             "cluster-autoscaler scale-down",
             extra={"decision": {"node_group": req.id, "deleted": registered, "cancelled": pending}},
         )
-        return self.stubs.pb2.NodeGroupDeleteNodesResponse()
+        return pb2.NodeGroupDeleteNodesResponse()
 
     async def NodeGroupDecreaseTargetSize(self, req: Any) -> Any:
         await self.refresh()
@@ -288,11 +293,11 @@ class CloudProviderServer:
         self._count(req.id, "cancelled", len(withdrawn))
         decision = {"node_group": req.id, "nodes": withdrawn}
         log.info("cluster-autoscaler decreased a target size", extra={"decision": decision})
-        return self.stubs.pb2.NodeGroupDecreaseTargetSizeResponse()
+        return pb2.NodeGroupDecreaseTargetSizeResponse()
 
     async def NodeGroupNodes(self, req: Any) -> Any:
         members = await self.refresh()
-        out = self.stubs.pb2.NodeGroupNodesResponse()
+        out = pb2.NodeGroupNodesResponse()
         for view in self.state.instances(req.id, members):
             inst = out.instances.add()
             inst.id = view.id
@@ -309,10 +314,10 @@ class CloudProviderServer:
             status["conditions"] = [
                 {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "template node"}
             ]
-            msg = node_message(self.stubs, manifest)
+            msg = node_message(manifest)
             self._templates[spec.id] = (msg.SerializeToString(deterministic=True), msg)
         raw, msg = self._templates[spec.id]
-        out = self.stubs.pb2.NodeGroupTemplateNodeInfoResponse(nodeBytes=raw)
+        out = pb2.NodeGroupTemplateNodeInfoResponse(nodeBytes=raw)
         out.nodeInfo.CopyFrom(msg)  # the field CA < 1.34.3 reads; 1.35 skips it as unknown
         return out
 
@@ -326,7 +331,7 @@ class CloudProviderServer:
             )
         if not req.HasField("defaults"):
             raise NodeGroupError("INVALID_ARGUMENT", "NodeGroupAutoscalingOptionsRequest.defaults is missing")
-        out = self.stubs.pb2.NodeGroupAutoscalingOptionsResponse()
+        out = pb2.NodeGroupAutoscalingOptionsResponse()
         opts = out.nodeGroupAutoscalingOptions
         opts.CopyFrom(req.defaults)  # everything CA sent, old and new fields, comes back unchanged ...
         for seconds, new, old in (  # ... except what the sidecar decides: idle period and provisioning timeout
@@ -354,7 +359,7 @@ class CloudProviderServer:
             try:
                 try:
                     req = request_cls.FromString(raw)
-                except self.stubs.decode_error as exc:
+                except DecodeError as exc:
                     raise NodeGroupError("INVALID_ARGUMENT", f"cannot decode {request_cls.__name__}: {exc}") from exc
                 return await method(req)
             except NodeGroupError as exc:
@@ -379,10 +384,10 @@ class CloudProviderServer:
 
     async def start(self) -> int:
         server = grpc.aio.server()
-        service = self.stubs.pb2.DESCRIPTOR.services_by_name["CloudProvider"]
-        handlers = {}
+        service = pb2.DESCRIPTOR.services_by_name["CloudProvider"]
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         for m in service.methods:
-            request_cls = getattr(self.stubs.pb2, m.input_type.name)
+            request_cls = getattr(pb2, m.input_type.name)
             handlers[m.name] = grpc.unary_unary_rpc_method_handler(
                 self._handler(m.name, request_cls),
                 request_deserializer=None,  # raw bytes: decode errors become INVALID_ARGUMENT with the reason
