@@ -31,6 +31,15 @@ def test_empty_file_is_all_defaults(tmp_path: Path) -> None:
     assert load_config(p) == ExtenderConfig()
 
 
+def test_a_bare_section_header_is_its_defaults(tmp_path: Path) -> None:
+    """`server:` with every option commented out is YAML null: the section's defaults, not an error. A null
+    where a value belongs is still refused."""
+    p = tmp_path / "c.yaml"
+    p.write_text("server:\n  # port: 9443\ncontroller:\n  leader_election:\n")
+    assert load_config(p) == ExtenderConfig()
+    assert "server.port: Input should be a valid integer" in _err({"server": {"port": None}})
+
+
 def _err(raw: Any, tmp_path: Path | None = None) -> str:
     with pytest.raises(ConfigError) as info:
         parse_config(raw, base=tmp_path)

@@ -170,6 +170,25 @@ def problems_of(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]
 _OPTION = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
 
 
+def _bare_sections(model: type[BaseModel], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A section written as a bare header (``tls:`` with every option commented out) is YAML null: it means the
+    section's defaults, as an absent one does. Only for sections that cannot be null themselves; a null where a
+    value belongs is still an error."""
+    out = dict(raw)
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        sub = (
+            field.annotation if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) else None
+        )
+        if sub is None or key not in out:
+            continue
+        if out[key] is None:
+            del out[key]
+        elif isinstance(out[key], Mapping):
+            out[key] = _bare_sections(sub, out[key])
+    return out
+
+
 def _finite(value: Any) -> Any:
     """NaN and infinities as the text YAML spells them: JSON has no such numbers (orjson would write null), and
     no option takes one, so the error then quotes what the user wrote."""
@@ -191,7 +210,7 @@ def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "
     if not isinstance(raw, Mapping):
         raise SettingsError(source, [(prefix, f"must be a mapping, got {type(raw).__name__}")])
     try:
-        text = orjson.dumps(_finite(raw))
+        text = orjson.dumps(_finite(_bare_sections(model, raw)))
     except TypeError as exc:  # a YAML timestamp or a non-string key: not a value any option takes
         raise SettingsError(source, [(prefix, f"not plain data: {exc}")]) from exc
     try:
