@@ -15,13 +15,12 @@ import ssl
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from extender.core.autoscale import ScoreWeights, validate_catalogue
 from extender.core.model import Flavour, InvalidInputError, NodeGroup, Resources, cpu_millicores, memory_bytes
-from extender.settings import ExistingFile, Settings, SettingsError, load_settings
+from extender.settings import ExistingFile, Settings, SettingsError, load_settings, read_yaml
 from extender.settings.extender import ExtenderConfig, parse_flavours
 
 __all__ = [
@@ -404,12 +403,7 @@ def load_autoscaler_config(path: str | Path | None, extender: ExtenderConfig) ->
     if path is None:
         return parse_autoscaler_config({}, extender)
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SettingsError(str(p), [("", f"cannot read: {exc.strerror or exc}")]) from exc
-    except yaml.YAMLError as exc:
-        raise SettingsError(str(p), [("", f"not valid YAML: {exc}")]) from exc
+    raw = read_yaml(p)
     try:
         return parse_autoscaler_config(raw, extender, base=p.resolve().parent)
     except SettingsError as exc:

@@ -10,6 +10,7 @@ from extender.settings.base import (
     json_schema,
     load_settings,
     load_yaml_file,
+    read_yaml,
     reference_yaml,
     resolve_files,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "json_schema",
     "load_settings",
     "load_yaml_file",
+    "read_yaml",
     "reference_yaml",
     "resolve_files",
 ]

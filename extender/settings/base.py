@@ -32,6 +32,7 @@ __all__ = [
     "json_schema",
     "load_settings",
     "load_yaml_file",
+    "read_yaml",
     "reference_yaml",
     "resolve_files",
 ]
@@ -219,17 +220,22 @@ def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "
         raise SettingsError(source, problems_of(exc, prefix)) from None
 
 
+def read_yaml(path: Path, error: type[SettingsError] = SettingsError) -> Any:
+    """One YAML document (None for an empty file); unreadable or not YAML: ``error`` naming the file."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(str(path), [("", f"cannot read: {exc.strerror or exc}")]) from exc
+    except yaml.YAMLError as exc:
+        raise error(str(path), [("", f"not valid YAML: {exc}")]) from exc
+
+
 def load_yaml_file(model: type[M], path: str | Path, top: str | None = None) -> M:
     """Read one settings file: YAML, optionally all under one ``top`` key (``consolidation:``); every error
     reported at once, prefixed with the file's name. Relative file options are read from the file's folder."""
     p = Path(path)
     source = str(p)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise SettingsError(source, [("", f"cannot read: {exc.strerror or exc}")]) from exc
-    except yaml.YAMLError as exc:
-        raise SettingsError(source, [("", f"not valid YAML: {exc}")]) from exc
+    raw = read_yaml(p)
     if top is not None:
         if raw is None:
             raw = {}

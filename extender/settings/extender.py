@@ -23,12 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from extender.core.model import InvalidInputError
 from extender.core.qos import QosPolicy
-from extender.settings import Settings, SettingsError, load_settings, resolve_files
+from extender.settings import Settings, SettingsError, load_settings, read_yaml, resolve_files
 from extender.settings.sections import (
     DEFAULT_CLASS_SETTINGS,
     FLAVOURS_PATH,
@@ -185,12 +184,7 @@ def read_yaml_files(paths: Sequence[Path]) -> dict[str, Any]:
     naming it."""
     merged: dict[str, Any] = {}
     for path in paths:  # each file's relative file options are taken from its own folder before the merge
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(str(path), [("", f"cannot read: {exc.strerror or exc}")]) from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(str(path), [("", f"not valid YAML: {exc}")]) from exc
+        raw = read_yaml(path, ConfigError)
         if raw is None:
             continue
         if not isinstance(raw, dict):
