@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 from e2e.ticks import LogFollower, logged_ticks  # noqa: E402
 from extender.agent.client import AgentClient, PeerError  # noqa: E402
 from extender.agent.settings import AgentTlsConfig  # noqa: E402
-from extender.consolidation import decide  # noqa: E402
+from extender.consolidation import policy  # noqa: E402
 from extender.consolidation.flow import ConsolidationFlow  # noqa: E402
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings  # noqa: E402
 from extender.kube.client import new_api_client  # noqa: E402
@@ -197,7 +197,7 @@ class Bench:
 
     def agent_url(self, node: str) -> str:
         n = self.c.kube.get(f"/api/v1/nodes/{node}")
-        url = decide.agent_url(n, port=9443)
+        url = policy.agent_url(n, port=9443)
         if url is None:
             raise RuntimeError(f"no agent address for {node}")
         return url

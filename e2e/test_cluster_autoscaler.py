@@ -48,7 +48,7 @@ from extender.autoscaler.settings import (
     MetricsSettings,
     ProvisioningRequestSettings,
 )
-from extender.consolidation.decide import cordon_patch
+from extender.consolidation.policy import cordon_patch
 from extender.kube.client import ApiError, new_api_client, read_json
 from extender.processes.sidecar import start_autoscaler
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
@@ -301,7 +301,7 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
             assert "qos_extender_autoscaler_provisioning_request_nodes_total" in text
 
             # ---- once the pods end, CA alone removes the nodes, never one we hold: (kwok mode) a node we
-            # are emptying by migration carries scale-down-disabled (consolidation.decide.cordon_patch), and a pod
+            # are emptying by migration carries scale-down-disabled (consolidation.policy.cordon_patch), and a pod
             # the controller pinned keeps its node
             kept: set[str] = set()
             keep_pod = ""

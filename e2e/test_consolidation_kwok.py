@@ -46,7 +46,7 @@ from extender.autoscaler.settings import (
     AutoscalerSettings,
     MetricsSettings,
 )
-from extender.consolidation import decide
+from extender.consolidation import policy
 from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.core.model import Flavour, Resources
@@ -84,7 +84,7 @@ def _node(name: str, run: str, agent_url: str) -> Any:
             "annotations": {
                 "kwok.x-k8s.io/node": "fake",
                 PREFIX + "price-per-hour": "0.2",
-                decide.AGENT_URL_ANNOTATION: agent_url,
+                policy.AGENT_URL_ANNOTATION: agent_url,
             },
             "labels": {
                 "type": "kwok",
@@ -259,8 +259,8 @@ async def test_underutilised_batch_node_is_emptied_through_the_agents_and_delete
             assert [m["outcome"] for m in moves] == ["succeeded", "succeeded"], moves
             now = await w.pods()
             assert "job-a" not in now and "job-b" not in now, "the source pods are deleted after the move"
-            moved = {p["metadata"]["annotations"][decide.MIGRATED_FROM_ANNOTATION]: p for p in now.values()
-                     if decide.MIGRATED_FROM_ANNOTATION in p["metadata"].get("annotations", {})}  # fmt: skip
+            moved = {p["metadata"]["annotations"][policy.MIGRATED_FROM_ANNOTATION]: p for p in now.values()
+                     if policy.MIGRATED_FROM_ANNOTATION in p["metadata"].get("annotations", {})}  # fmt: skip
             assert set(moved) == {f"{ns}/job-a", f"{ns}/job-b"}
             for src, want in ((f"{ns}/job-a", 120.0), (f"{ns}/job-b", 300.5)):
                 p = moved[src]
@@ -294,15 +294,15 @@ async def test_underutilised_batch_node_is_emptied_through_the_agents_and_delete
             assert "refuses restore" in failed.reason
             n = await w.node(node["flaky"])
             assert n is not None and not n["spec"].get("unschedulable"), "uncordoned"
-            assert decide.CONSOLIDATION_ANNOTATION not in n["metadata"].get("annotations", {})
+            assert policy.CONSOLIDATION_ANNOTATION not in n["metadata"].get("annotations", {})
             # cluster-autoscaler may remove it again: the scale-down hold went with our cordon
-            assert decide.SCALE_DOWN_DISABLED_ANNOTATION not in n["metadata"].get("annotations", {})
+            assert policy.SCALE_DOWN_DISABLED_ANNOTATION not in n["metadata"].get("annotations", {})
             now = await w.pods()
             c = now["job-c"]
             assert c["spec"]["nodeName"] == node["flaky"] and c["status"]["phase"] == "Running"
             assert float(c["metadata"]["annotations"][PROGRESS_ANNOTATION]) == 77.0, "the source keeps its progress"
             assert not [p for p in now.values() if p["metadata"].get("annotations", {}).get(
-                decide.MIGRATED_FROM_ANNOTATION) == f"{ns}/job-c"], "the destination pod is deleted"  # fmt: skip
+                policy.MIGRATED_FROM_ANNOTATION) == f"{ns}/job-c"], "the destination pod is deleted"  # fmt: skip
             await asyncio.sleep(2.0)  # left alone: not tried again while its back-off lasts
             assert len([o for o in flow.outcomes if o.node == node["flaky"]]) == 1
 

@@ -49,7 +49,7 @@ from extender.autoscaler.settings import (
     AutoscalerSettings,
     MetricsSettings,
 )
-from extender.consolidation import decide
+from extender.consolidation import policy
 from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.core.model import Flavour, Resources
@@ -267,7 +267,7 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
     # the counter runs on at the destination from the checkpoint: no reset, gap or repeat after the restore
     moved = kube.get(f"/api/v1/namespaces/{dest_ns}/pods/{dest_name}")
     assert moved["spec"]["nodeName"] == dest and _ready(moved)
-    assert moved["metadata"]["annotations"][decide.MIGRATED_FROM_ANNOTATION] == f"{namespace}/counter"
+    assert moved["metadata"]["annotations"][policy.MIGRATED_FROM_ANNOTATION] == f"{namespace}/counter"
     committed = _history(record, "committed")
     cut, dumped = _history(record, "cutover"), _history(record, "final-dumped")
 

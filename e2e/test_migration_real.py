@@ -33,8 +33,8 @@ import pytest
 
 from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
 from e2e.ticks import LogFollower, logged_ticks
-from extender.consolidation.decide import MoveVerdict
 from extender.consolidation.flow import ConsolidationFlow
+from extender.consolidation.policy import MoveVerdict
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.kube.client import new_api_client
 from extender.settings.extender import ExtenderConfig, KubernetesConfig

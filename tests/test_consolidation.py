@@ -1,4 +1,4 @@
-"""The consolidation flow's decisions (extender/consolidation/decide.py) and config, without a cluster."""
+"""The consolidation flow's decisions (extender/consolidation/policy.py) and config, without a cluster."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from extender.agent.backends.simulated import PROGRESS_ANNOTATION, STOPPED_ANNOTATION
 from extender.agent.protocol import check_migration_id
 from extender.autoscaler.handoff import Consolidation
-from extender.consolidation import decide
-from extender.consolidation.decide import MoveVerdict
+from extender.consolidation import policy
+from extender.consolidation.policy import MoveVerdict
 from extender.consolidation.settings import ConsolidationSettings, load_consolidation_config, parse_consolidation_config
 from extender.core import reschedule
 from extender.core.model import Node, NodeGroup, Pod, Resources, WorkloadKind
@@ -49,22 +49,22 @@ def kpod(
 
 
 def test_batch_queue_quiet_clock_starts_at_first_look_and_restarts_on_a_pending_pod() -> None:
-    assert decide.batch_queue_quiet(False, None, 100.0, 300.0) == (False, 100.0)
-    assert decide.batch_queue_quiet(False, 100.0, 399.0, 300.0) == (False, 100.0)
-    assert decide.batch_queue_quiet(False, 100.0, 400.0, 300.0) == (True, 100.0)
-    assert decide.batch_queue_quiet(True, 100.0, 500.0, 300.0) == (False, 500.0)
-    assert decide.batch_queue_quiet(False, None, 7.0, 0.0) == (True, 7.0)
+    assert policy.batch_queue_quiet(False, None, 100.0, 300.0) == (False, 100.0)
+    assert policy.batch_queue_quiet(False, 100.0, 399.0, 300.0) == (False, 100.0)
+    assert policy.batch_queue_quiet(False, 100.0, 400.0, 300.0) == (True, 100.0)
+    assert policy.batch_queue_quiet(True, 100.0, 500.0, 300.0) == (False, 500.0)
+    assert policy.batch_queue_quiet(False, None, 7.0, 0.0) == (True, 7.0)
 
 
 def test_select_plan_takes_the_first_worst_utilised_plan_not_busy_not_left_alone_and_owned() -> None:
     p1, p2, p3 = (MigrationPlan(n, ((f"ns/{n}-0", "z"),)) for n in ("a", "b", "c"))
     c = Consolidation(10.0, ("a", "b", "c"), (p1, p2, p3))
-    assert decide.select_plan(c, now=10.0) is p1
-    assert decide.select_plan(c, busy=frozenset({"a"}), now=10.0) is p2
-    assert decide.select_plan(c, left_alone={"a": 20.0, "b": 5.0}, now=10.0) is p2  # b's back-off ended
-    assert decide.select_plan(c, left_alone={"a": 20.0}, owned=frozenset({"c"}), now=10.0) is p3
-    assert decide.select_plan(Consolidation(10.0, ("b",), (p1,)), now=10.0) is None  # not a candidate now
-    assert decide.select_plan(Consolidation(10.0, (), ()), now=10.0) is None
+    assert policy.select_plan(c, now=10.0) is p1
+    assert policy.select_plan(c, busy=frozenset({"a"}), now=10.0) is p2
+    assert policy.select_plan(c, left_alone={"a": 20.0, "b": 5.0}, now=10.0) is p2  # b's back-off ended
+    assert policy.select_plan(c, left_alone={"a": 20.0}, owned=frozenset({"c"}), now=10.0) is p3
+    assert policy.select_plan(Consolidation(10.0, ("b",), (p1,)), now=10.0) is None  # not a candidate now
+    assert policy.select_plan(Consolidation(10.0, (), ()), now=10.0) is None
 
 
 def test_handoff_of_the_autoscaler_feeds_select_plan_and_a_pinned_pod_keeps_its_node() -> None:
@@ -80,25 +80,25 @@ def test_handoff_of_the_autoscaler_feeds_select_plan_and_a_pinned_pod_keeps_its_
     d = lp.step(s, 20.0)
     assert d.consolidation is not None
     assert set(d.consolidation.candidates) >= {"b1", "b2"}
-    plan = decide.select_plan(d.consolidation, now=20.0)
+    plan = policy.select_plan(d.consolidation, now=20.0)
     assert plan is not None and plan.source == "b1" and [k for k, _ in plan.moves] == ["default/j1"]
     assert all(p.source != "b2" for p in d.consolidation.plans)
     # the plan still holds on the same view; it does not once someone binds a pod to b1 meanwhile
-    assert decide.check_plan(plan, s.node_views()) is None
+    assert policy.check_plan(plan, s.node_views()) is None
     s.apply_pod("ADDED", pod("late", "100m", "64Mi", kind="batch", runtime=60, node="b1"))
-    assert "default/late" in (decide.check_plan(plan, s.node_views()) or "")
+    assert "default/late" in (policy.check_plan(plan, s.node_views()) or "")
     assert SMALL.name  # catalogue in use
 
 
 def test_may_cordon_only_nodes_nobody_else_cordoned() -> None:
     n: dict[str, Any] = {"metadata": {"name": "a", "annotations": {}}, "spec": {}}
-    assert decide.may_cordon(n) is None
+    assert policy.may_cordon(n) is None
     n["spec"]["unschedulable"] = True
-    assert "someone else" in (decide.may_cordon(n) or "")
-    n["metadata"]["annotations"][decide.CONSOLIDATION_ANNOTATION] = "a-123"  # ours, from a previous attempt
-    assert decide.may_cordon(n) is None
+    assert "someone else" in (policy.may_cordon(n) or "")
+    n["metadata"]["annotations"][policy.CONSOLIDATION_ANNOTATION] = "a-123"  # ours, from a previous attempt
+    assert policy.may_cordon(n) is None
     n["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
-    assert "deleted" in (decide.may_cordon(n) or "")
+    assert "deleted" in (policy.may_cordon(n) or "")
 
 
 def test_one_remover_per_node_with_cluster_autoscaler() -> None:
@@ -106,33 +106,33 @@ def test_one_remover_per_node_with_cluster_autoscaler() -> None:
     is never consolidated), and CA honours ours: while we empty a node it carries scale-down-disabled, removed with
     the cordon; an emptied node handed to CA only loses scale-down-disabled (still cordoned under our plan)."""
     n: dict[str, Any] = {"metadata": {"name": "a", "annotations": {}}, "spec": {}}
-    n["metadata"]["annotations"][decide.SCALE_DOWN_DISABLED_ANNOTATION] = "true"
-    assert "owner wants it kept" in (decide.may_cordon(n) or "")
-    n["metadata"]["annotations"][decide.SCALE_DOWN_DISABLED_ANNOTATION] = "false"
-    assert decide.may_cordon(n) is None
+    n["metadata"]["annotations"][policy.SCALE_DOWN_DISABLED_ANNOTATION] = "true"
+    assert "owner wants it kept" in (policy.may_cordon(n) or "")
+    n["metadata"]["annotations"][policy.SCALE_DOWN_DISABLED_ANNOTATION] = "false"
+    assert policy.may_cordon(n) is None
     for key in ("ToBeDeletedByClusterAutoscaler", "DeletionCandidateOfClusterAutoscaler"):
         n["spec"]["taints"] = [{"key": key, "value": "1700000000", "effect": "NoSchedule"}]
-        assert key in (decide.may_cordon(n) or "")
+        assert key in (policy.may_cordon(n) or "")
     n["spec"]["taints"] = [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}]
-    assert decide.may_cordon(n) is None
+    assert policy.may_cordon(n) is None
     # ours (a previous attempt of ours set it): not a refusal
     n["metadata"]["annotations"] = {
-        decide.CONSOLIDATION_ANNOTATION: "a-1",
-        decide.SCALE_DOWN_DISABLED_ANNOTATION: "true",
+        policy.CONSOLIDATION_ANNOTATION: "a-1",
+        policy.SCALE_DOWN_DISABLED_ANNOTATION: "true",
     }
     n["spec"]["unschedulable"] = True
-    assert decide.may_cordon(n) is None
-    start, end = decide.cordon_patch("a-2"), decide.cordon_patch(None)
+    assert policy.may_cordon(n) is None
+    start, end = policy.cordon_patch("a-2"), policy.cordon_patch(None)
     assert start["metadata"]["annotations"] == {
-        decide.CONSOLIDATION_ANNOTATION: "a-2",
-        decide.SCALE_DOWN_DISABLED_ANNOTATION: "true",
+        policy.CONSOLIDATION_ANNOTATION: "a-2",
+        policy.SCALE_DOWN_DISABLED_ANNOTATION: "true",
     } and start["spec"] == {"unschedulable": True}
     assert (
         end["metadata"]["annotations"] == dict.fromkeys(start["metadata"]["annotations"])
         and not end["spec"]["unschedulable"]
     )
-    assert decide.handed_to_cluster_autoscaler_patch() == {
-        "metadata": {"annotations": {decide.SCALE_DOWN_DISABLED_ANNOTATION: None}}
+    assert policy.handed_to_cluster_autoscaler_patch() == {
+        "metadata": {"annotations": {policy.SCALE_DOWN_DISABLED_ANNOTATION: None}}
     }
 
 
@@ -152,7 +152,7 @@ def test_one_remover_per_node_with_cluster_autoscaler() -> None:
     ],
 )  # fmt: skip
 def test_pod_blocker(p: dict[str, Any], expect: str | None) -> None:
-    got = decide.pod_blocker(p)
+    got = policy.pod_blocker(p)
     assert (got is None) if expect is None else (expect in (got or "")), got
 
 
@@ -160,10 +160,10 @@ def test_node_blocker_names_the_first_pod_that_keeps_the_node_and_skips_daemonse
     ds = {"kind": "DaemonSet", "name": "qos-agent", "controller": True}
     pinned = {"karpenter.sh/do-not-disrupt": "true"}
     assert (
-        decide.node_blocker([kpod("a"), kpod("agent", ownerReferences=[ds]), kpod("done", phase="Succeeded")]) is None
+        policy.node_blocker([kpod("a"), kpod("agent", ownerReferences=[ds]), kpod("done", phase="Succeeded")]) is None
     )
-    assert decide.node_blocker([]) is None
-    why = decide.node_blocker(
+    assert policy.node_blocker([]) is None
+    why = policy.node_blocker(
         [
             kpod("b"),
             kpod("z", annotations=pinned),
@@ -175,11 +175,11 @@ def test_node_blocker_names_the_first_pod_that_keeps_the_node_and_skips_daemonse
         == "pod ns/y is annotated cluster-autoscaler.kubernetes.io/safe-to-evict=false: its node is not consolidated"
     )
     # a finished pod's annotation does not keep the node (it holds nothing to move)
-    assert decide.node_blocker([kpod("old", phase="Failed", annotations=pinned)]) is None
+    assert policy.node_blocker([kpod("old", phase="Failed", annotations=pinned)]) is None
     # check_plan after the cordon says the same (the annotation may appear between the look and the cordon)
     plan = MigrationPlan("a", (("ns/z", "b"),))
     nodes = [bnode("a", batch("ns/z")), bnode("b")]
-    assert "karpenter.sh/do-not-disrupt=true" in (decide.check_plan(plan, nodes, [kpod("z", annotations=pinned)]) or "")
+    assert "karpenter.sh/do-not-disrupt=true" in (policy.check_plan(plan, nodes, [kpod("z", annotations=pinned)]) or "")
 
 
 def test_daemonset_pods_go_with_their_node_neither_moved_nor_keeping_it() -> None:
@@ -191,7 +191,7 @@ def test_daemonset_pods_go_with_their_node_neither_moved_nor_keeping_it() -> Non
     job = batch("job")
     plans = reschedule.consolidation_plans([bnode("a", agent, job), bnode("b")], ["a"], 0.0, 300.0)
     assert plans == [MigrationPlan("a", (("default/job", "b"),))]
-    assert decide.check_plan(plans[0], [bnode("a", agent, job), bnode("b")]) is None
+    assert policy.check_plan(plans[0], [bnode("a", agent, job), bnode("b")]) is None
     assert reschedule.consolidation_plans([bnode("a", other, job), bnode("b")], ["a"], 0.0, 300.0) == []
 
 
@@ -201,43 +201,43 @@ def test_check_plan_holds_or_names_what_changed() -> None:
     x = bnode("x", batch("f", 2000, node_name="x"))
     y = bnode("y")
     plan = MigrationPlan("a", (("default/j1", "x"), ("default/j2", "x")))
-    assert decide.check_plan(plan, [src, x, y]) is None
+    assert policy.check_plan(plan, [src, x, y]) is None
     # cumulative: x has room for both only together with nothing else
     fuller = bnode("x", batch("f", 2500, node_name="x"))
-    assert "no longer fits on x" in (decide.check_plan(plan, [src, fuller]) or "")
-    assert "gone" in (decide.check_plan(plan, [x, y]) or "")
-    assert "destination x is gone" in (decide.check_plan(plan, [src, y]) or "")
-    assert "cordoned" in (decide.check_plan(plan, [src, bnode("x", cordoned=True)]) or "")
-    assert "group" in (decide.check_plan(plan, [src, bnode("x", group=NodeGroup.SERVICE)]) or "")
+    assert "no longer fits on x" in (policy.check_plan(plan, [src, fuller]) or "")
+    assert "gone" in (policy.check_plan(plan, [x, y]) or "")
+    assert "destination x is gone" in (policy.check_plan(plan, [src, y]) or "")
+    assert "cordoned" in (policy.check_plan(plan, [src, bnode("x", cordoned=True)]) or "")
+    assert "group" in (policy.check_plan(plan, [src, bnode("x", group=NodeGroup.SERVICE)]) or "")
     svc = Pod("s", Resources(100, GI, 1), node_name="a")
-    assert "not in the plan" in (decide.check_plan(plan, [bnode("a", j1, j2, svc), x]) or "")
-    assert "no longer on a" in (decide.check_plan(plan, [bnode("a", j1), x]) or "")
+    assert "not in the plan" in (policy.check_plan(plan, [bnode("a", j1, j2, svc), x]) or "")
+    assert "no longer on a" in (policy.check_plan(plan, [bnode("a", j1), x]) or "")
     stuck = batch("j2", migratable=False)
-    assert "not migratable" in (decide.check_plan(plan, [bnode("a", j1, stuck), x]) or "")
+    assert "not migratable" in (policy.check_plan(plan, [bnode("a", j1, stuck), x]) or "")
     live = [kpod("j1"), kpod("j2")]
     for p in live:
         p["metadata"]["namespace"] = "default"
-    assert decide.check_plan(plan, [src, x], live) is None
+    assert policy.check_plan(plan, [src, x], live) is None
     assert "ns2/z" in (
-        decide.check_plan(plan, [src, x], [*live, {"metadata": {"name": "z", "namespace": "ns2"}}]) or ""
+        policy.check_plan(plan, [src, x], [*live, {"metadata": {"name": "z", "namespace": "ns2"}}]) or ""
     )
     live[1]["metadata"]["annotations"] = {"qos.kube-qos-extender.io/migratable": "false"}
-    assert "migratable=false" in (decide.check_plan(plan, [src, x], live) or "")
+    assert "migratable=false" in (policy.check_plan(plan, [src, x], live) or "")
 
 
 # ------------------------------------------------------------------------------------------ one move
 
 
 def test_ids_and_names_are_valid_and_do_not_chain_suffixes() -> None:
-    pid = decide.plan_id("qos-as-batch-e2e.large-0a1b2c", "abc123")
+    pid = policy.plan_id("qos-as-batch-e2e.large-0a1b2c", "abc123")
     assert pid.endswith("-abc123") and len(pid) <= 50
     for i in (1, 12, 999):
-        check_migration_id(decide.migration_id(pid, i))
-    check_migration_id(decide.migration_id("x" * 200, 3))
-    first = decide.destination_name("job-7", "aaaaaa")
+        check_migration_id(policy.migration_id(pid, i))
+    check_migration_id(policy.migration_id("x" * 200, 3))
+    first = policy.destination_name("job-7", "aaaaaa")
     assert first == "job-7-mv-aaaaaa"
-    assert decide.destination_name(first, "bbbbbb") == "job-7-mv-bbbbbb"
-    long = decide.destination_name("j" * 253, "cccccc")
+    assert policy.destination_name(first, "bbbbbb") == "job-7-mv-bbbbbb"
+    long = policy.destination_name("j" * 253, "cccccc")
     assert len(long) == 253 and long.endswith("-mv-cccccc")
 
 
@@ -267,13 +267,13 @@ def test_destination_manifest_copies_the_spec_unbound_without_admission_fields_o
         "status": {"phase": "Running"},
     }
     before = copy.deepcopy(src)
-    m = decide.destination_manifest(src, "job-mv-1", scheduler_name="qos-consolidation", migration="m-1")
+    m = policy.destination_manifest(src, "job-mv-1", scheduler_name="qos-consolidation", migration="m-1")
     assert src == before, "the source object is not modified"
     assert m["metadata"] == {
         "name": "job-mv-1",
         "namespace": "ns",
         "labels": {"app": "x"},
-        "annotations": {"keep": "me", decide.MIGRATED_FROM_ANNOTATION: "ns/job", decide.MIGRATION_ID_ANNOTATION: "m-1"},
+        "annotations": {"keep": "me", policy.MIGRATED_FROM_ANNOTATION: "ns/job", policy.MIGRATION_ID_ANNOTATION: "m-1"},
     }
     spec = m["spec"]
     assert "nodeName" not in spec and "schedulingGates" not in spec and "priority" not in spec
@@ -283,21 +283,21 @@ def test_destination_manifest_copies_the_spec_unbound_without_admission_fields_o
     assert "status" not in m
     # the converted destination pod requests what the source requested (same spec)
     k = {**src, "spec": {**src["spec"], "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}
-    mk = decide.destination_manifest(k, "job-mv-2", scheduler_name="s", migration="m-2")
+    mk = policy.destination_manifest(k, "job-mv-2", scheduler_name="s", migration="m-2")
     a, _ = pod_from_k8s(k, CONFIG.pod_defaults, CONFIG.policy.classes, CONFIG.scheduling.managed_resources)
     b, _ = pod_from_k8s(mk, CONFIG.pod_defaults, CONFIG.policy.classes, CONFIG.scheduling.managed_resources)
     assert a.requests == b.requests and a.kind is b.kind
 
 
 def test_agent_url_from_annotation_else_internal_ip() -> None:
-    n: dict[str, Any] = {"metadata": {"annotations": {decide.AGENT_URL_ANNOTATION: "https://127.0.0.5:9443/"}}}
-    assert decide.agent_url(n, port=1) == "https://127.0.0.5:9443"
+    n: dict[str, Any] = {"metadata": {"annotations": {policy.AGENT_URL_ANNOTATION: "https://127.0.0.5:9443/"}}}
+    assert policy.agent_url(n, port=1) == "https://127.0.0.5:9443"
     ip = {"metadata": {}, "status": {"addresses": [{"type": "Hostname", "address": "h"},
                                                    {"type": "InternalIP", "address": "10.0.0.7"}]}}  # fmt: skip
-    assert decide.agent_url(ip, port=9443) == "https://10.0.0.7:9443"
+    assert policy.agent_url(ip, port=9443) == "https://10.0.0.7:9443"
     v6 = {"status": {"addresses": [{"type": "InternalIP", "address": "fd00::7"}]}}
-    assert decide.agent_url(v6, port=9443, scheme="http") == "http://[fd00::7]:9443"
-    assert decide.agent_url({"metadata": {}}, port=9443) is None
+    assert policy.agent_url(v6, port=9443, scheme="http") == "http://[fd00::7]:9443"
+    assert policy.agent_url({"metadata": {}}, port=9443) is None
 
 
 @pytest.mark.parametrize(
@@ -313,31 +313,31 @@ def test_agent_url_from_annotation_else_internal_ip() -> None:
     ],
 )
 def test_after_outcome(outcome: str | None, verdict: MoveVerdict) -> None:
-    assert decide.after_outcome(outcome) is verdict
+    assert policy.after_outcome(outcome) is verdict
 
 
 def test_confirm_destination() -> None:
     rec: dict[str, Any] = {"outcome": "succeeded", "work_seconds": 42.5, "meta": {"simulated": True}}
     good: dict[str, Any] = {"metadata": {"annotations": {PROGRESS_ANNOTATION: "42.5"}}, "spec": {"nodeName": "x"}}
-    assert decide.confirm_destination(good, "x", rec) is None
-    assert "gone" in (decide.confirm_destination(None, "x", rec) or "")
-    assert decide.confirm_destination(good, "y", rec) == "the destination pod is on 'x', not 'y'"
+    assert policy.confirm_destination(good, "x", rec) is None
+    assert "gone" in (policy.confirm_destination(None, "x", rec) or "")
+    assert policy.confirm_destination(good, "y", rec) == "the destination pod is on 'x', not 'y'"
     wrong = copy.deepcopy(good)
     wrong["metadata"]["annotations"][PROGRESS_ANNOTATION] = "1.0"
-    assert "checkpoint had 42.5" in (decide.confirm_destination(wrong, "x", rec) or "")
+    assert "checkpoint had 42.5" in (policy.confirm_destination(wrong, "x", rec) or "")
     stopped = copy.deepcopy(good)
     stopped["metadata"]["annotations"][STOPPED_ANNOTATION] = "true"
-    assert "stopped" in (decide.confirm_destination(stopped, "x", rec) or "")
+    assert "stopped" in (policy.confirm_destination(stopped, "x", rec) or "")
     missing = {"metadata": {}, "spec": {"nodeName": "x"}}
-    assert "checkpoint had" in (decide.confirm_destination(missing, "x", rec) or "")
-    assert decide.confirm_destination(missing, "x", {"meta": {"identity": "ns/p"}}) is None  # not simulated
+    assert "checkpoint had" in (policy.confirm_destination(missing, "x", rec) or "")
+    assert policy.confirm_destination(missing, "x", {"meta": {"identity": "ns/p"}}) is None  # not simulated
 
 
 def test_removable_ignores_daemonset_and_finished_pods() -> None:
     ds = kpod("ds", ownerReferences=[{"kind": "DaemonSet", "name": "agent", "controller": True}])
     done = kpod("done", phase="Succeeded")
-    assert decide.removable([ds, done]) is None
-    assert "ns/left" in (decide.removable([ds, kpod("left")]) or "")
+    assert policy.removable([ds, done]) is None
+    assert "ns/left" in (policy.removable([ds, kpod("left")]) or "")
 
 
 def test_node_from_k8s_sees_our_cordon() -> None:
@@ -389,7 +389,7 @@ def test_decide_is_pure() -> None:
     """Decisions import no I/O framework and read no clock (the shell passes ``now``)."""
     import ast
 
-    path = Path(__file__).resolve().parents[1] / "extender" / "consolidation" / "decide.py"
+    path = Path(__file__).resolve().parents[1] / "extender" / "consolidation" / "policy.py"
     imported: set[str] = set()
     for n in ast.walk(ast.parse(path.read_text())):
         if isinstance(n, ast.Import):

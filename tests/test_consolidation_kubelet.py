@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from extender.consolidation import decide
+from extender.consolidation import policy
 
 IMAGE = "localhost/qos-checkpoint/ns-job-mv-1:" + "ab" * 10
 
@@ -52,7 +52,7 @@ def src(**spec: Any) -> dict[str, Any]:
     ],
 )
 def test_checkpoint_blocker(spec: dict[str, Any], why: str | None) -> None:
-    got = decide.checkpoint_blocker(src(**spec))
+    got = policy.checkpoint_blocker(src(**spec))
     if why is None:
         assert got is None
     else:
@@ -62,14 +62,14 @@ def test_checkpoint_blocker(spec: dict[str, Any], why: str | None) -> None:
 def test_destination_manifest_runs_the_checkpoint_image_never_pulled() -> None:
     s = src()
     before = copy.deepcopy(s)
-    m = decide.destination_manifest(s, "job-mv-1", scheduler_name="qos-consolidation", migration="m-1",
+    m = policy.destination_manifest(s, "job-mv-1", scheduler_name="qos-consolidation", migration="m-1",
                                     checkpoint_image=IMAGE)  # fmt: skip
     assert s == before
     (c,) = m["spec"]["containers"]
     assert c["image"] == IMAGE and c["imagePullPolicy"] == "Never"
     assert "nodeName" not in m["spec"] and m["spec"]["schedulerName"] == "qos-consolidation"
-    assert m["metadata"]["annotations"][decide.MIGRATED_FROM_ANNOTATION] == "ns/job"
-    plain = decide.destination_manifest(s, "job-mv-2", scheduler_name="q", migration="m-2")
+    assert m["metadata"]["annotations"][policy.MIGRATED_FROM_ANNOTATION] == "ns/job"
+    plain = policy.destination_manifest(s, "job-mv-2", scheduler_name="q", migration="m-2")
     assert plain["spec"]["containers"][0]["image"] == "qos-local/busybox:1.35.0"
 
 
@@ -87,35 +87,35 @@ def test_confirm_destination_for_a_checkpoint_restore() -> None:
         "meta": {"kubelet_archive": "checkpoint-x.tar"},
         "restored_workload": {"image": IMAGE},
     }
-    assert decide.confirm_destination(_restored({"running": {"startedAt": "t"}}), "b", rec) is None
-    assert "not running" in (decide.confirm_destination(_restored({"waiting": {}}), "b", rec) or "")
-    assert "checkpoint image" in (decide.confirm_destination(_restored({"running": {}}, image="x:y"), "b", rec) or "")
-    assert "not 'c'" in (decide.confirm_destination(_restored({"running": {}}), "c", rec) or "")
+    assert policy.confirm_destination(_restored({"running": {"startedAt": "t"}}), "b", rec) is None
+    assert "not running" in (policy.confirm_destination(_restored({"waiting": {}}), "b", rec) or "")
+    assert "checkpoint image" in (policy.confirm_destination(_restored({"running": {}}, image="x:y"), "b", rec) or "")
+    assert "not 'c'" in (policy.confirm_destination(_restored({"running": {}}), "c", rec) or "")
     no_image = {**rec, "restored_workload": {}}
-    assert "checkpoint image" in (decide.confirm_destination(_restored({"running": {}}), "b", no_image) or "")
+    assert "checkpoint image" in (policy.confirm_destination(_restored({"running": {}}), "b", no_image) or "")
 
 
 def test_container_failure_ends_the_wait_only_for_states_that_do_not_heal() -> None:
     waiting = _restored({"waiting": {"reason": "CreateContainerError", "message": "failed to restore: criu"}})
-    assert decide.container_failure(waiting) == "container c: CreateContainerError: failed to restore: criu"
-    assert decide.container_failure(_restored({"waiting": {"reason": "ContainerCreating"}})) is None
-    assert decide.container_failure(_restored({"running": {}})) is None
-    assert decide.container_failure(_restored({"terminated": {"reason": "Error", "exitCode": 1}})) == (
+    assert policy.container_failure(waiting) == "container c: CreateContainerError: failed to restore: criu"
+    assert policy.container_failure(_restored({"waiting": {"reason": "ContainerCreating"}})) is None
+    assert policy.container_failure(_restored({"running": {}})) is None
+    assert policy.container_failure(_restored({"terminated": {"reason": "Error", "exitCode": 1}})) == (
         "container c terminated: Error (exit 1)"
     )
-    assert decide.container_failure(None) is None
-    assert decide.container_failure({"status": {}}) is None
+    assert policy.container_failure(None) is None
+    assert policy.container_failure({"status": {}}) is None
 
 
 def test_destination_node_gone_keeps_the_source() -> None:
-    assert decide.destination_node_gone({"metadata": {"name": "b"}}, "b") is None
-    assert decide.destination_node_gone(None, "b") == "the destination node b is gone"
+    assert policy.destination_node_gone({"metadata": {"name": "b"}}, "b") is None
+    assert policy.destination_node_gone(None, "b") == "the destination node b is gone"
     deleting = {"metadata": {"name": "b", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
-    assert decide.destination_node_gone(deleting, "b") == "the destination node b is being deleted"
+    assert policy.destination_node_gone(deleting, "b") == "the destination node b is being deleted"
 
 
 def test_an_unconfirmed_kubelet_move_rolls_back_a_criu_move_keeps_both() -> None:
     # kubelet checkpoint: the source never stopped, so it is the copy to keep (both would run the work twice)
-    assert decide.after_unconfirmed(source_still_runs=True) is decide.MoveVerdict.ROLL_BACK
+    assert policy.after_unconfirmed(source_still_runs=True) is policy.MoveVerdict.ROLL_BACK
     # CRIU: the source was stopped at the final dump; the destination may hold the only copy
-    assert decide.after_unconfirmed(source_still_runs=False) is decide.MoveVerdict.KEEP_BOTH
+    assert policy.after_unconfirmed(source_still_runs=False) is policy.MoveVerdict.KEEP_BOTH

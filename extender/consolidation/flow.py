@@ -2,7 +2,7 @@
 
 Each scan the autoscaler hands over the sustained under-utilised batch nodes and the all-or-nothing plans
 of ``core.reschedule.consolidation_plans`` (worst-utilised first), once its batch queue has been quiet. This
-shell applies what ``decide`` decides, one node at a time, in a background task (``handoff`` returns at
+shell applies what ``policy`` decides, one node at a time, in a background task (``handoff`` returns at
 once):
 
 1. pick the first plan worth starting (``select_plan``) and check the batch queue is still quiet;
@@ -43,9 +43,9 @@ from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.settings import AutoscalerSettings
 from extender.autoscaler.view import AutoscalerSnapshot
-from extender.consolidation import decide
-from extender.consolidation.decide import MoveVerdict, NodeOutcome
+from extender.consolidation import policy
 from extender.consolidation.metrics import ConsolidationMetrics
+from extender.consolidation.policy import MoveVerdict, NodeOutcome
 from extender.consolidation.settings import ConsolidationSettings
 from extender.core.model import WorkloadKind
 from extender.core.reschedule import MigrationPlan
@@ -182,12 +182,12 @@ class ConsolidationFlow:
             self._wake.clear()
             c = self.latest
             now = self._clock()
-            quiet, self._last_pending = decide.batch_queue_quiet(
+            quiet, self._last_pending = policy.batch_queue_quiet(
                 self._pending_batch(), self._last_pending, now, quiet_for
             )
             if c is None or c.at <= self._done_at or not quiet:
                 continue  # a hand-off from before the last consolidation ended is stale: wait for a new scan
-            plan = decide.select_plan(
+            plan = policy.select_plan(
                 c, busy=frozenset(self.busy), left_alone=self.left_alone, owned=self._owned(), now=now
             )
             if plan is None:
@@ -224,21 +224,21 @@ class ConsolidationFlow:
         return items
 
     async def _cordon(self, node: str, plan_id: str | None) -> None:
-        body = decide.cordon_patch(plan_id)
+        body = policy.cordon_patch(plan_id)
         await read_json(await self._core.patch_node(node, body, _preload_content=False))
 
     async def consolidate(self, plan: MigrationPlan) -> NodeOutcome:
         """Empty ``plan.source`` through the agents and delete it, or leave it uncordoned with an Event."""
         source = plan.source
-        plan_id = decide.plan_id(source, self._token())
+        plan_id = policy.plan_id(source, self._token())
         try:
             node = await self._node(source)
             if node is None:
                 self.metrics.plans.labels("skipped").inc()
                 return NodeOutcome(source, plan_id, False, "the node is gone")
-            why = decide.may_cordon(node)
+            why = policy.may_cordon(node)
             if why is None:  # a pod annotated do-not-disrupt (or not migratable) keeps the node: not even a cordon
-                why = decide.node_blocker(await self._pods_on(source))
+                why = policy.node_blocker(await self._pods_on(source))
         except Exception as exc:  # the API is failing: back off from this node as an aborted plan would
             self.left_alone[source] = self._clock() + self.s.left_alone_seconds
             self.metrics.plans.labels("aborted").inc()
@@ -264,23 +264,23 @@ class ConsolidationFlow:
             summary = ", ".join(f"{k} -> {d}" for k, d in plan.moves)
             self._say("Node", "", source, "", "ConsolidationStarted", f"cordoned; moving: {summary}", False)
             live = [p for p in await self._pods_on(source) if not _finished(p)]
-            why = decide.check_plan(plan, self.r.snapshot.node_views(), [p for p in live if not _daemon(p)])
+            why = policy.check_plan(plan, self.r.snapshot.node_views(), [p for p in live if not _daemon(p)])
             if why is not None:
                 raise _Abort(why)
-            by_key = {decide.object_key(p): p for p in live}
+            by_key = {policy.object_key(p): p for p in live}
             for i, (key, dest) in enumerate(plan.moves, start=1):
-                move = await self.move_pod(decide.migration_id(plan_id, i), by_key[key], source, dest)
+                move = await self.move_pod(policy.migration_id(plan_id, i), by_key[key], source, dest)
                 moves.append(move)
                 if move["verdict"] is not MoveVerdict.COMMIT:
                     raise _Abort(f"moving {key} to {dest}: {move['outcome']}: {move['reason']}")
-            why = decide.removable(await self._pods_on(source))
+            why = policy.removable(await self._pods_on(source))
             if why is not None:
                 raise _Abort(why)
             assert self.r.provider is not None
             preserved = sum(float((m.get("record") or {}).get("work_seconds") or 0.0) for m in moves)
             if self.r.settings.provider == "cluster-autoscaler":
                 # one remover per node: CA removes empty nodes; we only stop holding its scale-down off
-                body = decide.handed_to_cluster_autoscaler_patch()
+                body = policy.handed_to_cluster_autoscaler_patch()
                 await read_json(await self._core.patch_node(source, body, _preload_content=False))
                 self.metrics.plans.labels("emptied").inc()
                 message = (
@@ -320,13 +320,13 @@ class ConsolidationFlow:
         t0 = time.monotonic()
         meta = src["metadata"]
         ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid", "")
-        dname = decide.destination_name(name, self._token())
+        dname = policy.destination_name(name, self._token())
         result: dict[str, Any] = {"id": mid, "pod": f"{ns}/{name}", "destination_pod": f"{ns}/{dname}", "node": dest}
         record: dict[str, Any] | None = None
         created = False
         checkpoint_image = False  # kubelet backend: the destination node holds a checkpoint image of this move
         try:
-            urls = {n: decide.agent_url(await self._node(n) or {}, port=self.s.agent_port, scheme=self.s.agent_scheme)
+            urls = {n: policy.agent_url(await self._node(n) or {}, port=self.s.agent_port, scheme=self.s.agent_scheme)
                     for n in (source, dest)}  # fmt: skip
             missing = [n for n, u in urls.items() if u is None]
             if missing:
@@ -335,7 +335,7 @@ class ConsolidationFlow:
                 # A container checkpoint restored into a new pod: the agents first make the checkpoint image on
                 # the destination node, then the pod is created from it. The source never stops, so anything
                 # failing before the source is deleted rolls back by deleting the destination pod.
-                why = decide.checkpoint_blocker(src)
+                why = policy.checkpoint_blocker(src)
                 if why is not None:
                     raise _Refused(why)
                 container = src["spec"]["containers"][0]["name"]
@@ -349,13 +349,13 @@ class ConsolidationFlow:
                     try:
                         if not image:
                             raise _Refused("the destination agent named no checkpoint image")
-                        manifest: Any = decide.destination_manifest(
+                        manifest: Any = policy.destination_manifest(
                             src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid,
                             checkpoint_image=str(image),
                         )  # fmt: skip
                         created = await self._create_bound(ns, dname, manifest, dest)
                         await self._wait_running(ns, dname)
-                        gone = decide.destination_node_gone(await self._node(dest), dest)
+                        gone = policy.destination_node_gone(await self._node(dest), dest)
                         if gone is not None:
                             raise _Refused(gone)
                     except Exception as exc:  # the source kept running: nothing is lost by giving up here
@@ -367,7 +367,7 @@ class ConsolidationFlow:
                             created = False
                         reason += await self._discard(urls[dest], mid)
             else:
-                manifest = decide.destination_manifest(
+                manifest = policy.destination_manifest(
                     src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid
                 )
                 created = await self._create_bound(ns, dname, manifest, dest)
@@ -379,12 +379,12 @@ class ConsolidationFlow:
             outcome, reason = "refused", str(exc)
         except Exception as exc:  # API/network errors before the agent was asked: nothing moved
             outcome, reason = "refused", f"{type(exc).__name__}: {exc}"
-        verdict = decide.after_outcome(outcome)
+        verdict = policy.after_outcome(outcome)
         if verdict is MoveVerdict.COMMIT:
             assert record is not None
-            why = decide.confirm_destination(await self._pod(ns, dname), dest, record)
+            why = policy.confirm_destination(await self._pod(ns, dname), dest, record)
             if why is not None:
-                verdict = decide.after_unconfirmed(source_still_runs=checkpoint_image)
+                verdict = policy.after_unconfirmed(source_still_runs=checkpoint_image)
                 if verdict is MoveVerdict.ROLL_BACK:
                     outcome = "rolled_back"
                     reason = f"destination not confirmed: {why}" + await self._discard(urls[dest], mid)
@@ -500,7 +500,7 @@ class ConsolidationFlow:
                 return
             if pod is None or phase in ("Succeeded", "Failed"):
                 raise _Refused(f"destination pod {ns}/{name} is {phase or 'gone'}")
-            failed = decide.container_failure(pod)
+            failed = policy.container_failure(pod)
             if failed is not None:
                 raise _Refused(f"destination pod {ns}/{name}: {failed}")
             if time.monotonic() > deadline:

@@ -197,7 +197,7 @@ def select_plan(
     """The consolidation flow's choice of the next node to empty (one at a time): plans come worst-utilised
     node first (``consolidation_plans``), so the first whose source is a sustained candidate, not being
     consolidated, not left alone after a failed attempt (until its back-off ends) and, when ``owned`` is given,
-    one of the nodes we may remove. Here, below both callers, so the flow (``consolidation.decide``) and the
+    one of the nodes we may remove. Here, below both callers, so the flow (``consolidation.policy``) and the
     simulator's ``product`` policy take the same decision (issue 14)."""
     wanted = set(candidates)
     alone = left_alone or {}
