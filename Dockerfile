@@ -24,8 +24,7 @@ RUN if ls /wheelhouse/*.whl > /dev/null 2>&1; then \
       printf '[global]\nno-index = true\nfind-links = /wheelhouse\n' > /etc/pip.conf; fi \
  && python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --require-hashes --no-deps -r /wheelhouse/requirements.lock
-COPY pyproject.toml ./
-COPY README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY extender/ extender/
 # Building the package generates the gRPC stubs (setup.py; grpcio-tools and mypy-protobuf are build requirements
 # only, from the wheelhouse like the rest). pip itself is not needed at run time.

@@ -424,16 +424,19 @@ build_extender() {
   mkdir -p "${ctx}"
   wheels_key="$(fill_wheelhouse "${ctx}/wheelhouse")"
   base_id="$(docker image inspect -f '{{.Id}}' "${IMAGE_PYTHON}")"
-  local files=(Dockerfile .dockerignore pyproject.toml requirements.lock README.md extender)
+  local files=(Dockerfile .dockerignore pyproject.toml setup.py requirements.lock README.md extender)
   inputs="$(cd "${REPO_ROOT}" && {
     echo "${base_id} ${wheels_key}"
     declare -f build_extender
-    find "${files[@]}" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum
+    find "${files[@]}" -type f ! -name '*.pyc' ! -path '*/__pycache__/*' ! -name '*_pb2*' -print0 | sort -z \
+      | xargs -0 sha256sum
   } | sha)"
   image_current kube-qos-extender "${IMAGE_EXTENDER}" "${inputs}" && return 0
   # The build context: a copy of what .dockerignore lets through, plus the wheelhouse.
   find "${ctx}" -mindepth 1 -maxdepth 1 ! -name wheelhouse -exec rm -rf {} +
-  (cd "${REPO_ROOT}" && tar -c --exclude=__pycache__ --exclude='*.pyc' "${files[@]}") | tar -x -C "${ctx}"
+  # without the stubs an editable install generated in the source tree: the image build generates its own
+  (cd "${REPO_ROOT}" && tar -c --exclude=__pycache__ --exclude='*.pyc' --exclude='*_pb2*' "${files[@]}") \
+    | tar -x -C "${ctx}"
   local start=${SECONDS}
   log "kube-qos-extender: docker build (classic builder) on ${IMAGE_PYTHON}; log ${WORK_DIR}/extender-build.log"
   # Classic builder: Debian's dockerd 20.10 has no buildx, and BuildKit would fetch its frontend from a registry.
