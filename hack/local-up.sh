@@ -635,7 +635,10 @@ doc.setdefault("server", {}).update(
 doc["server"]["loopback_verbs_port"] = int("${QOS_EXTENDER_LOOPBACK_PORT}") if "${QOS_EXTENDER_LOOPBACK_PORT}" else None
 doc.setdefault("kubernetes", {})["kubeconfig"] = "${KCFG}/qos-extender.kubeconfig"
 doc.setdefault("scheduling", {})["marker_resource"] = "${QOS_MARKER_RESOURCE}"
-doc.setdefault("controller", {})["enabled"] = "${QOS_WITH_CONTROLLER}" == "1"
+ctl = doc.setdefault("controller", {})
+ctl["enabled"] = "${QOS_WITH_CONTROLLER}" == "1"
+# hack/manifests grants the local controller Leases in kube-system only, whatever the layered-over file says
+ctl.setdefault("leader_election", {})["lease_namespace"] = "kube-system"
 yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
 PY
   { cat "${CONF}/extender.yaml"

@@ -38,6 +38,16 @@ def test_a_bare_section_header_is_its_defaults(tmp_path: Path) -> None:
     p.write_text("server:\n  # port: 9443\ncontroller:\n  leader_election:\n")
     assert load_config(p) == ExtenderConfig()
     assert "server.port: Input should be a valid integer" in _err({"server": {"port": None}})
+    # a list or map option under a bare header: its defaults too (the catalogue, the classes)
+    assert parse_config({"flavours": None, "classes": None}) == ExtenderConfig()
+
+
+def test_an_option_is_named_as_the_reference_names_it() -> None:
+    """`class_name` is the Python attribute of `pod_defaults.class`: a file that spells it so gets an error, not
+    a silent second spelling."""
+    assert "pod_defaults.class_name: unknown option (the option is 'class')" in _err(
+        {"pod_defaults": {"class_name": "gold"}}
+    )
 
 
 def _err(raw: Any, tmp_path: Path | None = None) -> str:
@@ -208,7 +218,25 @@ def test_files_are_layered_in_order(tmp_path: Path) -> None:
     assert [f.name for f in cfg.flavours] == ["b"]
     assert cfg.kubernetes.kubeconfig == str(base.parent / "kubeconfig")  # from the first file's folder
     assert load_config([overlay, base]).server.port == 8443
-    assert deep_merge({"a": {"b": 1, "c": [1]}}, {"a": {"c": [2], "d": None}}) == {"a": {"b": 1, "c": [2], "d": None}}
+    # sections merge option by option; a label map or the class table replaces (an overlay can remove entries); a
+    # bare section header in an overlay changes nothing (it must not drop the base's TLS); a null option sets null
+    base_doc = {
+        "server": {"host": "0.0.0.0", "port": 8443},
+        "node_groups": {"batch": {"match_labels": {"pool": "batch", "zone": "a"}}},
+        "classes": {"gold": {"slo": 1.0, "importance": 1}, "silver": {"slo": 0.9, "importance": 2}},
+        "scheduling": {"marker_resource": "example.com/marker"},
+    }
+    over = {
+        "server": None,
+        "node_groups": {"batch": {"match_labels": {"pool": "spot"}}},
+        "classes": {"gold": {"slo": 1.0, "importance": 1}},
+        "scheduling": {"marker_resource": None},
+        "pod_defaults": {"class": "gold"},
+    }
+    got = parse_config(deep_merge(base_doc, over))
+    assert (got.server.host, got.server.port) == ("0.0.0.0", 8443)
+    assert dict(got.node_groups.batch_selector) == {"pool": "spot"}
+    assert list(got.classes) == ["gold"] and got.scheduling.marker_resource is None
     # an error names every file it came from
     overlay.write_text("controller: {enabled: 'yes'}\n")
     with pytest.raises(ConfigError, match=rf"{re.escape(str(base))} \+ {re.escape(str(overlay))}: controller"):

@@ -40,7 +40,11 @@ def generated() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    target = Path(argv[0]) if argv else Path("docs/settings")
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m extender.processes.settings_reference", description=__doc__)
+    parser.add_argument("dir", nargs="?", default="docs/settings", help="where to write (default docs/settings)")
+    target = Path(parser.parse_args(argv).dir)
     target.mkdir(parents=True, exist_ok=True)
     for name, text in generated().items():
         (target / name).write_text(text)

@@ -30,6 +30,7 @@ __all__ = [
     "Settings",
     "SettingsError",
     "json_schema",
+    "layer",
     "load_settings",
     "load_yaml_file",
     "read_yaml",
@@ -171,22 +172,54 @@ def problems_of(exc: ValidationError, prefix: str = "") -> list[tuple[str, str]]
 _OPTION = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
 
 
-def _bare_sections(model: type[BaseModel], raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A section written as a bare header (``tls:`` with every option commented out) is YAML null: it means the
-    section's defaults, as an absent one does. Only for sections that cannot be null themselves; a null where a
-    value belongs is still an error."""
+def _section(annotation: Any) -> type[BaseModel] | None:
+    """The model of a field that is a section (``M``, never ``M | None``)."""
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _collection(annotation: Any) -> bool:
+    """A field holding a mapping or a list (``dict[...]``, ``tuple[...]``), not nullable itself."""
+    return getattr(annotation, "__origin__", None) in (dict, tuple, list)
+
+
+def _prepare(
+    model: type[BaseModel], raw: Mapping[str, Any], path: str, problems: list[tuple[str, str]]
+) -> dict[str, Any]:
+    """The document as the model reads it. A bare header (``tls:`` or ``flavours:`` with everything under it
+    commented out) is YAML null: for a section or a list or map option it means the defaults, as an absent key
+    does; a null where a single value belongs is still an error. An option spelled by its Python name where the
+    file's name differs (``class_name`` for ``class``) is an unknown option, as the reference names it."""
     out = dict(raw)
     for name, field in model.model_fields.items():
         key = field.alias or name
-        sub = (
-            field.annotation if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) else None
-        )
-        if sub is None or key not in out:
+        if field.alias and name in out and name != field.alias:
+            problems.append((f"{path}.{name}" if path else name, f"unknown option (the option is {field.alias!r})"))
+        if key not in out:
             continue
-        if out[key] is None:
+        sub = _section(field.annotation)
+        if out[key] is None and (sub is not None or _collection(field.annotation)):
             del out[key]
-        elif isinstance(out[key], Mapping):
-            out[key] = _bare_sections(sub, out[key])
+        elif sub is not None and isinstance(out[key], Mapping):
+            out[key] = _prepare(sub, out[key], f"{path}.{key}" if path else key, problems)
+    return out
+
+
+def layer(model: type[BaseModel], base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """``overlay`` on ``base``, as the model reads them: a section merges option by option (recursively), any
+    option's value replaces -- a list, a label map or a class table included, so an overlay can remove entries.
+    A bare section header in the overlay (null) changes nothing; a null option value sets null. Neither argument
+    is changed."""
+    out = dict(base)
+    fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+    for key, value in overlay.items():
+        field = fields.get(key)
+        sub = _section(field.annotation) if field is not None else None
+        if sub is not None and value is None:
+            continue
+        if sub is not None and isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = layer(sub, out[key], value)
+        else:
+            out[key] = value
     return out
 
 
@@ -210,14 +243,19 @@ def load_settings(model: type[M], raw: object, source: str = "", prefix: str = "
         raw = {}
     if not isinstance(raw, Mapping):
         raise SettingsError(source, [(prefix, f"must be a mapping, got {type(raw).__name__}")])
+    found: list[tuple[str, str]] = []
+    prepared = _prepare(model, raw, prefix, found)
     try:
-        text = orjson.dumps(_finite(_bare_sections(model, raw)))
+        text = orjson.dumps(_finite(prepared))
     except TypeError as exc:  # a YAML timestamp or a non-string key: not a value any option takes
         raise SettingsError(source, [(prefix, f"not plain data: {exc}")]) from exc
     try:
-        return model.model_validate_json(text, context={"base": base})
+        got = model.model_validate_json(text, context={"base": base})
     except ValidationError as exc:
-        raise SettingsError(source, problems_of(exc, prefix)) from None
+        raise SettingsError(source, found + problems_of(exc, prefix)) from None
+    if found:
+        raise SettingsError(source, found)
+    return got
 
 
 def read_yaml(path: Path, error: type[SettingsError] = SettingsError) -> Any:

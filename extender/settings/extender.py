@@ -9,7 +9,8 @@ process, and every such error of the files is named at once, because a typo that
 changes placement decisions without anyone noticing.
 
 Deployed files hold only what differs from the defaults. ``--config`` may be given several times: the files are
-deep-merged in order (a mapping merges key by key, anything else -- a list included -- replaces), so an overlay
+layered in order (a section merges option by option; an option's value -- a list, a label map, the class table
+-- replaces; a bare section header changes nothing), so an overlay
 (config/controller's ``controller.enabled: true``) is one line, not a copy of the base. The flavour catalogue is
 set in one place, extender/flavours.yaml (config/flavours.yaml), and is the default of ``flavours``.
 
@@ -27,7 +28,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from extender.core.model import InvalidInputError
 from extender.core.qos import QosPolicy
-from extender.settings import Settings, SettingsError, load_settings, read_yaml, resolve_files
+from extender.settings import Settings, SettingsError, layer, load_settings, read_yaml, resolve_files
 from extender.settings.sections import (
     DEFAULT_CLASS_SETTINGS,
     FLAVOURS_PATH,
@@ -167,15 +168,9 @@ class ExtenderConfig(Settings):
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """``overlay`` on ``base``: mappings merge key by key, anything else (a list included) replaces; a null in
-    the overlay sets null (it does not delete). Neither argument is changed."""
-    out = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+    """Two extender documents layered (``settings.layer``): sections merge option by option; an option's value
+    (a list, a label map, the class table) replaces; a bare section header in the overlay changes nothing."""
+    return layer(ExtenderConfig, base, overlay)
 
 
 def read_yaml_files(paths: Sequence[Path]) -> dict[str, Any]:

@@ -94,7 +94,7 @@ PREDICTORS = ("class", "last-usage")
 
 
 def colocation_settings() -> SlackConfig:
-    """The slack section the simulator runs with: the live defaults (slack_config.SlackConfig: 15-min refresh,
+    """The slack section the simulator runs with: the live defaults (settings.sections.SlackConfig: 15-min refresh,
     1-day observation and classification window, k = 20, 10 seeds, 24 h re-clustering, 5 % miss tolerance,
     evictions on) with co-location switched on for bronze."""
     return SlackConfig(enabled=True, colocate=ColocateConfig(enabled=True, classes=("bronze",)))
