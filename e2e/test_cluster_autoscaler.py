@@ -276,7 +276,10 @@ async def test_gated_qos_pods_scale_a_real_cluster_autoscaler(mode: str, tmp_pat
                 ):
                     unbought[req.flavour] += len(req.nodes)
             assert not bought - chosen_total, diag  # nothing CA chose on its own
-            assert not (chosen_total - unbought) - bought, (dict(unbought), diag)  # everything we still wanted
+            # every node of our requests that CA provisioned was bought. Not asked of the expander's answers for
+            # ordinary pods: CA picks one of its options through us, then may never scale (the pods bound to
+            # capacity that appeared meanwhile) -- seen once in CI, 7 e2e.std chosen, 6 bought, no request unbought.
+            assert not (planned - unbought) - bought, (dict(unbought), diag)
             # (expander_chosen_nodes_total{demand="provisioning-request"} usually equals `planned`; it fell short once
             # in nine runs under load with CA's log showing every request scaled up through the expander: reported,
             # not asserted. A request can be fulfilled before a scan saw it Provisioned: provisioned_at not asserted.)
