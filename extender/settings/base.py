@@ -363,7 +363,7 @@ def _settings_type(annotation: Any) -> type[Settings] | None:
     """The settings model of a field that holds one (``M`` or ``M | None``), not of a collection of them."""
     if isinstance(annotation, type) and issubclass(annotation, Settings):
         return annotation
-    if getattr(annotation, "__origin__", None) in (dict, tuple, list):
+    if _collection(annotation):
         return None
     for arg in getattr(annotation, "__args__", ()):
         if isinstance(arg, type) and issubclass(arg, Settings):

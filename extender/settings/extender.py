@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from extender.core.model import InvalidInputError
 from extender.core.qos import QosPolicy
@@ -36,11 +36,11 @@ from extender.settings.sections import (
     METRICS_CLIENT_CN,
     SCHEDULER_CLIENT_CN,
     BindConfig,
+    Catalogue,
     CharacteriseSettings,
     ClassSettings,
     ColocateConfig,
     ControllerConfig,
-    FlavourField,
     KubernetesConfig,
     LabelSelector,
     LeaderElectionConfig,
@@ -53,7 +53,6 @@ from extender.settings.sections import (
     ServerConfig,
     SlackConfig,
     TlsConfig,
-    check_catalogue,
     parse_flavours,
     read_catalogue,
 )
@@ -106,7 +105,7 @@ class ExtenderConfig(Settings):
     qos: QosSettings = QosSettings()
     classes: dict[NonEmpty, ClassSettings] = Field(default_factory=lambda: dict(DEFAULT_CLASS_SETTINGS), min_length=1)
     """Service classes by name (paper 002 §3.1, §4.2; defaults gold, silver, bronze)."""
-    flavours: tuple[FlavourField, ...] = Field(default_factory=lambda: read_catalogue(FLAVOURS_PATH))
+    flavours: Catalogue = Field(default_factory=lambda: read_catalogue(FLAVOURS_PATH))
     """Node flavours (instance types): name, cpu and memory as Kubernetes quantities, pods (default 110),
     price_per_hour > 0. Default: extender/flavours.yaml (paper 000 Table 7, Nectar flavours priced as Azure
     B-series); a list given here replaces it whole."""
@@ -115,8 +114,6 @@ class ExtenderConfig(Settings):
     slack: SlackConfig = SlackConfig()
 
     _policy: tuple[object, object, QosPolicy] | None = PrivateAttr(None)
-
-    _v_flavours = field_validator("flavours")(classmethod(lambda cls, v: check_catalogue(v)))
 
     @property
     def policy(self) -> QosPolicy:

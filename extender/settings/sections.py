@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 import yaml
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     PlainSerializer,
@@ -46,6 +47,7 @@ __all__ = [
     "METRICS_CLIENT_CN",
     "SCHEDULER_CLIENT_CN",
     "BindConfig",
+    "Catalogue",
     "CharacteriseSettings",
     "ClassSettings",
     "ColocateConfig",
@@ -433,6 +435,10 @@ def check_catalogue(flavours: tuple[Flavour, ...]) -> tuple[Flavour, ...]:
     return flavours
 
 
+# A flavour catalogue: duplicate names refused wherever one is read (the extender's `flavours`, parse_flavours).
+Catalogue = Annotated[tuple[FlavourField, ...], AfterValidator(check_catalogue)]
+
+
 def read_catalogue(path: Path) -> tuple[Flavour, ...]:
     raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     return tuple(_flavour(f) for f in raw.get("flavours", ()))
@@ -695,9 +701,7 @@ class LoggingConfig(Settings):
 
 
 class _Catalogue(Settings):
-    flavours: tuple[FlavourField, ...] = ()
-
-    _v = field_validator("flavours")(classmethod(lambda cls, v: check_catalogue(v)))
+    flavours: Catalogue = ()
 
 
 DEFAULT_CLASS_SETTINGS: Mapping[str, ClassSettings] = {name: _class_settings(c) for name, c in DEFAULT_CLASSES.items()}
