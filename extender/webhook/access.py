@@ -10,27 +10,15 @@ them changes the cluster.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from extender.settings.sections import TlsConfig
+from extender.tls import subject_common_names
 
 __all__ = ["ANONYMOUS_PATHS", "VERB_PATHS", "denial", "subject_common_names"]
 
 VERB_PATHS = frozenset({"/filter", "/prioritize", "/preempt", "/bind"})
 ANONYMOUS_PATHS = frozenset({"/healthz", "/readyz", "/admission/mutate"})
-
-
-def subject_common_names(peercert: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """The CN values of a verified peer certificate as ``ssl.SSLSocket.getpeercert()`` returns it."""
-    if not peercert:
-        return ()
-    out: list[str] = []
-    for rdn in peercert.get("subject", ()):
-        for attr in rdn:
-            if len(attr) == 2 and attr[0] == "commonName" and isinstance(attr[1], str):
-                out.append(attr[1])
-    return tuple(out)
 
 
 def denial(path: str, has_certificate: bool, names: Iterable[str], tls: TlsConfig) -> str | None:
