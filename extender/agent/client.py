@@ -19,6 +19,7 @@ from extender.agent.archive import CHUNK, ArchiveInfo
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.protocol import ARCHIVE_SHA256_HEADER, ARCHIVE_SIZE_HEADER, FailureKind, Stage
 from extender.agent.settings import AgentTlsConfig
+from extender.tls import subject_common_names
 
 __all__ = ["AgentClient", "PeerError", "client_ssl_context"]
 
@@ -56,9 +57,23 @@ class AgentClient:
         faults: FaultInjection | None = None,
     ) -> None:
         self._ssl = client_ssl_context(tls)
+        self.ssl_context = self._ssl
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds, sock_connect=5)
         self._faults = faults or FaultInjection()
         self._session: aiohttp.ClientSession | None = None
+        self._pins: dict[str, str] = {}
+
+    def pin(self, base_url: str, identity: str) -> None:
+        """From now on, every call under ``base_url`` must be answered by a certificate whose CN is ``identity``
+        (an agent's ``qos-agent:<node>``): the CA's signature proves "one of our identities", the CN which one.
+        Without TLS (tests only) there is nothing to check."""
+        self._pins[base_url.rstrip("/")] = identity
+
+    def _pinned(self, url: str) -> str | None:
+        for base, identity in self._pins.items():
+            if url == base or url.startswith(base + "/"):
+                return identity
+        return None
 
     def _s(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -94,13 +109,25 @@ class AgentClient:
         elif timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
         try:
-            async with self._s().request(method, url, data=payload, headers=hdrs, **kwargs) as resp:
+            # No redirects: a peer must answer itself; a 3xx could point the archive anywhere.
+            async with self._s().request(
+                method, url, data=payload, headers=hdrs, allow_redirects=False, **kwargs
+            ) as resp:
+                expected = self._pinned(url) if self._ssl is not None else None
+                if expected is not None:
+                    transport = resp.connection.transport if resp.connection is not None else None
+                    names = subject_common_names(transport.get_extra_info("peercert") if transport else None)
+                    if expected not in names:
+                        raise PeerError(
+                            FailureKind.REFUSED,
+                            f"{url} answered as {', '.join(names) or 'no identity'}, not as {expected}",
+                        )
                 raw = await resp.read()
                 try:
                     parsed = orjson.loads(raw) if raw else {}
                 except orjson.JSONDecodeError:
                     parsed = {"error": raw[:300].decode(errors="replace")}
-                if resp.status >= 400:
+                if resp.status >= 300:  # a redirect is not an answer
                     reason = parsed.get("error", resp.reason) if isinstance(parsed, dict) else resp.reason
                     raise PeerError(_kind_of(resp.status), f"{resp.status}: {reason}", resp.status)
                 return parsed if isinstance(parsed, dict) else {"value": parsed}

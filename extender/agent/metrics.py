@@ -58,3 +58,17 @@ class AgentMetrics:
             ["step"],
             registry=r,
         )
+        self.refused = Counter(
+            "qos_extender_agent_requests_refused",
+            "Requests this agent refused before acting, by route and why: identity (the caller's certificate may "
+            "not call the route), owner (another agent's migration), policy (the pod may not be migrated), "
+            "destination (not the agent of the node named, or not https), staging (no room for the archive).",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.certificate_reloads = Counter(
+            "qos_extender_certificate_reloads",
+            "Reloads of this agent's certificate files after they changed, by result (ok, failed).",
+            ["result"],
+            registry=r,
+        )

@@ -46,6 +46,7 @@ from extender.agent.protocol import (
     reconcile_source,
     rollback_for,
 )
+from extender.core.migration import agent_identity
 
 __all__ = ["Coordinator", "MigrationRequest"]
 
@@ -65,8 +66,12 @@ class MigrationRequest:
         dest = body.get("destination")
         if not isinstance(dest, dict) or not isinstance(dest.get("url"), str):
             raise ValueError("destination.url (the destination agent's base URL) is required")
-        if set(dest) - {"url", "workload"}:
-            raise ValueError("destination accepts only url and workload")
+        if set(dest) - {"url", "workload", "node"}:
+            raise ValueError("destination accepts only url, node and workload")
+        node = dest.get("node")
+        if node is not None and (not isinstance(node, str) or not node or len(node) > 253 or "/" in node):
+            raise ValueError(f"destination.node must be a node name, got {node!r}")
+        self.destination_node: str | None = node
         url = str(dest["url"]).rstrip("/")
         if not url.startswith(("https://", "http://")):
             raise ValueError(f"destination.url must be http(s)://host:port, got {url!r}")
@@ -214,6 +219,7 @@ class Coordinator:
             "node": self.node,
             "workload": req.workload.to_json(),
             "destination": req.destination_url,
+            "destination_node": req.destination_node,
             "destination_workload": req.destination_workload.to_json() if req.destination_workload else None,
             "archives": {},
             "timings": {},
@@ -478,6 +484,8 @@ class Coordinator:
             if phase.terminal:
                 continue
             t_start = time.monotonic()
+            if rec.get("destination_node"):
+                self.client.pin(rec["destination"], agent_identity(rec["destination_node"]))
             workload = WorkloadRef.from_json(rec["workload"])
             alive = await self.backend.is_running(workload, rec.get("meta", {}))
             image_dir = self.journal.archive_dir("source", rec["id"]) / Stage.FINAL.value

@@ -20,18 +20,21 @@ import asyncio
 import hashlib
 import logging
 import os
+import shutil
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from extender.agent import archive as arc
+from extender.agent import authz
 from extender.agent.backends.base import Backend, BackendError, WorkloadNotFoundError, WorkloadRef
-from extender.agent.client import AgentClient
+from extender.agent.client import AgentClient, PeerError
 from extender.agent.events import EventSink, KubeEventSink, NullEventSink
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.journal import Journal
@@ -48,7 +51,9 @@ from extender.agent.protocol import (
     transfer_verdict,
 )
 from extender.agent.settings import AgentConfig, find_criu
+from extender.core.migration import MigrationPolicy, agent_identity, migration_refusal
 from extender.signals import stop_event
+from extender.tls import CertificateFiles, CertificateReloader, server_context, subject_common_names
 
 __all__ = ["Agent", "make_app", "run_agent", "server_ssl_context"]
 
@@ -65,18 +70,19 @@ def boot_id() -> str:
         return "unknown"
 
 
-def server_ssl_context(config: AgentConfig) -> ssl.SSLContext | None:
-    """mTLS server side: every client (peer agent or controller) must present a cert signed by the CA."""
+def certificate_files(config: AgentConfig) -> CertificateFiles | None:
     tls = config.tls
     if not tls.enabled:
         return None
     assert tls.cert_file and tls.key_file and tls.ca_file
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(tls.cert_file, tls.key_file)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cafile=tls.ca_file)
-    return ctx
+    return CertificateFiles(tls.cert_file, tls.key_file, tls.ca_file)
+
+
+def server_ssl_context(config: AgentConfig) -> ssl.SSLContext | None:
+    """mTLS server side: every client must present a certificate signed by the agents' CA; which routes it may
+    call is ``authz``'s decision (the middleware below)."""
+    files = certificate_files(config)
+    return server_context(files, client_certificate="required") if files is not None else None
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -97,6 +103,7 @@ class Agent:
         *,
         events: EventSink | None = None,
         metrics: AgentMetrics | None = None,
+        api: Any = None,
     ) -> None:
         self.config = config
         self.backend = backend
@@ -119,6 +126,8 @@ class Agent:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self.ready = False
+        self.api = api  # kubernetes-asyncio ApiClient: reads the pod before a checkpoint (migration.check_pods)
+        self.staging_reserved = 0  # bytes of uploads in flight, counted against migration.max_staging_bytes
 
     def lock(self, mid: str) -> asyncio.Lock:
         return self._locks.setdefault(mid, asyncio.Lock())
@@ -142,6 +151,41 @@ class Agent:
 
     def _staging(self, mid: str) -> Path:
         return self.journal.archive_dir("destination", mid)
+
+    def staging_used(self) -> int:
+        """Bytes under every destination staging directory (archives, unpacked images, partial uploads)."""
+        root = self.journal.archive_dir("destination", "x").parent
+        total = 0
+        for path in root.rglob("*") if root.is_dir() else ():
+            try:
+                if path.is_file() and not path.is_symlink():
+                    total += path.stat().st_size
+            except OSError:
+                continue
+        return total
+
+    def staging_refusal(self, rec: dict[str, Any], size: int) -> str | None:
+        """Why an archive of ``size`` bytes may not be staged for ``rec`` (migration.max_migration_bytes,
+        max_staging_bytes, the disk's free space), or None. Checked before a byte is written."""
+        policy = self.config.migration
+        mine = sum(int(a.get("size", 0)) for a in rec.get("archives", {}).values())
+        if mine + size > policy.max_migration_bytes:
+            return (
+                f"migration {rec['id']} would stage {mine + size} bytes here, more than "
+                f"migration.max_migration_bytes ({policy.max_migration_bytes})"
+            )
+        used = self.staging_used() + self.staging_reserved
+        if used + size > policy.max_staging_bytes:
+            return (
+                f"staging is full: {used} bytes in use and {size} more asked, limit migration.max_staging_bytes "
+                f"({policy.max_staging_bytes})"
+            )
+        root = self.journal.archive_dir("destination", rec["id"]).parent
+        root.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(root).free
+        if size * 2 > free:  # the tar and its unpacked image are on disk together for a moment
+            return f"staging disk has {free} bytes free, an archive of {size} bytes needs twice that"
+        return None
 
     def reconcile_destination(self) -> None:
         for rec in self.journal.all("destination"):
@@ -192,6 +236,53 @@ def _pid_alive(pid: int, identity: str | None) -> bool:
 
 
 AGENT_KEY = web.AppKey("agent", Agent)
+CALLER_KEY = "qos_caller"
+
+
+def _route(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else request.path
+
+
+@web.middleware
+async def authorize(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every route answers only the identities ``authz.ROUTES`` names (the TLS layer has already required a
+    certificate of the agents' CA). Without TLS (allow_plaintext, tests only) nobody can be told apart."""
+    agent = request.app[AGENT_KEY]
+    if not agent.config.tls.enabled or request.match_info.http_exception is not None:
+        return await handler(request)  # plaintext, or a 404/405 the router answers anyway
+    route = _route(request)
+    transport = request.transport
+    names = subject_common_names(transport.get_extra_info("peercert") if transport is not None else None)
+    caller = authz.classify(names, agent.config.authz.controllers, agent.config.authz.metrics_clients)
+    reason = authz.refusal(request.method, route, caller, agent.config.node_name)
+    if reason is not None:
+        agent.metrics.refused.labels(route, "identity").inc()
+        log.warning(
+            "request refused",
+            extra={"node": agent.config.node_name, "decision": "forbidden", "route": route, "error": reason},
+        )
+        return _error(403, reason)
+    request[CALLER_KEY] = caller
+    return await handler(request)
+
+
+def _owner_refusal(request: web.Request, rec: dict[str, Any]) -> web.Response | None:
+    """A destination record belongs to the agent that first called for it (its CN, kept in ``owner``)."""
+    caller = request.get(CALLER_KEY)
+    if not isinstance(caller, authz.Caller):
+        return None
+    why = authz.owner_refusal(rec.get("owner"), caller)
+    if why is not None:
+        agent = request.app[AGENT_KEY]
+        route = _route(request)
+        agent.metrics.refused.labels(route, "owner").inc()
+        log.warning("request refused", extra={"migration": rec["id"], "decision": "owner", "error": why})
+        return _error(403, why)
+    rec["owner"] = caller.name
+    return None
 
 
 def _agent(request: web.Request) -> Agent:
@@ -224,6 +315,16 @@ async def post_migration(request: web.Request) -> web.Response:
         agent.backend.validate(req.workload)
     except ValueError as exc:
         return _error(400, str(exc))
+    if agent.journal.get("source", req.id) is None:  # a repeated POST answers the outcome recorded
+        refused = await _policy_refusal(agent, req) or await _destination_refusal(agent, req)
+        if refused is not None:
+            kind, reason = refused
+            agent.metrics.refused.labels("/v1/migrations", kind).inc()
+            log.warning(
+                "migration refused",
+                extra={"migration": req.id, "workload": str(req.workload), "decision": kind, "error": reason},
+            )
+            return _error(403, reason)
     try:
         rec = await agent.coordinator.migrate(req)
     except WorkloadNotFoundError as exc:
@@ -231,6 +332,71 @@ async def post_migration(request: web.Request) -> web.Response:
     except RuntimeError as exc:
         return _error(409, str(exc))
     return _json(rec)
+
+
+async def _read_pod(agent: Agent, namespace: str, name: str) -> dict[str, Any] | None:
+    from kubernetes_asyncio import client as k8s
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        resp = await k8s.CoreV1Api(agent.api).read_namespaced_pod(
+            name, namespace, _preload_content=False, _request_timeout=agent.config.resolve_timeout_seconds
+        )
+        pod = orjson.loads(await cast(Any, resp).read())
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return pod if isinstance(pod, dict) else None
+
+
+async def _policy_refusal(agent: Agent, req: MigrationRequest) -> tuple[str, str] | None:
+    """Before any checkpoint: may this node's agent dump this workload at all (``core.migration``)?"""
+    policy = agent.config.migration
+    wl = req.workload
+    if wl.namespace is None or wl.pod is None:
+        return None  # a process by PID (criu backend, not for pods): no pod to ask about
+    if wl.namespace in policy.denied_namespaces:
+        return "policy", f"pod {wl.pod_key}: namespace {wl.namespace} is never migrated (migration.denied_namespaces)"
+    if not policy.check_pods:
+        return None
+    if agent.api is None:
+        return "policy", "this agent has no API access to read the pod (migration.check_pods needs `get pods`)"
+    try:
+        pod = await _read_pod(agent, wl.namespace, wl.pod)
+    except Exception as exc:  # API unreachable, timeout, 403: the pod cannot be checked, so it is not moved
+        return "policy", f"cannot read pod {wl.pod_key} to check it may be migrated: {exc}"
+    if pod is None:
+        return "policy", f"pod {wl.pod_key} does not exist"
+    reason = migration_refusal(
+        pod,
+        agent.config.node_name,
+        MigrationPolicy(policy.denied_namespaces, policy.namespaces, policy.scheduler_names),
+    )
+    return ("policy", reason) if reason is not None else None
+
+
+async def _destination_refusal(agent: Agent, req: MigrationRequest) -> tuple[str, str] | None:
+    """The archive holds the container's memory: it goes only to the agent of the node the request names, over
+    https, and that agent must prove it with its certificate (CN qos-agent:<node>) before anything is dumped."""
+    if not agent.config.tls.enabled:
+        return None  # allow_plaintext (tests only): no identity to check
+    url, node = req.destination_url, req.destination_node
+    if not url.startswith("https://"):
+        return "destination", f"destination.url {url!r} is not https: archives hold process memory"
+    if node is None:
+        return "destination", "destination.node is required: the destination must prove it is that node's agent"
+    if node == agent.config.node_name:
+        return "destination", f"destination node {node} is this node"
+    identity = agent_identity(node)
+    agent.client.pin(url, identity)
+    try:
+        info = await agent.client.request("GET", f"{url}/v1/info", timeout=10)
+    except PeerError as exc:
+        return "destination", f"destination {url} is not the agent of node {node}: {exc.reason}"
+    if info.get("node") != node:
+        return "destination", f"destination {url} says it is node {info.get('node')!r}, not {node}"
+    return None
 
 
 async def get_migration(request: web.Request) -> web.Response:
@@ -260,6 +426,8 @@ async def put_archive(request: web.Request) -> web.Response:
         return _error(400, str(exc))
     async with agent.lock(mid):
         rec = agent._drec(mid)
+        if (denied := _owner_refusal(request, rec)) is not None:
+            return denied
         state = DestinationState(rec["state"])
         if state in (
             DestinationState.ABORTED,
@@ -270,9 +438,15 @@ async def put_archive(request: web.Request) -> web.Response:
         ):
             return _error(409, f"migration {mid} is {state.value}: no more archives accepted")
         staging = agent._staging(mid)
+        full = agent.staging_refusal(rec, size)
+        if full is not None:
+            agent.metrics.refused.labels(_route(request), "staging").inc()
+            log.warning("archive refused", extra={"migration": mid, "step": stage.value, "error": full})
+            return _error(507, full)
         staging.mkdir(parents=True, exist_ok=True)
         part = staging / f"{stage.value}.tar.part"
         agent._dsave(rec, DestinationState.RECEIVING)
+        agent.staging_reserved += size
         t0 = time.monotonic()
         h = hashlib.sha256()
         got = 0
@@ -292,6 +466,8 @@ async def put_archive(request: web.Request) -> web.Response:
             agent._dsave(rec, DestinationState.UNKNOWN if not rec["archives"] else DestinationState.STAGED)
             log.warning("upload broke off", extra={"migration": mid, "step": stage.value, "error": repr(exc)})
             return _error(400, f"upload broke off after {got} bytes: {exc!r}")
+        finally:
+            agent.staging_reserved -= size  # what was written is on disk now, counted by staging_used()
         verdict = transfer_verdict(size, sha, got, h.hexdigest())
         if not verdict.ok:
             part.unlink(missing_ok=True)
@@ -321,6 +497,8 @@ async def post_prepare(request: web.Request) -> web.Response:
         return _error(400, "prepare needs {meta: {...}}")
     async with agent.lock(mid):
         rec = agent._drec(mid)
+        if (denied := _owner_refusal(request, rec)) is not None:
+            return denied
         state = DestinationState(rec["state"])
         if state is not DestinationState.STAGED and state is not DestinationState.PREPARED:
             return _error(409, f"migration {mid} is {state.value}, not staged")
@@ -348,6 +526,8 @@ async def post_restore(request: web.Request) -> web.Response:
         return _error(400, str(exc))
     async with agent.lock(mid):
         rec = agent._drec(mid)
+        if (denied := _owner_refusal(request, rec)) is not None:
+            return denied
         state = DestinationState(rec["state"])
         if state in _DONE:
             return _json(
@@ -394,6 +574,8 @@ async def post_commit(request: web.Request) -> web.Response:
     mid = _mid(request)
     async with agent.lock(mid):
         rec = agent._drec(mid)
+        if (denied := _owner_refusal(request, rec)) is not None:
+            return denied
         state = DestinationState(rec["state"])
         if state not in _DONE:
             return _error(409, f"migration {mid} is {state.value}, not restored")
@@ -409,6 +591,8 @@ async def post_abort(request: web.Request) -> web.Response:
     body = await _body(request) if request.can_read_body else {}
     async with agent.lock(mid):
         rec = agent._drec(mid)
+        if (denied := _owner_refusal(request, rec)) is not None:
+            return denied
         state = DestinationState(rec["state"])
         if state in _DONE:
             return _json({"state": state.value, "workload": rec.get("restored_workload")})
@@ -489,7 +673,7 @@ async def get_faults(request: web.Request) -> web.Response:
 
 
 def make_app(agent: Agent) -> web.Application:
-    app = web.Application(client_max_size=1 << 20)
+    app = web.Application(client_max_size=1 << 20, middlewares=[authorize])
     app[AGENT_KEY] = agent
     app.router.add_post("/v1/migrations", post_migration)
     app.router.add_get("/v1/migrations/{id}", get_migration)
@@ -556,13 +740,31 @@ async def run_agent(config: AgentConfig, started: asyncio.Event | None = None) -
         api = await _api_client(config)
         closers.append(api)
         events = KubeEventSink(api)
-    agent = Agent(config, backend, events=events)
+    api = None
+    if config.migration.check_pods and (
+        config.kubeconfig or os.environ.get("KUBECONFIG") or os.environ.get("KUBERNETES_SERVICE_HOST")
+    ):
+        api = await _api_client(config)
+        closers.append(api)
+    agent = Agent(config, backend, events=events, api=api)
     await backend.quiesce(Path(config.state_dir), config.criu.command_timeout_seconds)
     agent.reconcile_destination()
     agent.gc()
     runner = web.AppRunner(make_app(agent), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, ssl_context=server_ssl_context(config))
+    ssl_ctx = server_ssl_context(config)
+    reloader: CertificateReloader | None = None
+    files = certificate_files(config)
+    if files is not None and ssl_ctx is not None:
+        # Short-lived identities (extender/agent/identity.py renews them) and Secret updates reach a running
+        # agent: the server's and the peer client's contexts take the new chain.
+        contexts = [ssl_ctx] + ([agent.client.ssl_context] if agent.client.ssl_context is not None else [])
+        reloader = CertificateReloader(
+            files,
+            contexts,
+            on_reload=lambda ok: agent.metrics.certificate_reloads.labels("ok" if ok else "failed").inc(),
+        )
+    site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_ctx)
     await site.start()
     server: Any = site._server
     port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else config.port
@@ -595,10 +797,13 @@ async def run_agent(config: AgentConfig, started: asyncio.Event | None = None) -
             agent.gc()
 
     gc_task = loop.create_task(gc_loop())
+    reload_task = loop.create_task(reloader.run(config.certificate_check_seconds)) if reloader else None
     try:
         await stop.wait()
     finally:
         gc_task.cancel()
+        if reload_task is not None:
+            reload_task.cancel()
         await runner.cleanup()
         await agent.client.close()
         await backend.close()

@@ -19,11 +19,13 @@ from extender.settings import Settings, SettingsError, load_settings
 
 __all__ = [
     "BACKENDS",
+    "AgentAuthzConfig",
     "AgentConfig",
     "AgentConfigError",
     "AgentTlsConfig",
     "CriuConfig",
     "KubeletConfig",
+    "MigrationPolicyConfig",
     "find_criu",
     "load_agent_config",
 ]
@@ -61,6 +63,40 @@ class AgentTlsConfig(Settings):
         if self.cert_file is None and (self.key_file is not None or self.ca_file is not None):
             raise ValueError("key_file and ca_file need cert_file (mTLS)")
         return self
+
+
+class AgentAuthzConfig(Settings):
+    """Who may call what (extender/agent/authz.py): every certificate of the agents' CA passes the handshake, so
+    each route names the identities (subject CNs) it serves. Agents are recognised by their CN
+    ``qos-agent:<node>``; the controller and the scraper by the names below. Everything else gets 403."""
+
+    controllers: tuple[str, ...] = ("qos-autoscaler-consolidation",)
+    """CNs that may start a migration (POST /v1/migrations), read records and discard restores: the
+    consolidation flow's client certificate."""
+    metrics_clients: tuple[str, ...] = ("qos-agent-metrics",)
+    """CNs that may read /metrics, and nothing else (Prometheus' scrape certificate)."""
+
+
+class MigrationPolicyConfig(Settings):
+    """Which pods this agent checkpoints, and how much it stages (extender/core/migration.py): checked before any
+    checkpoint is taken, whoever asked. The destination is always checked too: https, and the certificate of
+    the agent of the node the request names (CN qos-agent:<node>, signed by the agents' CA)."""
+
+    denied_namespaces: tuple[str, ...] = ("kube-system", "kube-public", "kube-node-lease")
+    """Never migrated, opt-in or not (their pods hold cluster credentials in memory)."""
+    namespaces: tuple[str, ...] = ()
+    """Namespaces whose pods are opted in."""
+    scheduler_names: tuple[str, ...] = ("qos-scheduler",)
+    """Pods scheduled by these schedulers are opted in (choosing the qos-scheduler is choosing its
+    consolidation); a pod may also opt in with the annotation qos.kube-qos-extender.io/migratable: "true"."""
+    check_pods: bool = True
+    """Read the pod from the API server before a checkpoint and apply the opt-in and blocker rules to its live
+    object (needs `get pods`); false: only the namespace rules apply (tests without an API server)."""
+    max_migration_bytes: int = Field(16 * 2**30, gt=0)
+    """Destination side: largest total of the archives of one migration staged here."""
+    max_staging_bytes: int = Field(32 * 2**30, gt=0)
+    """Destination side: largest total of every migration's archives staged here at once; an upload beyond
+    it is refused (507) before a byte is written."""
 
 
 class CriuConfig(Settings):
@@ -118,6 +154,8 @@ class AgentConfig(Settings):
     """Port to listen on (0: any free port)."""
     tls: AgentTlsConfig = AgentTlsConfig()
     """mTLS, required unless allow_plaintext."""
+    certificate_check_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)
+    """How often the certificate files are read again; a change is loaded for the next connections."""
     allow_plaintext: bool = False
     """TESTS ONLY: serve and call without TLS."""
     state_dir: str = "/var/lib/kube-qos-extender/agent"
@@ -131,6 +169,8 @@ class AgentConfig(Settings):
     kubeconfig: str | None = None
     """Kubeconfig for the API (Events, the simulated store); null: in-cluster."""
     retry: RetryPolicy = RetryPolicy()
+    authz: AgentAuthzConfig = AgentAuthzConfig()
+    migration: MigrationPolicyConfig = MigrationPolicyConfig()
     request_timeout_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
     """Longest one call to a peer agent may take."""
     resolve_timeout_seconds: float = Field(30.0, gt=0, allow_inf_nan=False)

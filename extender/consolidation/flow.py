@@ -339,7 +339,7 @@ class ConsolidationFlow:
                 if why is not None:
                     raise _Refused(why)
                 container = src["spec"]["containers"][0]["name"]
-                record = await self._migrate(mid, urls[source], urls[dest], ns, name, dname, container)
+                record = await self._migrate(mid, urls[source], urls[dest], dest, ns, name, dname, container)
                 checkpoint_image = True
                 outcome = str(record.get("outcome")) if record is not None else "unknown"
                 reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
@@ -372,7 +372,7 @@ class ConsolidationFlow:
                 )
                 created = await self._create_bound(ns, dname, manifest, dest)
                 await self._wait_running(ns, dname)
-                record = await self._migrate(mid, urls[source], urls[dest], ns, name, dname)
+                record = await self._migrate(mid, urls[source], urls[dest], dest, ns, name, dname)
                 outcome = str(record.get("outcome")) if record is not None else "unknown"
                 reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
         except _Refused as exc:
@@ -455,6 +455,7 @@ class ConsolidationFlow:
         mid: str,
         source_url: str | None,
         dest_url: str | None,
+        dest_node: str,
         ns: str,
         name: str,
         dname: str,
@@ -467,7 +468,8 @@ class ConsolidationFlow:
         body = {
             "id": mid,
             "workload": {"namespace": ns, "pod": name, **extra},
-            "destination": {"url": dest_url, "workload": {"namespace": ns, "pod": dname, **extra}},
+            # node: the source agent checks the destination presents that node's agent certificate
+            "destination": {"url": dest_url, "node": dest_node, "workload": {"namespace": ns, "pod": dname, **extra}},
         }
         for attempt in range(self.s.request_attempts):
             try:

@@ -19,6 +19,13 @@ from typing import Any
 
 from extender.autoscaler.handoff import Consolidation
 from extender.core import reschedule
+from extender.core.migration import (
+    DO_NOT_DISRUPT,
+    annotations_of,
+    metadata_of,
+    object_key,
+    pod_blocker,
+)
 from extender.core.model import ANNOTATION_PREFIX, Node, WorkloadKind
 from extender.core.packing import fits
 from extender.core.reschedule import MigrationPlan, stays_with_node
@@ -55,7 +62,6 @@ CONSOLIDATION_ANNOTATION = ANNOTATION_PREFIX + "consolidation"  # on a node we c
 MIGRATED_FROM_ANNOTATION = ANNOTATION_PREFIX + "migrated-from"  # on a destination pod: namespace/source pod
 MIGRATION_ID_ANNOTATION = ANNOTATION_PREFIX + "migration-id"
 AGENT_URL_ANNOTATION = ANNOTATION_PREFIX + "agent-url"  # on a node: its agent's base URL (overrides the template)
-MIGRATABLE_ANNOTATION = ANNOTATION_PREFIX + "migratable"
 PROGRESS_ANNOTATION = ANNOTATION_PREFIX + "progress-seconds"  # = agent.backends.simulated.PROGRESS_ANNOTATION
 STOPPED_ANNOTATION = ANNOTATION_PREFIX + "simulated-stopped"
 _DROP_ANNOTATIONS = (
@@ -63,12 +69,6 @@ _DROP_ANNOTATIONS = (
     STOPPED_ANNOTATION,
     MIGRATION_ID_ANNOTATION,
     "kubectl.kubernetes.io/last-applied-configuration",
-)
-# What the tools users already run honour: a pod so annotated blocks the consolidation of its node (a checkpoint
-# migration ends the pod like an eviction does: new name, new IP, its controller sees it go).
-DO_NOT_DISRUPT = (
-    ("cluster-autoscaler.kubernetes.io/safe-to-evict", "false"),  # cluster-autoscaler: no scale-down of its node
-    ("karpenter.sh/do-not-disrupt", "true"),  # karpenter: no voluntary disruption of its node
 )
 # cluster-autoscaler's node annotation: no scale-down of this node. We honour it (a node so annotated by someone
 # else is never consolidated) and set it ourselves while we empty a node (CA then never removes a node mid-move).
@@ -79,20 +79,8 @@ CA_SCALE_DOWN_TAINTS = ("ToBeDeletedByClusterAutoscaler", "DeletionCandidateOfCl
 _SUFFIX_RE = re.compile(r"-mv-[a-z0-9]{1,12}$")
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    m = obj.get("metadata")
-    return m if isinstance(m, Mapping) else {}
-
-
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    a = _meta(obj).get("annotations")
-    return a if isinstance(a, Mapping) else {}
-
-
-def object_key(obj: Mapping[str, Any]) -> str:
-    """``namespace/name`` of a pod's JSON."""
-    m = _meta(obj)
-    return f"{m.get('namespace') or 'default'}/{m.get('name')}"
+_meta = metadata_of
+_annotations = annotations_of
 
 
 # ------------------------------------------------------------------------------------------ which plan, when
@@ -161,31 +149,6 @@ def handed_to_cluster_autoscaler_patch() -> dict[str, Any]:
     """An emptied node left to cluster-autoscaler's scale-down (which removes empty nodes): scale-down allowed
     again, still cordoned under our plan annotation so nothing lands on it meanwhile."""
     return {"metadata": {"annotations": {SCALE_DOWN_DISABLED_ANNOTATION: None}}}
-
-
-def pod_blocker(pod: Mapping[str, Any]) -> str | None:
-    """Why this pod cannot be moved by the flow, or None. Checked on the live object after the cordon."""
-    key = object_key(pod)
-    meta = _meta(pod)
-    if meta.get("deletionTimestamp"):
-        return f"pod {key} is being deleted"
-    annotations = _annotations(pod)
-    if str(annotations.get(MIGRATABLE_ANNOTATION, "")).strip().lower() == "false":
-        return f"pod {key} is annotated {MIGRATABLE_ANNOTATION}=false"
-    for name, blocking in DO_NOT_DISRUPT:
-        if str(annotations.get(name, "")).strip().lower() == blocking:
-            return f"pod {key} is annotated {name}={blocking}: its node is not consolidated"
-    for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") != "Node":
-            return (
-                f"pod {key} is controlled by {ref.get('kind')}/{ref.get('name')}: moving a controller's pod is "
-                "not implemented (its controller would replace or adopt it)"
-            )
-    status = pod.get("status")
-    phase = status.get("phase") if isinstance(status, Mapping) else None
-    if phase != "Running":
-        return f"pod {key} is {phase or 'in no phase'}, not Running"
-    return None
 
 
 def node_blocker(pods_on_node: Sequence[Mapping[str, Any]]) -> str | None:
