@@ -40,7 +40,7 @@ from extender.agent.backends.simulated import PROGRESS_ANNOTATION, KubeAnnotatio
 from extender.agent.client import AgentClient
 from extender.agent.events import KubeEventSink
 from extender.agent.server import Agent
-from extender.agent.settings import AgentConfig
+from extender.agent.settings import AgentConfig, MigrationPolicyConfig
 from extender.autoscaler.loop import PROVISIONED_BY_LABEL, PROVISIONED_BY_VALUE
 from extender.autoscaler.settings import (
     AutoscalerSettings,
@@ -54,7 +54,7 @@ from extender.kube.client import ApiError, new_api_client, read_json
 from extender.processes.sidecar import start_autoscaler
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
 from tests.live import require_kubeconfig
-from tests.test_agent_support import Pki, make_pki, serve_in_process
+from tests.test_agent_support import make_pki, serve_in_process
 
 pytestmark = [pytest.mark.live]
 
@@ -178,32 +178,32 @@ async def world() -> AsyncIterator[World]:
         await api.close()
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    names = {f"agent-{i}": f"127.0.0.{i + 10}" for i in range(5)}
-    return make_pki(tmp_path_factory.mktemp("pki"), {**names, "ctl": ""})
-
-
-async def test_underutilised_batch_node_is_emptied_through_the_agents_and_deleted(
-    world: World, pki: Pki, tmp_path: Path
-) -> None:
+async def test_underutilised_batch_node_is_emptied_through_the_agents_and_deleted(world: World, tmp_path: Path) -> None:
     t0 = time.monotonic()
     w, core, ns = world, world.core, world.ns
+    roles = ["under", "pinned", "svc", "dest", "flaky"]
+    # one certificate per stand-in agent, naming its node (CN qos-agent:<node>: extender/agent/authz.py)
+    pki = make_pki(
+        tmp_path / "pki",
+        {**{f"agent-{i}": f"127.0.0.{i + 10}" for i in range(len(roles))}, "ctl": ""},
+        {f"agent-{i}": f"qos-agent:{w.run}-{role}" for i, role in enumerate(roles)},
+    )
     existing = await read_json(await core.list_node(_preload_content=False))
     assert not [n for n in existing["items"] if n["metadata"].get("labels", {}).get(PREFIX + "node-group")], (
         "start from an empty cluster: hack/local-up.sh with no node arguments"
     )
     # ---- one stand-in agent per kwok node (the DaemonSet's role), simulated backend, mTLS
-    roles = ["under", "pinned", "svc", "dest", "flaky"]
     agents: dict[str, Agent] = {}
     runners: list[Any] = []
     urls: dict[str, str] = {}
     for i, role in enumerate(roles):
         name = f"{w.run}-{role}"
         host = f"127.0.0.{i + 10}"
+        # the test's namespace opts in (its pods use no qos-scheduler); the agents read each pod before a checkpoint
         cfg = AgentConfig(node_name=name, host=host, tls=pki.tls(f"agent-{i}"), state_dir=str(tmp_path / role),
-                          backend="simulated", simulated_store="kubernetes", test_fault_injection=True)  # fmt: skip
-        agent = Agent(cfg, SimulatedBackend(KubeAnnotationProgressStore(w.api)), events=KubeEventSink(w.api))
+                          backend="simulated", simulated_store="kubernetes", test_fault_injection=True,
+                          migration=MigrationPolicyConfig(namespaces=(ns,)))  # fmt: skip
+        agent = Agent(cfg, SimulatedBackend(KubeAnnotationProgressStore(w.api)), events=KubeEventSink(w.api), api=w.api)
         runner, url = await serve_in_process(agent, host)
         agents[role], urls[role] = agent, url
         runners.append(runner)

@@ -26,7 +26,14 @@ from extender.agent.client import AgentClient, PeerError
 from extender.agent.events import RecordingEventSink, event_body
 from extender.agent.faults import FaultInjection, FaultPoint
 from extender.agent.server import Agent
-from extender.agent.settings import AgentConfig, AgentConfigError, AgentTlsConfig, find_criu, load_agent_config
+from extender.agent.settings import (
+    AgentConfig,
+    AgentConfigError,
+    AgentTlsConfig,
+    MigrationPolicyConfig,
+    find_criu,
+    load_agent_config,
+)
 from extender.cli import build_parser
 from tests.test_agent_support import serve_in_process
 
@@ -195,8 +202,9 @@ def test_event_body() -> None:
 
 # ------------------------------------------------------------------ simulated backend, whole protocol
 def _agent(tmp_path: Path, name: str, store: InMemoryProgressStore, events: RecordingEventSink) -> Agent:
+    # plaintext (no identities) and no API server: the namespace rules only
     cfg = AgentConfig(node_name=name, allow_plaintext=True, state_dir=str(tmp_path / name), backend="simulated",
-                      test_fault_injection=True)  # fmt: skip
+                      test_fault_injection=True, migration=MigrationPolicyConfig(check_pods=False))  # fmt: skip
     return Agent(cfg, SimulatedBackend(store), events=events)
 
 
@@ -273,7 +281,8 @@ async def test_a_single_checkpoint_backend_takes_one_checkpoint_per_move(tmp_pat
     store = InMemoryProgressStore()
     events = RecordingEventSink()
     one = OneCheckpointBackend(store)
-    cfg = AgentConfig(node_name="real-1", allow_plaintext=True, state_dir=str(tmp_path / "real-1"), backend="simulated")
+    cfg = AgentConfig(node_name="real-1", allow_plaintext=True, state_dir=str(tmp_path / "real-1"), backend="simulated",
+                      migration=MigrationPolicyConfig(check_pods=False))  # fmt: skip
     src, dst = Agent(cfg, one, events=events), _agent(tmp_path, "real-2", store, events)
     client = AgentClient(AgentTlsConfig())
     runners = []

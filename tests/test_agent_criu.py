@@ -44,7 +44,11 @@ def criu() -> str:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"), {"agent-a": "127.0.0.1", "agent-b": "127.0.0.2", "ctl": ""})
+    return make_pki(
+        tmp_path_factory.mktemp("pki"),
+        {"agent-a": "127.0.0.1", "agent-b": "127.0.0.2", "ctl": "", "prom": ""},
+        {"agent-a": "qos-agent:node-a", "agent-b": "qos-agent:node-b"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +120,7 @@ async def test_checkpoint_of_a_missing_process_is_reported(criu: str, tmp_path: 
 
 
 async def _migrate(c: AgentClient, src: AgentProc, dst: AgentProc, pid: int, mid: str) -> dict[str, Any]:
-    body = {"id": mid, "workload": {"pid": pid}, "destination": {"url": dst.url}}
+    body = {"id": mid, "workload": {"pid": pid}, "destination": {"url": dst.url, "node": dst.name}}
     return await c.request("POST", f"{src.url}/v1/migrations", body, timeout=120)
 
 
@@ -149,13 +153,13 @@ async def test_counter_migrates_back_and_forth_without_losing_or_repeating_work(
             assert dest_rec["state"] == "committed"
         check_consecutive(counter.values())
 
-        metrics_a = await _metrics(c, a)
+        metrics_a = await _metrics(pki, a)
         assert 'qos_extender_migrations_total{outcome="succeeded"} 3.0' in metrics_a
         assert "qos_extender_checkpoint_seconds_bucket" in metrics_a
         assert "qos_extender_transfer_seconds_count" in metrics_a
         assert "qos_extender_migration_bytes_total" in metrics_a
         assert "qos_extender_work_preserved_seconds_total" in metrics_a
-        metrics_b = await _metrics(c, b)
+        metrics_b = await _metrics(pki, b)
         assert 'qos_extender_restore_seconds_count{where="destination"} 3.0' in metrics_b
     finally:
         kill_marker(counter.marker)
@@ -163,12 +167,14 @@ async def test_counter_migrates_back_and_forth_without_losing_or_repeating_work(
     _print_timings()
 
 
-async def _metrics(c: AgentClient, agent: AgentProc) -> str:
+async def _metrics(pki: Pki, agent: AgentProc) -> str:
+    """/metrics as Prometheus reads it: with the scraper's certificate (the controller's is refused there)."""
     import aiohttp
 
-    ssl_ctx = c._ssl
+    ssl_ctx = AgentClient(pki.tls("prom")).ssl_context
     assert ssl_ctx is not None
     async with aiohttp.ClientSession() as s, s.get(f"{agent.url}/metrics", ssl=ssl_ctx) as r:
+        assert r.status == 200, await r.text()
         return await r.text()
 
 

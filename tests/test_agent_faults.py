@@ -113,7 +113,11 @@ RESULTS: list[tuple[str, str, float, str]] = []
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"), {"agent-a": "127.0.0.1", "agent-b": "127.0.0.2", "ctl": ""})
+    return make_pki(
+        tmp_path_factory.mktemp("pki"),
+        {"agent-a": "127.0.0.1", "agent-b": "127.0.0.2", "agent-c": "127.0.0.1", "agent-d": "127.0.0.2", "ctl": ""},
+        {f"agent-{x}": f"qos-agent:node-{x}" for x in "abcd"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +173,7 @@ async def test_fault(
             "PUT", f"{src.url}/v1/test/faults", {"faults": scenario.source_faults, "cut_after_bytes": 65536}
         )
         await c.request("PUT", f"{dst.url}/v1/test/faults", {"faults": scenario.dest_faults, "cut_after_bytes": 65536})
-        body = {"id": mid, "workload": {"pid": counter.pid}, "destination": {"url": dst.url}}
+        body = {"id": mid, "workload": {"pid": counter.pid}, "destination": {"url": dst.url, "node": dst.name}}
         try:
             answered: dict[str, Any] | None = await c.request("POST", f"{src.url}/v1/migrations", body, timeout=90)
         except PeerError as exc:
@@ -235,8 +239,8 @@ def lonely_agents(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     d = tmp_path_factory.mktemp("lonely")
     (d / "agent.yaml").write_text("resolve_timeout_seconds: 2\n")
     extra = ["--config", str(d / "agent.yaml")]
-    a = AgentProc("node-c", "127.0.0.1", free_port("127.0.0.1"), d / "a", pki.tls("agent-a"), d / "a.log", extra=extra)
-    b = AgentProc("node-d", "127.0.0.2", free_port("127.0.0.2"), d / "b", pki.tls("agent-b"), d / "b.log", extra=extra)
+    a = AgentProc("node-c", "127.0.0.1", free_port("127.0.0.1"), d / "a", pki.tls("agent-c"), d / "a.log", extra=extra)
+    b = AgentProc("node-d", "127.0.0.2", free_port("127.0.0.2"), d / "b", pki.tls("agent-d"), d / "b.log", extra=extra)
     b.supervise = False
     a.start()
     b.start()
@@ -271,7 +275,7 @@ async def test_destination_gone_for_good(
         body = {
             "id": mid,
             "workload": {"pid": counter.pid},
-            "destination": {"url": dst.url},
+            "destination": {"url": dst.url, "node": dst.name},
         }
         rec = await c.request("POST", f"{src.url}/v1/migrations", body, timeout=90)
         assert rec["outcome"] == outcome, rec

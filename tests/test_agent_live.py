@@ -26,7 +26,7 @@ from extender.agent.backends.simulated import (
 from extender.agent.client import AgentClient
 from extender.agent.events import KubeEventSink
 from extender.agent.server import Agent
-from extender.agent.settings import AgentConfig
+from extender.agent.settings import AgentConfig, MigrationPolicyConfig
 from extender.kube.client import new_api_client
 from extender.settings.extender import KubernetesConfig
 from tests.live import require_kubeconfig
@@ -83,7 +83,11 @@ async def _events(core: Any, ns: str, pod: str) -> list[Any]:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"), {"agent-a": "127.0.0.1", "agent-b": "127.0.0.2", "ctl": ""})
+    return make_pki(
+        tmp_path_factory.mktemp("pki"),
+        {"agent-a": "127.0.0.1", "agent-b": "127.0.0.2", "ctl": ""},
+        {"agent-a": "qos-agent:kwok-a", "agent-b": "qos-agent:kwok-b"},
+    )
 
 
 async def test_simulated_migration_through_pod_annotations_with_events(
@@ -100,7 +104,8 @@ async def test_simulated_migration_through_pod_annotations_with_events(
         urls = []
         for name, host, cert in (("kwok-a", "127.0.0.1", "agent-a"), ("kwok-b", "127.0.0.2", "agent-b")):
             cfg = AgentConfig(node_name=name, host=host, tls=pki.tls(cert), state_dir=str(tmp_path / name),
-                              backend="simulated", simulated_store="kubernetes", test_fault_injection=True)  # fmt: skip
+                              backend="simulated", simulated_store="kubernetes", test_fault_injection=True,
+                              migration=MigrationPolicyConfig(check_pods=False))  # fmt: skip
             agent = Agent(cfg, SimulatedBackend(KubeAnnotationProgressStore(api)), events=KubeEventSink(api))
             runner, url = await serve_in_process(agent, host)
             agents.append(agent)
@@ -111,7 +116,7 @@ async def test_simulated_migration_through_pod_annotations_with_events(
         body = {
             "id": "live-1",
             "workload": {"namespace": namespace, "pod": "job-src"},
-            "destination": {"url": b, "workload": {"namespace": namespace, "pod": "job-dst"}},
+            "destination": {"url": b, "node": "kwok-b", "workload": {"namespace": namespace, "pod": "job-dst"}},
         }
         rec = await ctl.request("POST", f"{a}/v1/migrations", body)
         assert rec["outcome"] == "succeeded", rec
@@ -125,7 +130,11 @@ async def test_simulated_migration_through_pod_annotations_with_events(
 
         # refused restore: rolled back, the source keeps its progress and runs again; a Warning Event says why
         await ctl.request("PUT", f"{b}/v1/test/faults", {"faults": {"destination.refuse.restore": 1}})
-        body = {"id": "live-2", "workload": {"namespace": namespace, "pod": "job2-src"}, "destination": {"url": b}}
+        body = {
+            "id": "live-2",
+            "workload": {"namespace": namespace, "pod": "job2-src"},
+            "destination": {"url": b, "node": "kwok-b"},
+        }
         rec = await ctl.request("POST", f"{a}/v1/migrations", body)
         assert rec["outcome"] == "rolled_back" and "refuses restore" in rec["reason"]
         src2 = await _annotations(core, namespace, "job2-src")

@@ -70,8 +70,16 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
-def make_pki(d: Path, names: dict[str, str]) -> Pki:
-    """A throwaway CA and one cert per name (value: IP SAN, or '' for a client-only cert), via the openssl CLI."""
+# The identities the agents' routes know (extender/agent/authz.py): the controller's CN, and an agent's
+# ``qos-agent:<node>``. ``make_pki`` gives the files "ctl" and "prom" the controller's and the scraper's CNs by default.
+CONTROLLER_CN = "qos-autoscaler-consolidation"
+METRICS_CN = "qos-agent-metrics"  # the scraper's: /metrics only
+
+
+def make_pki(d: Path, names: dict[str, str], subjects: dict[str, str] | None = None) -> Pki:
+    """A throwaway CA and one cert per name (value: IP SAN, or '' for a client-only cert), via the openssl CLI.
+    ``subjects``: the CN of a name's certificate (default: the name; "ctl", "prom": the controller's, the scraper's)."""
+    cns = {"ctl": CONTROLLER_CN, "prom": METRICS_CN, **(subjects or {})}
     d.mkdir(parents=True, exist_ok=True)
     _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key", cwd=d)
     _openssl("req", "-x509", "-new", "-key", "ca.key", "-sha256", "-days", "2", "-subj", "/CN=qos-agent-test-ca",
@@ -79,7 +87,8 @@ def make_pki(d: Path, names: dict[str, str]) -> Pki:
              "-out", "ca.crt", cwd=d)  # fmt: skip
     for name, ip in names.items():
         _openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{name}.key", cwd=d)
-        _openssl("req", "-new", "-key", f"{name}.key", "-subj", f"/CN={name}", "-out", f"{name}.csr", cwd=d)
+        _openssl("req", "-new", "-key", f"{name}.key", "-subj", f"/CN={cns.get(name, name)}", "-out",
+                 f"{name}.csr", cwd=d)  # fmt: skip
         ext = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature",
                "extendedKeyUsage=serverAuth,clientAuth"]  # fmt: skip
         if ip:

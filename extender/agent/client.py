@@ -7,6 +7,7 @@ error, timeout, 5xx, 422 checksum mismatch — worth retrying) or REFUSED (any o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from extender.agent.archive import CHUNK, ArchiveInfo
 from extender.agent.faults import FaultInjection, FaultPoint
@@ -109,19 +111,17 @@ class AgentClient:
         elif timeout is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout, sock_connect=5)
         try:
+            expected = self._pinned(url) if self._ssl is not None else None
+            if expected is not None:
+                names = await self.peer_identity(url)
+                if expected not in names:
+                    raise PeerError(
+                        FailureKind.REFUSED, f"{url} answered as {', '.join(names) or 'no identity'}, not as {expected}"
+                    )
             # No redirects: a peer must answer itself; a 3xx could point the archive anywhere.
             async with self._s().request(
                 method, url, data=payload, headers=hdrs, allow_redirects=False, **kwargs
             ) as resp:
-                expected = self._pinned(url) if self._ssl is not None else None
-                if expected is not None:
-                    transport = resp.connection.transport if resp.connection is not None else None
-                    names = subject_common_names(transport.get_extra_info("peercert") if transport else None)
-                    if expected not in names:
-                        raise PeerError(
-                            FailureKind.REFUSED,
-                            f"{url} answered as {', '.join(names) or 'no identity'}, not as {expected}",
-                        )
                 raw = await resp.read()
                 try:
                     parsed = orjson.loads(raw) if raw else {}
@@ -135,6 +135,23 @@ class AgentClient:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError, _CutError) as exc:
             raise PeerError(FailureKind.TRANSIENT, f"{type(exc).__name__}: {exc or 'connection failed'}") from None
+
+    async def peer_identity(self, url: str) -> tuple[str, ...]:
+        """The subject CNs of the certificate ``url``'s server presents, after the same verification as every
+        call (our CA, the host name/IP in its SANs). A handshake of its own: aiohttp does not show the peer's
+        certificate of a pooled connection. The IP binding the SANs make is what keeps later calls to the
+        same URL on the same agent; this names which agent that is."""
+        assert self._ssl is not None
+        parsed = URL(url)
+        host, port = parsed.host or "", parsed.port or 443
+        async with asyncio.timeout(10):
+            _, writer = await asyncio.open_connection(host, port, ssl=self._ssl, server_hostname=host)
+        try:
+            return subject_common_names(writer.get_extra_info("peercert"))
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
 
     async def _chunks(self, path: Path) -> AsyncIterator[bytes]:
         cut = self._faults.fires(FaultPoint.SOURCE_CUT_TRANSFER)

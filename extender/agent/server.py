@@ -236,7 +236,7 @@ def _pid_alive(pid: int, identity: str | None) -> bool:
 
 
 AGENT_KEY = web.AppKey("agent", Agent)
-CALLER_KEY = "qos_caller"
+CALLER_KEY = web.RequestKey("qos_caller", authz.Caller)
 
 
 def _route(request: web.Request) -> str:
