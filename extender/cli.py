@@ -21,6 +21,7 @@ from extender.consolidation.settings import ConsolidationSettings, parse_consoli
 from extender.core.model import InvalidInputError
 from extender.processes import agent as agent_process
 from extender.processes import autoscaler as autoscaler_process
+from extender.processes import issuer as issuer_process
 from extender.processes import serve as serve_process
 from extender.settings import SettingsError
 from extender.settings.extender import ExtenderConfig, deep_merge, parse_config
@@ -229,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="run the per-node checkpoint/restore agent (criu | kubelet | simulated)")
     agent_process.add_agent_arguments(agent)
     agent.set_defaults(func=agent_process.run_agent_command)
+
+    issuer = sub.add_parser("agent-issuer", help="issue the agents' per-node certificates (CSR approver and signer)")
+    issuer_process.add_issuer_arguments(issuer)
+    issuer.set_defaults(func=issuer_process.run_issuer_command)
 
     scaler = sub.add_parser("autoscaler", help="run the autoscaler sidecar (kwok | cluster-autoscaler expander)")
     autoscaler_process.add_autoscaler_arguments(scaler)

@@ -17,6 +17,7 @@ Routes (all JSON; errors as ``{"error": reason}``):
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import hashlib
 import logging
 import os
@@ -25,7 +26,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -37,6 +38,7 @@ from extender.agent.backends.base import Backend, BackendError, WorkloadNotFound
 from extender.agent.client import AgentClient, PeerError
 from extender.agent.events import EventSink, KubeEventSink, NullEventSink
 from extender.agent.faults import FaultInjection, FaultPoint
+from extender.agent.identity import Requester
 from extender.agent.journal import Journal
 from extender.agent.metrics import AgentMetrics
 from extender.agent.migrate import Coordinator, MigrationRequest
@@ -336,14 +338,16 @@ async def post_migration(request: web.Request) -> web.Response:
 
 async def _read_pod(agent: Agent, namespace: str, name: str) -> dict[str, Any] | None:
     from kubernetes_asyncio import client as k8s
-    from kubernetes_asyncio.client.exceptions import ApiException
+
+    from extender.kube.client import ApiError, read_json
 
     try:
-        resp = await k8s.CoreV1Api(agent.api).read_namespaced_pod(
-            name, namespace, _preload_content=False, _request_timeout=agent.config.resolve_timeout_seconds
+        pod = await read_json(
+            await k8s.CoreV1Api(agent.api).read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=agent.config.resolve_timeout_seconds
+            )
         )
-        pod = orjson.loads(await cast(Any, resp).read())
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status == 404:
             return None
         raise
@@ -732,9 +736,69 @@ async def _api_client(config: AgentConfig) -> Any:
     return await new_api_client(KubernetesConfig(kubeconfig=config.kubeconfig))
 
 
+async def _identities(config: AgentConfig) -> tuple[Any, list[Requester]]:
+    """identity.enabled: this node's certificates, requested through the CSR API before anything is served
+    (the server and the peer client load them at start), then renewed in the background."""
+    from extender.agent.identity import AGENT_SIGNER, KUBELET_SIGNER, Requester
+
+    ident = config.identity
+    tls, kubelet = config.tls, config.kubelet
+    if not tls.cert_file or not tls.key_file:
+        raise BackendError("identity.enabled needs tls.cert_file and tls.key_file: where the certificate is written")
+    node_ip = ident.node_ip or os.environ.get("NODE_IP")
+    if not node_ip:
+        raise BackendError("identity.enabled needs the node's IP: identity.node_ip or $NODE_IP")
+    api = await _api_client(config)
+    common: dict[str, Any] = {
+        "node": config.node_name,
+        "expiration_seconds": ident.expiration_seconds,
+        "timeout_seconds": ident.timeout_seconds,
+    }
+    requesters = [
+        Requester(
+            api,
+            signer=AGENT_SIGNER,
+            usages=("digital signature", "server auth", "client auth"),
+            ips=(node_ip,),
+            cert_file=Path(tls.cert_file),
+            key_file=Path(tls.key_file),
+            **common,
+        ),
+    ]
+    if ident.kubelet_client and config.backend == "kubelet":
+        if not kubelet.cert_file or not kubelet.key_file:
+            raise BackendError("identity.kubelet_client needs kubelet.cert_file and kubelet.key_file")
+        requesters.append(
+            Requester(
+                api,
+                signer=KUBELET_SIGNER,
+                usages=("digital signature", "client auth"),
+                ips=(),
+                cert_file=Path(kubelet.cert_file),
+                key_file=Path(kubelet.key_file),
+                **common,
+            )
+        )
+    now = dt.datetime.now(dt.UTC)
+    for r in requesters:
+        if r.needs_renewal(now):
+            try:
+                await r.obtain()
+            except Exception as exc:  # denied, not signed in time, API refused: the agent cannot serve
+                await api.close()
+                raise BackendError(f"no {r.signer} certificate for node {config.node_name}: {exc}") from exc
+    return api, requesters
+
+
 async def run_agent(config: AgentConfig, started: asyncio.Event | None = None) -> None:
     """Serve until SIGTERM/SIGINT: reconcile the journal first, then accept requests."""
+    requesters: list[Requester] = []
+    identity_api = None
+    if config.identity.enabled:
+        identity_api, requesters = await _identities(config)
     backend, closers = await make_backend(config)
+    if identity_api is not None:
+        closers.append(identity_api)
     events: EventSink = NullEventSink()
     if config.events and config.backend != "criu" and (config.kubeconfig or os.environ.get("KUBECONFIG")):
         api = await _api_client(config)
@@ -798,10 +862,13 @@ async def run_agent(config: AgentConfig, started: asyncio.Event | None = None) -
 
     gc_task = loop.create_task(gc_loop())
     reload_task = loop.create_task(reloader.run(config.certificate_check_seconds)) if reloader else None
+    renewals = [loop.create_task(r.run(), name=f"renew {r.signer}") for r in requesters]
     try:
         await stop.wait()
     finally:
         gc_task.cancel()
+        for task in renewals:
+            task.cancel()
         if reload_task is not None:
             reload_task.cancel()
         await runner.cleanup()

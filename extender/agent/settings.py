@@ -24,6 +24,8 @@ __all__ = [
     "AgentConfigError",
     "AgentTlsConfig",
     "CriuConfig",
+    "IdentityConfig",
+    "IssuerConfig",
     "KubeletConfig",
     "MigrationPolicyConfig",
     "find_criu",
@@ -99,6 +101,49 @@ class MigrationPolicyConfig(Settings):
     it is refused (507) before a byte is written."""
 
 
+class IdentityConfig(Settings):
+    """Per-node identities through the CertificateSigningRequest API (extender/agent/identity.py): at start and
+    at half their life, the agent asks for its mTLS certificate (written to tls.cert_file/key_file) and its
+    kubelet client certificate (kubelet.cert_file/key_file), both naming this node only. Needs the agent's
+    ServiceAccount token (bound to its pod) and `create`/`get` on certificatesigningrequests."""
+
+    enabled: bool = False
+    """false: the certificate files are given (a Secret, or tests); true: they are requested and renewed."""
+    node_ip: str | None = None
+    """The IP SAN of the agent certificate (peers dial https://<InternalIP>:port); null: $NODE_IP."""
+    expiration_seconds: int = Field(86400, ge=600)
+    """Life asked for each certificate; renewed at half of it."""
+    kubelet_client: bool = True
+    """Also ask for the kubelet client certificate (kubelet backend)."""
+    timeout_seconds: float = Field(120.0, gt=0, allow_inf_nan=False)
+    """Longest wait for a CSR to be signed at start (the issuer and kube-controller-manager act on it)."""
+
+
+class IssuerConfig(Settings):
+    """`qos-extender agent-issuer`: approves the agents' CSRs that name the node their bound token was issued
+    for, signs their mTLS certificates with the agents' CA (which only this process holds), and keeps one
+    ClusterRole per node for the kubelet credential (extender/agent/identity.py)."""
+
+    kubeconfig: str | None = None
+    """Kubeconfig; null: in-cluster."""
+    ca_cert_file: str = "/etc/qos-agent-issuer/ca/tls.crt"
+    """The agents' CA certificate (PEM)."""
+    ca_key_file: str = "/etc/qos-agent-issuer/ca/tls.key"
+    """Its private key (PEM): the only copy in the cluster."""
+    agent_namespace: str = "kube-qos-agent"
+    agent_service_account: str = "qos-agent"
+    """The agents' ServiceAccount: only its CSRs are considered."""
+    agent_pod_labels: dict[str, str] = Field(default_factory=lambda: {"app.kubernetes.io/name": "qos-agent"})
+    """Labels the requesting pod must carry (the DaemonSet's)."""
+    max_expiration_seconds: int = Field(86400, ge=600)
+    """Longest life granted."""
+    poll_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
+    """How often pending CSRs are read."""
+    request_timeout_seconds: float = Field(20.0, gt=0, allow_inf_nan=False)
+    """Longest one API call may take."""
+    log_level: LogLevel = "INFO"
+
+
 class CriuConfig(Settings):
     """The criu backend: process checkpoints by PID with the criu binary (not for pods: see backend)."""
 
@@ -170,6 +215,7 @@ class AgentConfig(Settings):
     """Kubeconfig for the API (Events, the simulated store); null: in-cluster."""
     retry: RetryPolicy = RetryPolicy()
     authz: AgentAuthzConfig = AgentAuthzConfig()
+    identity: IdentityConfig = IdentityConfig()
     migration: MigrationPolicyConfig = MigrationPolicyConfig()
     request_timeout_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
     """Longest one call to a peer agent may take."""

@@ -1,0 +1,216 @@
+"""The issuer of the agents' per-node identities (``qos-extender agent-issuer``): one Deployment that approves or
+denies the agents' CertificateSigningRequests (``identity.csr_verdict``), signs their mTLS certificates with the
+agents' CA, and keeps the per-node ClusterRoles of their kubelet credentials.
+
+Why its own process: it is the one place that holds the agents' CA key and may approve kube-apiserver-client
+certificates, so it runs apart from everything that handles workloads, with no port open at all (a refusal is
+visible where the requester looks: the CSR's Denied condition, its reason and message).
+
+Idempotent and restart-safe: every pass reads the pending CSRs again; an Approved CSR of our signer without a
+certificate (an issuer that died between approving and signing) is signed on the next pass; the per-node roles
+are applied with server-side apply, and the roles of nodes that are gone are deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import Any, cast
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from extender.agent.identity import (
+    AGENT_SIGNER,
+    KUBELET_SIGNER,
+    NODE_LABEL,
+    CsrRequest,
+    csr_verdict,
+    node_binding,
+    node_role,
+    sign,
+)
+from extender.agent.settings import IssuerConfig
+from extender.kube.client import ApiError, read_json
+
+__all__ = ["Issuer"]
+
+log = logging.getLogger("extender.agent.issuer")
+
+
+def _conditions(obj: dict[str, Any]) -> set[str]:
+    return {str(c.get("type")) for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+class Issuer:
+    def __init__(self, api: Any, config: IssuerConfig) -> None:
+        from kubernetes_asyncio import client as k8s
+
+        self.api = api
+        self.config = config
+        self.certs = k8s.CertificatesV1Api(api)
+        self.core = k8s.CoreV1Api(api)
+        self.rbac = k8s.RbacAuthorizationV1Api(api)
+        self.ca_cert = x509.load_pem_x509_certificate(Path(config.ca_cert_file).read_bytes())
+        self.ca_key = serialization.load_pem_private_key(Path(config.ca_key_file).read_bytes(), password=None)
+        self.agent_user = f"system:serviceaccount:{config.agent_namespace}:{config.agent_service_account}"
+        self.decisions: list[tuple[str, bool, str]] = []  # (csr, approved, why): what a pass decided (tests read it)
+
+    async def _json(self, coro: Any) -> dict[str, Any]:
+        return cast(dict[str, Any], await read_json(await coro))
+
+    async def _get(self, fn: Any, *args: Any) -> dict[str, Any] | None:
+        try:
+            return await self._json(
+                fn(*args, _preload_content=False, _request_timeout=self.config.request_timeout_seconds)
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def run_once(self) -> None:
+        t = self.config.request_timeout_seconds
+        listed = await self._json(
+            self.certs.list_certificate_signing_request(_preload_content=False, _request_timeout=t)
+        )
+        for obj in listed.get("items") or []:
+            spec = obj.get("spec") or {}
+            if spec.get("signerName") not in (AGENT_SIGNER, KUBELET_SIGNER) or spec.get("username") != self.agent_user:
+                continue
+            conds = _conditions(obj)
+            if "Denied" in conds or "Failed" in conds:
+                continue
+            approved = "Approved" in conds
+            if approved and (spec.get("signerName") == KUBELET_SIGNER or (obj.get("status") or {}).get("certificate")):
+                continue  # done (kube-controller-manager signs the kubelet's)
+            try:
+                await self._decide(obj, approved)
+            except Exception as exc:  # one bad CSR or a failed call must not stop the others
+                log.warning("csr not handled", extra={"decision": obj["metadata"]["name"], "error": str(exc)})
+        await self._collect_roles()
+
+    async def _decide(self, obj: dict[str, Any], approved: bool) -> None:
+        csr = CsrRequest.from_object(obj)
+        node_name = next(iter(csr.extra.get("authentication.kubernetes.io/node-name") or ()), None)
+        pod_name = next(iter(csr.extra.get("authentication.kubernetes.io/pod-name") or ()), None)
+        pod = (
+            await self._get(self.core.read_namespaced_pod, pod_name, self.config.agent_namespace) if pod_name else None
+        )
+        node = await self._get(self.core.read_node, node_name) if node_name else None
+        ok, why = csr_verdict(
+            csr,
+            agent_user=self.agent_user,
+            agent_pod_labels=self.config.agent_pod_labels,
+            pod=pod,
+            node=node,
+            max_expiration_seconds=self.config.max_expiration_seconds,
+        )
+        self.decisions.append((csr.name, ok, why))
+        log.info(
+            "csr decided",
+            extra={"node": node_name, "pod": pod_name, "decision": {"csr": csr.name, "approved": ok, "why": why}},
+        )
+        if not ok:
+            await self._condition(obj, "Denied", "QosAgentIdentityRefused", why)
+            return
+        assert node_name is not None
+        if csr.signer == KUBELET_SIGNER:
+            await self._ensure_role(node_name)  # before the approval: the certificate works the moment it exists
+        if not approved:
+            await self._condition(obj, "Approved", "QosAgentIdentity", why)
+        if csr.signer == AGENT_SIGNER:
+            seconds = min(
+                csr.expiration_seconds or self.config.max_expiration_seconds, self.config.max_expiration_seconds
+            )
+            pem = sign(csr.pem, self.ca_cert, self.ca_key, seconds=seconds, now=dt.datetime.now(dt.UTC))
+            fresh = await self._get(self.certs.read_certificate_signing_request, csr.name)
+            if fresh is None:
+                return
+            fresh.setdefault("status", {})["certificate"] = base64.b64encode(pem).decode()
+            await self.certs.replace_certificate_signing_request_status(
+                csr.name, cast(Any, fresh), _request_timeout=self.config.request_timeout_seconds
+            )
+
+    async def _condition(self, obj: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        fresh = await self._get(self.certs.read_certificate_signing_request, obj["metadata"]["name"])
+        if fresh is None:
+            return
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        status = fresh.setdefault("status", {})
+        status.setdefault("conditions", []).append(
+            {"type": kind, "status": "True", "reason": reason, "message": message[:1000], "lastUpdateTime": now}
+        )
+        await self.certs.replace_certificate_signing_request_approval(
+            fresh["metadata"]["name"], cast(Any, fresh), _request_timeout=self.config.request_timeout_seconds
+        )
+
+    async def _ensure_role(self, node: str) -> None:
+        """Create the node's ClusterRole and its binding, or put them back as they must be (someone edited them)."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        t = self.config.request_timeout_seconds
+        r: Any = self.rbac
+        pairs: tuple[tuple[dict[str, Any], Any, Any, Any], ...] = (
+            (
+                node_role(node),
+                r.create_cluster_role,
+                r.read_cluster_role,
+                r.replace_cluster_role,
+            ),
+            (
+                node_binding(node),
+                r.create_cluster_role_binding,
+                r.read_cluster_role_binding,
+                r.replace_cluster_role_binding,
+            ),
+        )
+        for body, create, read, replace in pairs:
+            name = body["metadata"]["name"]
+            try:
+                await create(body, _request_timeout=t)
+                continue
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            live = await self._get(read, name)
+            if live is None:
+                continue
+            keys = ("rules",) if body["kind"] == "ClusterRole" else ("roleRef", "subjects")
+            labels = (live.get("metadata") or {}).get("labels") or {}
+            if all(live.get(k) == body[k] for k in keys) and labels.get(NODE_LABEL) == node:
+                continue
+            body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+            if body["kind"] == "ClusterRoleBinding" and live.get("roleRef") != body["roleRef"]:
+                await self.rbac.delete_cluster_role_binding(name, _request_timeout=t)  # roleRef is immutable
+                del body["metadata"]["resourceVersion"]
+                await create(body, _request_timeout=t)
+            else:
+                await replace(name, body, _request_timeout=t)
+
+    async def _collect_roles(self) -> None:
+        """The kubelet roles of nodes that no longer exist go with them (a reused node name starts unbound)."""
+        t = self.config.request_timeout_seconds
+        roles = await self._json(
+            self.rbac.list_cluster_role(label_selector=NODE_LABEL, _preload_content=False, _request_timeout=t)
+        )
+        for role in roles.get("items") or []:
+            node = role["metadata"]["labels"][NODE_LABEL]
+            if await self._get(self.core.read_node, node) is None:
+                name = role["metadata"]["name"]
+                log.info("node gone: kubelet role removed", extra={"node": node, "decision": name})
+                await self.rbac.delete_cluster_role_binding(name, _request_timeout=t)
+                await self.rbac.delete_cluster_role(name, _request_timeout=t)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.run_once()
+            except Exception as exc:  # API unreachable: try again next pass
+                log.warning("issuer pass failed", extra={"error": str(exc)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.poll_seconds)
