@@ -27,7 +27,9 @@ from extender.webhook.app import make_app, make_ssl_context, start_loopback_serv
 from extender.webhook.metrics import Metrics
 from tests.golden.replay import FULL_LOG, NODECACHE_LOG, load_log, node_objects
 
-CONFIG = ExtenderConfig()
+# The golden capture's kube-scheduler sent both profiles' pods to the extender (no managedResources): both names
+# are this extender's to bind.
+CONFIG = parse_config({"bind": {"scheduler_names": ["qos-scheduler", "default-scheduler"]}})
 NOW = load_log(FULL_LOG)[0]["t"]
 
 
@@ -68,12 +70,21 @@ async def setup() -> AsyncIterator[tuple[TestClient[Any, Any], Snapshot, Scripte
     snap = synced_snapshot()
     binder = ScriptedBinder()
     metrics = Metrics()
-    app = make_app(CONFIG, snap, binder, metrics=metrics, clock=lambda: NOW)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    # kube-scheduler's own listener (the loopback one): the main listener without a client CA refuses /bind
+    async with scheduler_app(snap, binder, metrics) as client:
         yield client, snap, binder, metrics
 
 
 Setup = tuple[TestClient[Any, Any], Snapshot, ScriptedBinder, Metrics]
+
+
+def scheduler_app(
+    snap: Snapshot, binder: ScriptedBinder, metrics: Metrics | None = None, config: ExtenderConfig = CONFIG
+) -> TestClient[Any, Any]:
+    """The loopback listener's app (server.loopback_verbs_port) over the same snapshot: where kube-scheduler binds
+    without a certificate. The main listener without a client CA refuses /bind (fail closed, tested below)."""
+    app = make_app(config, snap, binder, metrics=metrics, clock=lambda: NOW, verbs_only=True)
+    return TestClient(TestServer(app, host="127.0.0.1"))
 
 
 async def post(client: TestClient[Any, Any], verb: str, body: Any) -> tuple[int, Any]:
@@ -114,13 +125,17 @@ async def test_all_verbs_answer_in_both_modes(setup: Setup) -> None:
         status, body = await post(client, "prioritize", golden(path, "prioritize", 1))
         assert status == 200 and [h["Host"] for h in body] == ["node-1", "node-2", "node-3"]
     wrong_uid = golden(FULL_LOG, "bind", 1) | {"PodUID": "9b8dc8b7-dae8-4a73-b4a1-bb17b02cf320"}
-    status, body = await post(client, "bind", wrong_uid)
-    assert status == 200, body
-    # Not the UID of the pod-a we know (a recreated pod?): refused before reaching the binder.
-    assert body["Error"].startswith("cannot bind default/pod-a: uid")
-    assert binder.calls == []
-    req = golden(FULL_LOG, "bind", 1) | {"PodName": "pod-a", "PodUID": snap.pods["default/pod-a"].pod.uid}
-    status, body = await post(client, "bind", req)
+    async with TestClient(TestServer(make_app(CONFIG, snap, binder), host="127.0.0.1")) as main:
+        status, body = await post(main, "bind", wrong_uid)
+    assert status == 403 and "binding fails closed" in body["Error"]  # no client CA: nobody binds there
+    async with scheduler_app(snap, binder) as sched:
+        status, body = await post(sched, "bind", wrong_uid)
+        assert status == 200, body
+        # Not the UID of the pod-a we know (a recreated pod?): refused before reaching the binder.
+        assert body["Error"].startswith("cannot bind default/pod-a: uid")
+        assert binder.calls == []
+        req = golden(FULL_LOG, "bind", 1) | {"PodName": "pod-a", "PodUID": snap.pods["default/pod-a"].pod.uid}
+        status, body = await post(sched, "bind", req)
     assert (status, body) == (200, {"Error": ""})
     assert binder.calls[-1].node == "node-1"
     assert "default/pod-a" in snap.ledger  # our binding now occupies node-1 until the watch shows it
@@ -129,8 +144,9 @@ async def test_all_verbs_answer_in_both_modes(setup: Setup) -> None:
 async def test_bind_failure_is_answered_in_error_field() -> None:
     snap = synced_snapshot()
     metrics = Metrics()
-    app = make_app(CONFIG, snap, ScriptedBinder(fail="pod default/pod-a is already bound to node-2"), metrics=metrics)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    async with scheduler_app(
+        snap, ScriptedBinder(fail="pod default/pod-a is already bound to node-2"), metrics
+    ) as client:
         uid = snap.pods["default/pod-a"].pod.uid
         req = {"PodName": "pod-a", "PodNamespace": "default", "PodUID": uid, "Node": "node-1"}
         status, body = await post(client, "bind", req)
@@ -248,7 +264,7 @@ async def test_unknown_node_names(setup: Setup) -> None:
     """A node the watch has not delivered yet is rejected *per node*, not by failing the whole call (one
     lagging node must not make every other node unschedulable for this pod), and as unresolvable: as a
     FailedNode it would be a preemption candidate with no victims, which fails the whole attempt upstream."""
-    client, _, binder, _ = setup
+    client, snap, binder, _ = setup
     body = golden(NODECACHE_LOG, "filter") | {"NodeNames": ["node-1", "node-9"]}
     status, answer = await post(client, "filter", body)
     assert status == 200 and answer["NodeNames"] == ["node-1"]
@@ -260,7 +276,8 @@ async def test_unknown_node_names(setup: Setup) -> None:
     pre["NodeNameToMetaVictims"] = {"node-9": pre["NodeNameToMetaVictims"]["node-1"]}
     status, answer = await post(client, "preempt", pre)
     assert (status, answer) == (200, {"NodeNameToMetaVictims": {}})
-    status, answer = await post(client, "bind", golden(FULL_LOG, "bind") | {"Node": "node-9"})
+    async with scheduler_app(snap, binder) as sched:
+        status, answer = await post(sched, "bind", golden(FULL_LOG, "bind") | {"Node": "node-9"})
     assert status == 200 and "node 'node-9' is not in the extender's snapshot" in answer["Error"]
     assert binder.calls == []
 
@@ -283,8 +300,9 @@ async def test_unknown_verbs_and_methods(setup: Setup) -> None:
         assert "no such endpoint" in orjson.loads(await resp.read())["Error"]
     resp = await client.get("/filter")
     assert resp.status == 405 and "method GET not allowed" in orjson.loads(await resp.read())["Error"]
-    resp = await client.post("/metrics", data=b"{}")
-    assert resp.status == 405
+    async with TestClient(TestServer(make_app(CONFIG, synced_snapshot(), ScriptedBinder()), host="127.0.0.1")) as main:
+        resp = await main.post("/metrics", data=b"{}")
+        assert resp.status == 405
 
 
 async def test_not_ready_before_first_sync() -> None:
@@ -297,10 +315,12 @@ async def test_not_ready_before_first_sync() -> None:
             ("filter", FULL_LOG),
             ("prioritize", NODECACHE_LOG),
             ("preempt", FULL_LOG),
-            ("bind", FULL_LOG),
         ):
             status, body = await post(client, verb, golden(path, verb))
             assert "not synced" in assert_error(verb, status, body, 503)
+        async with scheduler_app(snap, ScriptedBinder()) as sched:
+            status, body = await post(sched, "bind", golden(FULL_LOG, "bind"))
+            assert "not synced" in assert_error("bind", status, body, 503)
         assert (await client.get("/healthz")).status == 200
         snap.replace_nodes(node_objects(), "1")
         snap.replace_pods([], "1")
@@ -310,8 +330,7 @@ async def test_not_ready_before_first_sync() -> None:
 async def test_request_timeout_answers_503() -> None:
     config = CONFIG.model_copy(update=dict(server=ServerConfig(request_timeout_seconds=0.2)))
     snap = synced_snapshot(config)
-    app = make_app(config, snap, ScriptedBinder(delay=2.0))
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    async with scheduler_app(snap, ScriptedBinder(delay=2.0), config=config) as client:
         uid = snap.pods["default/pod-a"].pod.uid
         req = {"PodName": "pod-a", "PodNamespace": "default", "PodUID": uid, "Node": "node-1"}
         status, body = await post(client, "bind", req)
@@ -319,7 +338,7 @@ async def test_request_timeout_answers_503() -> None:
 
 
 async def test_metrics_follow_prometheus_conventions(setup: Setup) -> None:
-    client, snap, *_ = setup
+    client, snap, _, metrics = setup
     pod_a = golden(FULL_LOG, "filter", 1)["Pod"]
     pod_a["spec"]["nodeName"] = "node-1"
     snap.apply_pod("MODIFIED", pod_a, now=NOW)
@@ -330,9 +349,12 @@ async def test_metrics_follow_prometheus_conventions(setup: Setup) -> None:
     await post(client, "filter", body)
     await post(client, "filter", b"nope")
     await post(client, "prioritize", golden(NODECACHE_LOG, "prioritize"))
-    resp = await client.get("/metrics")
-    assert resp.status == 200
-    text = (await resp.read()).decode()
+    async with TestClient(
+        TestServer(make_app(CONFIG, snap, ScriptedBinder(), metrics=metrics, clock=lambda: NOW), host="127.0.0.1")
+    ) as main:
+        resp = await main.get("/metrics")
+        assert resp.status == 200
+        text = (await resp.read()).decode()
     for line in (
         'qos_extender_requests_total{outcome="ok",verb="filter"} 1.0',
         'qos_extender_requests_total{outcome="bad_request",verb="filter"} 1.0',

@@ -296,7 +296,11 @@ async def test_bind_assumes_a_pod_the_watch_has_not_delivered_from_its_filter_re
     verbs.filter_nodes(args(p, ["n1"]), snap, CONFIG, NOW)  # kube-scheduler filters before it binds
     assert "default/late" not in snap.pods
     binder = WatchingBinder(snap)
-    await verbs.bind(_bind_args(p, "n1"), snap, binder, NOW)
+
+    async def read_pod(namespace: str, name: str) -> dict[str, Any]:
+        return p  # the API server's copy: ours (qos-scheduler) and unbound, which the bind verb checks first
+
+    await verbs.bind(_bind_args(p, "n1"), snap, binder, NOW, read_pod)
     assert binder.seen_during_call == [(1000, 1)]
     assert "default/late" in snap.ledger
 

@@ -34,6 +34,7 @@ def pod(
     return {
         "metadata": {"name": name, "namespace": "default", "uid": uid or f"uid-{name}"},
         "spec": {
+            "schedulerName": "qos-scheduler",  # the profile this extender serves (bind.scheduler_names)
             "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": memory}}}],
             "nodeName": node_name,
         },

@@ -22,6 +22,7 @@ from extender.core.autoscale import ScoreWeights, validate_catalogue
 from extender.core.model import Flavour, InvalidInputError, NodeGroup, Resources, cpu_millicores, memory_bytes
 from extender.settings import ExistingFile, Settings, SettingsError, load_settings, read_yaml
 from extender.settings.extender import ExtenderConfig, parse_flavours
+from extender.settings.sections import LeaderElectionConfig, NonEmpty
 
 __all__ = [
     "AutoscalerSettings",
@@ -254,6 +255,19 @@ class MetricsSettings(Settings):
     port: int = Field(8890, ge=0, le=65535)
 
 
+class AutoscalerLeaderElection(LeaderElectionConfig):
+    """Only the holder of the Lease scans, buys, removes, hands nodes to consolidation and writes Events; the
+    other replicas keep their snapshot warm and serve /metrics, /healthz, /readyz and the gRPC expander's
+    answers (extender/controller/leader.py: every Lease call bounded, the leader stops acting renew_deadline
+    after its last renewal was sent, before a standby may take over)."""
+
+    lease_name: NonEmpty = "qos-autoscaler"
+    """The Lease's name (in lease_namespace)."""
+    lease_namespace: NonEmpty | None = None  # type: ignore[assignment]
+    """null: the namespace the pod runs in ($POD_NAMESPACE, else its service account's), else kube-system (a
+    process outside a cluster)."""
+
+
 class KwokSettings(Settings):
     """The kwok provider (the local stand-in for a cloud API)."""
 
@@ -299,6 +313,7 @@ class AutoscalerSettings(Settings):
     metrics: MetricsSettings = MetricsSettings()
     kwok: KwokSettings = KwokSettings()
     cluster_autoscaler: CaExpanderSettings = CaExpanderSettings()
+    leader_election: AutoscalerLeaderElection = AutoscalerLeaderElection()
     flavours: SkipJsonSchema[tuple[Flavour, ...]] = Field((), exclude=True)
     """Set by the loader from the file's top-level flavours, else the extender's (not an option of this section)."""
 

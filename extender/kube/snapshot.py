@@ -309,6 +309,8 @@ class PodEntry:
     created_at: float | None
     problems: tuple[Problem, ...] = ()
     deleting: bool = False
+    scheduler_name: str = "default-scheduler"
+    """spec.schedulerName (the API server's default when absent): the bind verb binds only its own profiles' pods."""
 
 
 @dataclass(slots=True)
@@ -481,7 +483,10 @@ class Snapshot:
         meta = obj.get("metadata")
         created = parse_timestamp(meta.get("creationTimestamp")) if isinstance(meta, dict) else None
         deleting = isinstance(meta, dict) and meta.get("deletionTimestamp") is not None
-        self._index(key, PodEntry(pod, created, problems, deleting))
+        spec = obj.get("spec")
+        scheduler = spec.get("schedulerName") if isinstance(spec, dict) else None
+        scheduler_name = scheduler if isinstance(scheduler, str) and scheduler else "default-scheduler"
+        self._index(key, PodEntry(pod, created, problems, deleting, scheduler_name))
         if pod.node_name is not None:
             self.ledger.confirm(key)
         return problems

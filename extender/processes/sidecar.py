@@ -8,6 +8,9 @@ and runs the loop in dry-run (plans become metrics only: CA buys the nodes and r
 from the kwok backend; its provisioning ledger is handed to the dry-run loop before every scan).
 /metrics, /healthz and /readyz are served over HTTP on ``metrics.host:port``. The command line and the
 consolidation flow (the hand-off, when enabled) are wired in ``extender.processes.autoscaler``, above both packages.
+With ``leader_election.enabled`` (the default) only the holder of the Lease ``leader_election.lease_name`` scans and
+acts (buys, removes, hands nodes to consolidation, writes Events; extender/controller/leader.py); a standby keeps its
+snapshot warm and serves the listeners, and each term starts with a fresh loop, as after a restart.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
+from prometheus_client import Counter, Gauge
 
 from extender.autoscaler.events import AutoscalerEvents
 from extender.autoscaler.handoff import ConsolidationHandoff, RecordingHandoff
@@ -31,6 +35,7 @@ from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.providers.provisioning_request import ProvisioningRequestProvider
 from extender.autoscaler.settings import AutoscalerSettings
 from extender.autoscaler.view import AutoscalerSnapshot
+from extender.controller.leader import Leadership, own_namespace
 from extender.kube.client import new_api_client
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
 from extender.settings.extender import ConfigError, ExtenderConfig
@@ -60,6 +65,15 @@ class RunningAutoscaler:
     last: Decisions | None = None
     scanned: asyncio.Event = field(default_factory=asyncio.Event)
     cloud_provider: Any = None  # providers.externalgrpc.CloudProviderServer when served
+    leadership: Leadership | None = None  # None: leader election off, this replica always acts
+
+    @property
+    def standby(self) -> bool:
+        return self.leadership is not None and not self.leadership.leading
+
+    def acting(self) -> bool:
+        """May this replica act at this instant (the Lease's authority, or no election)?"""
+        return self.leadership is None or self.leadership.acting()
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -88,7 +102,7 @@ def _metrics_app(
 
     async def readyz(_: web.Request) -> web.Response:
         r = running()
-        ok = snapshot.ready and r is not None and r.scans > 0
+        ok = snapshot.ready and r is not None and (r.scans > 0 or r.standby)  # a synced standby is ready
         return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
 
     app = web.Application()
@@ -147,6 +161,18 @@ async def _scan_forever(r: RunningAutoscaler, wake: asyncio.Event, clock: Callab
     while True:
         wake.clear()
         started = time.perf_counter()
+        if r.leadership is not None:  # one line per scan of a leader: the record tests/test_leader_live.py compares
+            log.info(
+                "scan",
+                extra={
+                    "decision": {
+                        "identity": r.leadership.identity,
+                        "term": r.leadership.terms,
+                        "scan": r.scans,
+                        "at": time.time(),
+                    }
+                },
+            )
         try:
             if r.cloud_provider is not None:  # CA buys through it: plan against its ledger
                 await r.cloud_provider.refresh()
@@ -189,19 +215,30 @@ async def start_autoscaler(
     *,
     handoff: ConsolidationHandoff | None = None,
     clock: Callable[[], float] = time.time,
+    term_services: Sequence[TermService] = (),
 ) -> RunningAutoscaler:
+    """Start the listeners and reflectors, and the scan loop: at once without leader election, else in each term
+    of the Lease. ``term_services`` (the consolidation flow) run only within a term too: started when it begins,
+    stopped (their work in flight cancelled) when it ends."""
     try:
         api_client = await new_api_client(config.kubernetes)
     except Exception as exc:
         raise ConfigError(f"cannot load Kubernetes credentials (kubernetes.kubeconfig, $KUBECONFIG): {exc}") from exc
     wake = asyncio.Event()
+    holder: list[RunningAutoscaler] = []
     snapshot = AutoscalerSnapshot(config, on_unschedulable=wake.set)
     metrics = AutoscalerMetrics()
     events = AutoscalerEvents(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
     reflectors = [
         node_reflector(api_client, snapshot, config.kubernetes, clock=clock),
         pod_reflector(
-            api_client, snapshot, config.kubernetes, on_problems=events.report if events else None, clock=clock
+            api_client,
+            snapshot,
+            config.kubernetes,
+            on_problems=(lambda problems: events.report(problems) if holder and holder[0].acting() else None)
+            if events
+            else None,
+            clock=clock,
         ),
     ]
     provider: Provider | None = None
@@ -245,7 +282,6 @@ async def start_autoscaler(
 
         provider = KwokProvider(api_client, settings.kwok_lag, config.kubernetes.request_timeout_seconds)
     loop = AutoscalerLoop(settings, config.node_groups, slo={n: c.slo for n, c in config.policy.classes.items()})
-    holder: list[RunningAutoscaler] = []
     app = _metrics_app(lambda: holder[0] if holder else None, snapshot, metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -273,7 +309,7 @@ async def start_autoscaler(
     running.tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
     if events is not None:
         running.tasks.append(asyncio.create_task(events.run(), name="events"))
-    running.tasks.append(asyncio.create_task(_scan_forever(running, wake, clock), name="autoscaler-scan"))
+    running.tasks.append(_start_acting(running, wake, clock, term_services))
     log.info(
         "autoscaler started",
         extra={
@@ -288,6 +324,59 @@ async def start_autoscaler(
         },
     )
     return running
+
+
+class TermService(Protocol):
+    """Something that acts and so runs only while this replica leads (the consolidation flow)."""
+
+    async def start_term(self, running: RunningAutoscaler) -> None: ...
+
+    async def stop_term(self) -> None: ...
+
+
+def _start_acting(
+    r: RunningAutoscaler, wake: asyncio.Event, clock: Callable[[], float], services: Sequence[TermService]
+) -> asyncio.Task[None]:
+    """The scan loop and the term services: one term forever without leader election, else one per Lease term.
+    A later term starts from a fresh AutoscalerLoop (its ledger and lag estimates from an earlier term may be
+    stale by a whole standby period), exactly as a restart would."""
+    election = r.settings.leader_election
+    leader_gauge = Gauge(
+        "qos_extender_autoscaler_leader",
+        "1 while this replica holds the autoscaler's Lease and acts (or runs without leader election), else 0.",
+        registry=r.metrics.registry,
+    )
+    transitions = Counter(
+        "qos_extender_autoscaler_leader_transitions",
+        "Terms this replica began as the Lease holder (a leader change anywhere shows as a rise on one replica).",
+        registry=r.metrics.registry,
+    )
+    began = [0]
+
+    async def term() -> None:
+        if began[0] > 0:
+            r.loop = AutoscalerLoop(
+                r.settings, r.config.node_groups, slo={n: c.slo for n, c in r.config.policy.classes.items()}
+            )
+        began[0] += 1
+        transitions.inc()
+        started: list[TermService] = []
+        try:
+            for service in services:
+                await service.start_term(r)
+                started.append(service)
+            await _scan_forever(r, wake, clock)
+        finally:
+            for service in reversed(started):
+                await service.stop_term()
+
+    if not election.enabled:
+        leader_gauge.set(1)
+        return asyncio.create_task(term(), name="autoscaler-scan")
+    if election.lease_namespace is None:  # the pod's own namespace (the Role is there), else kube-system
+        election = election.model_copy(update={"lease_namespace": own_namespace()})
+    r.leadership = Leadership(r.api_client, election, election.lease_name, term, lambda on: leader_gauge.set(int(on)))
+    return asyncio.create_task(r.leadership.run(), name="autoscaler-election")
 
 
 def _cloud_provider(

@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from kubernetes_asyncio import client as k8s
 
 from extender.controller.accounting import ACCOUNT_ANNOTATION
 from extender.controller.leader import Leadership
@@ -17,14 +19,15 @@ from extender.controller.loop import ControllerEvents, QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
 from extender.kube.binder import KubeBinder
-from extender.kube.client import new_api_client, sibling_client
+from extender.kube.client import ApiError, new_api_client, read_json, sibling_client
 from extender.kube.events import KubeEventSink
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
 from extender.settings.extender import ConfigError, ExtenderConfig
 from extender.signals import stop_event
-from extender.webhook.app import make_app, start_loopback_server, start_server
+from extender.webhook.app import make_app, make_reloader, make_ssl_context, start_loopback_server, start_server
 from extender.webhook.metrics import Metrics
+from extender.webhook.verbs import PodReader
 
 __all__ = ["Running", "serve", "start"]
 
@@ -95,14 +98,29 @@ async def start(config: ExtenderConfig) -> Running:
     # (controller.release_concurrency), account writes, Events and the watches' long-lived connections.
     bind_client = sibling_client(api_client)
     binder = KubeBinder(bind_client, config.bind)
-    app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time)
-    runner, port = await start_server(app, config)
+    read_pod = _pod_reader(bind_client, config.bind.attempt_seconds)
+    app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time, read_pod=read_pod)
+    ssl_context = make_ssl_context(config.server.tls)
+    runner, port = await start_server(app, config, ssl_context)
     loopback: web.AppRunner | None = None
     loopback_port: int | None = None
     if config.server.loopback_verbs_port is not None:
-        verbs_app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time, verbs_only=True)
+        verbs_app = make_app(
+            config,
+            snapshot,
+            binder,
+            events=events,
+            metrics=metrics,
+            clock=time.time,
+            verbs_only=True,
+            read_pod=read_pod,
+        )
         loopback, loopback_port = await start_loopback_server(verbs_app, config.server.loopback_verbs_port)
     tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
+    reloader = make_reloader(config.server.tls, ssl_context, metrics) if ssl_context is not None else None
+    if reloader is not None:
+        interval = config.server.tls.reload_interval_seconds
+        tasks.append(asyncio.create_task(reloader.run(interval), name="certificate-reload"))
     if events is not None:
         tasks.append(asyncio.create_task(events.run(), name="events"))
     running = Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks)
@@ -147,6 +165,26 @@ async def start(config: ExtenderConfig) -> Running:
         },
     )
     return running
+
+
+def _pod_reader(api_client: Any, timeout: float) -> PodReader:
+    """verbs.PodReader over the binder's connection pool: /bind reads a pod its snapshot does not hold yet."""
+    core = k8s.CoreV1Api(api_client)
+
+    async def read_pod(namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            async with asyncio.timeout(timeout):
+                response = await core.read_namespaced_pod(
+                    name, namespace, _preload_content=False, _request_timeout=timeout
+                )
+                obj = await read_json(response)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return obj if isinstance(obj, Mapping) else None
+
+    return read_pod
 
 
 async def serve(config: ExtenderConfig) -> None:

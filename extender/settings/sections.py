@@ -108,6 +108,10 @@ class TlsConfig(Settings):
     metrics_clients: tuple[NonEmpty, ...] = (METRICS_CLIENT_CN,)
     """Subject CNs allowed on GET /metrics (the scraper). A metrics credential cannot call the verbs, and the
     scheduler's cannot scrape, unless a name is in both lists."""
+    reload_interval_seconds: Seconds = 30.0
+    """How often the certificate, key and client CA files are read to see whether their contents changed; a
+    change is loaded into the live listener (new handshakes use it, open connections keep theirs) and counted in
+    qos_extender_certificate_reloads_total. A kubelet updates a mounted Secret within about a minute anyway."""
 
     @property
     def enabled(self) -> bool:
@@ -131,8 +135,23 @@ class ServerConfig(Settings):
     port: int = Field(8888, ge=0, le=65535)
     """TCP port (0 picks a free port; the chosen one is logged). Must match the scheduler's extender urlPrefix."""
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, le=2**31)
-    """Largest request body accepted, in bytes; larger bodies get 413 with a JSON error. nodeCacheCapable: false
-    sends every candidate Node in full, roughly 3-5 KiB each: 64 MiB covers ~10,000 nodes."""
+    """Largest verb request body accepted, in bytes; larger bodies get 413 with a JSON error. Only a client allowed
+    on the verbs (server.tls.verb_clients, or the loopback listener) gets this far: the identity is checked before
+    a byte of the body is read. nodeCacheCapable: false sends every candidate Node in full, roughly 3-5 KiB each:
+    64 MiB covers ~10,000 nodes."""
+    admission_max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, le=2**31)
+    """Largest body of POST /admission/mutate, which anyone who reaches the port may call (the API server presents
+    no client certificate): a larger declared body gets 413 before it is read, a longer stream is cut at this
+    size. 8 MiB covers every AdmissionReview of a pod the API server accepts as JSON: it refuses request bodies
+    over 3 MiB (its MaxRequestBodyBytes; etcd then stores at most 1.5 MiB per object), and a review carries
+    object and oldObject (null for the CREATE we are registered for) plus a few KiB of request metadata:
+    2 x 3 MiB + 2 MiB of margin, an eighth of max_body_bytes. A pod beyond it (a protobuf create whose JSON
+    escapes badly) is admitted ungated by failurePolicy Ignore: its ordering is lost, nothing else."""
+    read_timeout_seconds: Seconds = 10.0
+    """Deadline for a request's headers and body to arrive, from its connection's first byte (or the end of the
+    previous request on a kept-alive connection): a client that sends a byte a second is cut off (408 once the
+    headers are in, else the connection is closed), so slow bodies cannot pin connections and memory. The API
+    server gives an admission webhook at most 30 s in all (5 s in config/controller)."""
     request_timeout_seconds: Seconds = 12.0
     """Per-request deadline; a verb still running then answers 503 with a JSON error. Keep it below the scheduler's
     extender httpTimeout (15 s in config/base; kube-scheduler's default 5 s is too short for bind on a loaded API
@@ -142,7 +161,9 @@ class ServerConfig(Settings):
     """A second, verbs-only listener on 127.0.0.1:<port> without TLS (null: off). For the sidecar topology
     (config/base), where kube-scheduler and the extender share the pod's network namespace, so the loopback is
     private to the pod: kube-scheduler's extender transport keeps 2 idle connections and no TLS session cache, so
-    over mTLS concurrent binds pay full handshakes."""
+    over mTLS concurrent binds pay full handshakes. Setting it is what names the scheduler's identity there: the
+    pod's own containers. On the main listener /bind needs server.tls.client_ca_file and a verb_clients CN (it
+    fails closed without them)."""
 
 
 class KubernetesConfig(Settings):
@@ -193,6 +214,11 @@ class BindConfig(Settings):
     ledger_ttl_seconds: Seconds = 30.0
     """A pod we bound keeps occupying its node in filter until the watch shows it or this many seconds pass, so
     two pods are never squeezed into the same space."""
+    scheduler_names: tuple[NonEmpty, ...] = ("qos-scheduler",)
+    """The spec.schedulerName of the kube-scheduler profiles that call this extender (config/base's profile, and
+    hack/local-up.sh's). /bind refuses a pod of any other scheduler, and one already bound elsewhere: a Binding
+    from us would bypass that scheduler's own checks. List default-scheduler too only where one kube-scheduler
+    sends every profile's pods to the extender (no managedResources)."""
 
     @property
     def attempt_seconds(self) -> float:

@@ -17,7 +17,8 @@ become a pod-creation outage; pods created meanwhile are scheduled ungated, stil
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -26,11 +27,14 @@ from aiohttp import web
 from extender.controller.patches import admission_patch
 from extender.settings.extender import ExtenderConfig
 from extender.webhook.colocate import colocate_for
+from extender.webhook.limits import BodyRefused, read_bounded
 
 __all__ = ["ADMISSION_PATH", "add_admission_route", "review"]
 
 ADMISSION_PATH = "/admission/mutate"
 MARKER_RESOURCE_DEFAULT = "qos.kube-qos-extender.io/managed"
+
+log = logging.getLogger("extender.webhook.admission")
 
 
 def _marker(config: ExtenderConfig) -> str | None:
@@ -81,10 +85,33 @@ def review(body: Mapping[str, Any], config: ExtenderConfig) -> dict[str, Any]:
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
 
 
-def add_admission_route(app: web.Application, config: ExtenderConfig) -> None:
+RefusalSink = Callable[[str], None]
+"""Told the reason label of each refused review (qos_extender_requests_refused_total)."""
+
+
+def add_admission_route(app: web.Application, config: ExtenderConfig, on_refused: RefusalSink | None = None) -> None:
+    """POST /admission/mutate. Anonymous by design (the API server presents no client certificate), so its body
+    is bounded to what a pod's AdmissionReview can be (server.admission_max_body_bytes) and must arrive within
+    server.read_timeout_seconds: 413 / 408, the connection closed, the refusal counted."""
+    limit = config.server.admission_max_body_bytes
+    timeout = config.server.read_timeout_seconds
+
     async def mutate(request: web.Request) -> web.Response:
         try:
-            body = orjson.loads(await request.read())
+            raw = await read_bounded(request, limit, timeout)
+        except BodyRefused as exc:
+            if on_refused is not None:
+                on_refused(exc.reason)
+            log.warning("admission review refused", extra={"decision": {"reason": exc.reason, "error": str(exc)}})
+            response = web.Response(
+                body=orjson.dumps({"Error": f"bad AdmissionReview: {exc}"}),
+                status=exc.status,
+                content_type="application/json",
+            )
+            response.force_close()
+            return response
+        try:
+            body = orjson.loads(raw)
             answer = review(body, config)
         except (orjson.JSONDecodeError, ValueError) as exc:
             return web.Response(

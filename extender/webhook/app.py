@@ -9,6 +9,12 @@ input), 413 (too large), 503 (not synced / past the per-request deadline) with `
 
 ``make_app(verbs_only=True)`` is the loopback listener's app (server.loopback_verbs_port): the four verbs and
 nothing else, no TLS, for the sidecar topology where only the pod's own kube-scheduler can reach 127.0.0.1.
+
+Every refusal (403 by identity, 413/408 for a body too large or too slow, a /bind of a pod that is not ours or
+already bound) is counted in qos_extender_requests_refused_total{server,route,reason}. The TLS listener's
+certificates are reloaded when their files change (``extender.tls.CertificateReloader``), and a connection must
+deliver each request's headers within server.read_timeout_seconds (aiohttp's keep-alive timer, which also runs
+from the connection's start) and its body within the same time.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from aiohttp import web
 from extender.core.model import InvalidInputError
 from extender.kube.snapshot import Snapshot
 from extender.settings.extender import ExtenderConfig, TlsConfig
+from extender.tls import CertificateFiles, CertificateReloader, server_context
 from extender.webhook import access, verbs
 from extender.webhook.admission import add_admission_route
 from extender.webhook.metrics import Metrics
@@ -36,6 +43,7 @@ __all__ = [
     "INTERNAL_ERROR_PREFIX",
     "EventSink",
     "make_app",
+    "make_reloader",
     "make_ssl_context",
     "start_loopback_server",
     "start_server",
@@ -92,11 +100,16 @@ class _Outcome(Exception):
 
 
 async def _read_json(request: web.Request) -> Any:
+    server = request.app[CONFIG_KEY].server
     try:
-        raw = await request.read()
+        async with asyncio.timeout(server.read_timeout_seconds):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        message = f"request body larger than the limit of {request.app[CONFIG_KEY].server.max_body_bytes} bytes"
+        message = f"request body larger than the limit of {server.max_body_bytes} bytes"
         raise _Outcome(_error(413, message), "too_large", message) from exc
+    except TimeoutError as exc:
+        message = f"request body not received within {server.read_timeout_seconds:g} s"
+        raise _Outcome(_error(408, message), "read_timeout", message) from exc
     if not raw:
         message = "empty request body (expected a JSON object)"
         raise _Outcome(_error(400, message), "bad_request", message)
@@ -118,6 +131,9 @@ class _Served:
     events: EventSink | None
     metrics: Metrics
     clock: Clock
+    server: str  # the metric's server label: extender (the TLS listener) or extender-loopback
+    listener: access.Listener
+    read_pod: verbs.PodReader | None
 
 
 SERVED_KEY = web.AppKey("served", _Served)
@@ -174,7 +190,11 @@ async def _bind(request: web.Request) -> tuple[web.Response, str]:
     body = await _read_json(request)
     args = verbs.parse_bind_args(body)
     try:
-        result, retries = await verbs.bind(args, served.snapshot, served.binder, served.clock())
+        result, retries = await verbs.bind(args, served.snapshot, served.binder, served.clock(), served.read_pod)
+    except verbs.BindRefused as exc:
+        metrics.requests_refused.labels(served.server, "/bind", exc.reason).inc()
+        log.warning("bind refused", extra={"pod": args.key, "node": args.node, "decision": {"reason": exc.reason}})
+        return _json({"Error": str(exc)}), "refused"
     except verbs.BindError as exc:
         metrics.bind_failures.inc()
         metrics.bind_retries.inc(exc.retries)
@@ -207,6 +227,9 @@ async def _verb(request: web.Request) -> web.Response:
         return response
     except _Outcome as o:
         outcome = o.outcome
+        if o.outcome in ("too_large", "read_timeout"):
+            reason = "body_too_large" if o.outcome == "too_large" else "read_timeout"
+            served.metrics.requests_refused.labels(served.server, request.path, reason).inc()
         return fail(o.response.status, o.message)
     except verbs.NotReadyError as exc:
         outcome = "not_ready"
@@ -263,16 +286,32 @@ async def _json_errors(
 
 
 @web.middleware
-async def _client_certificate(
+async def _authorize(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Who may call what: the certificate's subject CN against the path's allowed clients (access.denial)."""
+    """Who may call what (access.denial), before a byte of the body is read: the certificate's subject CN
+    against the route's allowed clients; /bind refused where no scheduler identity is configured. A refusal is
+    403 with the reason, logged and counted; the connection is closed (its body is never read)."""
+    served = request.app[SERVED_KEY]
     transport = request.transport
     peercert = transport.get_extra_info("peercert") if transport is not None else None
-    tls = request.app[SERVED_KEY].config.server.tls
-    reason = access.denial(request.path, bool(peercert), access.subject_common_names(peercert), tls)
-    if reason is not None:
-        return _error(403, reason)
+    refusal = access.denial(
+        request.path,
+        bool(peercert),
+        access.subject_common_names(peercert),
+        served.config.server.tls,
+        served.listener,
+    )
+    if refusal is not None:
+        route = access.route_label(request.path)
+        served.metrics.requests_refused.labels(served.server, route, refusal.reason).inc()
+        log.warning(
+            "request refused",
+            extra={"decision": {"route": route, "reason": refusal.reason, "server": served.server}},
+        )
+        response = _error(403, refusal.message)
+        response.force_close()
+        return response
     return await handler(request)
 
 
@@ -285,17 +324,18 @@ def make_app(
     metrics: Metrics | None = None,
     clock: Clock = time.time,
     verbs_only: bool = False,
+    read_pod: verbs.PodReader | None = None,
 ) -> web.Application:
     """The extender app; ``clock`` is wall time (decisions compare it with Kubernetes timestamps).
 
-    ``verbs_only``: the loopback listener's app (no health, metrics, admission; no client-certificate check).
+    ``verbs_only``: the loopback listener's app (no health, metrics, admission; its caller is the pod's own
+    kube-scheduler). ``read_pod``: how /bind reads a pod its snapshot does not hold yet (None: it refuses it).
     """
     metrics = metrics if metrics is not None else Metrics()
-    middlewares = [_json_errors]
-    if config.server.tls.client_ca_file is not None and not verbs_only:
-        middlewares.append(_client_certificate)
-    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=middlewares)
-    app[SERVED_KEY] = _Served(config, snapshot, binder, events, metrics, clock)
+    app = web.Application(client_max_size=config.server.max_body_bytes, middlewares=[_json_errors, _authorize])
+    listener: access.Listener = "loopback" if verbs_only else "main"
+    server = "extender-loopback" if verbs_only else "extender"
+    app[SERVED_KEY] = _Served(config, snapshot, binder, events, metrics, clock, server, listener, read_pod)
     app[CONFIG_KEY] = config
     app[SNAPSHOT_KEY] = snapshot
     app[METRICS_KEY] = metrics
@@ -306,7 +346,10 @@ def make_app(
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/readyz", _readyz)
     app.router.add_get("/metrics", _metrics)
-    add_admission_route(app, config)  # POST /admission/mutate (issue 6): gates qos pods when the controller runs
+    # POST /admission/mutate (issue 6): gates qos pods when the controller runs
+    add_admission_route(
+        app, config, lambda reason: metrics.requests_refused.labels(server, "/admission/mutate", reason).inc()
+    )
     return app
 
 
@@ -319,20 +362,37 @@ def make_ssl_context(tls: TlsConfig) -> ssl.SSLContext | None:
     ANONYMOUS_PATHS stay reachable); every other path refuses a client without an allowed one (403)."""
     if tls.cert_file is None or tls.key_file is None:
         return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(tls.cert_file, tls.key_file)
-    if tls.client_ca_file is not None:
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-        ctx.load_verify_locations(cafile=tls.client_ca_file)
-    return ctx
+    files = CertificateFiles(tls.cert_file, tls.key_file, tls.client_ca_file)
+    return server_context(files, client_certificate="optional" if tls.client_ca_file is not None else "none")
 
 
-async def start_server(app: web.Application, config: ExtenderConfig) -> tuple[web.AppRunner, int]:
-    """Listen on config.server.host:port (port 0: any free port); returns the runner and the bound port."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+def make_reloader(tls: TlsConfig, context: ssl.SSLContext, metrics: Metrics) -> CertificateReloader | None:
+    """Reloads ``context``'s chain (and client CA) when the files change, counted by result; None without TLS."""
+    if tls.cert_file is None or tls.key_file is None:
+        return None
+
+    def counted(ok: bool) -> None:
+        metrics.certificate_reloads.labels("success" if ok else "failure").inc()
+
+    files = CertificateFiles(tls.cert_file, tls.key_file, tls.client_ca_file)
+    return CertificateReloader(files, [context], on_reload=counted)
+
+
+async def start_server(
+    app: web.Application, config: ExtenderConfig, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Listen on config.server.host:port (port 0: any free port); returns the runner and the bound port.
+
+    ``ssl_context``: the live context to serve with (a CertificateReloader keeps it current); default: one made
+    from server.tls. keepalive_timeout is server.read_timeout_seconds: aiohttp starts that timer when a
+    connection opens and after each answer, and closes a connection whose next request's headers are not all in
+    by then (a slow-loris client); an idle kube-scheduler connection is closed too and simply reopened."""
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=config.server.read_timeout_seconds
+    )
     await runner.setup()
-    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=make_ssl_context(config.server.tls))
+    ctx = ssl_context if ssl_context is not None else make_ssl_context(config.server.tls)
+    site = web.TCPSite(runner, config.server.host, config.server.port, ssl_context=ctx)
     await site.start()
     port = config.server.port
     for address in runner.addresses:

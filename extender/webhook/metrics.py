@@ -89,8 +89,26 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.requests_refused = Counter(
+            "qos_extender_requests_refused",
+            "Requests refused before any work, by server (extender: the TLS listener, extender-loopback), route "
+            "(other: an unknown path) and reason: no_certificate, identity_not_allowed, no_identity_configured "
+            "(403); body_too_large (413), read_timeout (408); pod_already_bound, pod_not_ours, pod_unknown (/bind, "
+            "answered in its Error field).",
+            ["server", "route", "reason"],
+            registry=r,
+        )
+        self.certificate_reloads = Counter(
+            "qos_extender_certificate_reloads",
+            "Reloads of the listener's certificate, key and client CA after their files changed, by result "
+            "(success; failure: the previous chain stays in use and the next check tries again).",
+            ["result"],
+            registry=r,
+        )
         for verb in VERBS:
             self.request_duration.labels(verb)
+        for result in ("success", "failure"):
+            self.certificate_reloads.labels(result)
 
     def update_snapshot(self, snapshot: Snapshot, now: float) -> None:
         age = snapshot.age(now)

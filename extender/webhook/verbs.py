@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from typing import Any
@@ -33,8 +33,10 @@ from extender.settings.sections import PlacementSettings
 __all__ = [
     "BindArgs",
     "BindError",
+    "BindRefused",
     "Binder",
     "PodProblems",
+    "PodReader",
     "VerbResult",
     "bind",
     "filter_nodes",
@@ -712,8 +714,70 @@ def parse_bind_args(body: object) -> BindArgs:
     return BindArgs(args["PodNamespace"], args["PodName"], args["PodUID"], args["Node"])
 
 
-async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -> tuple[dict[str, str], int]:
+PodReader = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+"""Reads a pod from the API server by (namespace, name); None when it does not exist. The bind verb asks it only
+for a pod its snapshot does not hold yet (the watch lags the scheduler's), so the checks below never rest on the
+caller's word."""
+
+
+class BindRefused(Exception):
+    """The bind verb refused before any Binding: ``reason`` is the metric label, the message the Error field."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _ownership(key: str, node: str, scheduler: str, bound_to: str | None, served: Sequence[str]) -> bool:
+    """True when the pod is already bound to ``node`` (nothing to do); raises BindRefused when the pod is not ours
+    to bind (another scheduler's, or bound elsewhere); False when a Binding may be created."""
+    if scheduler not in served:
+        raise BindRefused(
+            "pod_not_ours",
+            f"cannot bind {key}: its schedulerName {scheduler!r} is not one this extender serves "
+            f"(bind.scheduler_names: {', '.join(served)})",
+        )
+    if bound_to:
+        if bound_to == node:
+            return True
+        raise BindRefused("pod_already_bound", f"cannot bind {key} to {node}: it is already bound to node {bound_to!r}")
+    return False
+
+
+async def _read_owner(
+    key: str, namespace: str, name: str, uid: str, read_pod: PodReader | None
+) -> tuple[str, str | None]:
+    """(schedulerName, spec.nodeName) of a pod the snapshot does not hold, from the API server."""
+    if read_pod is None:
+        raise BindRefused("pod_unknown", f"cannot bind {key}: the pod is not in the extender's snapshot yet")
+    try:
+        obj = await read_pod(namespace, name)
+    except Exception as exc:  # a timeout or an API error: refuse (kube-scheduler retries the pod), never guess
+        raise BindRefused("pod_unknown", f"cannot bind {key}: reading the pod failed: {exc}") from exc
+    if obj is None:
+        raise BindRefused("pod_unknown", f"cannot bind {key}: pod not found (deleted?)")
+    raw_meta, raw_spec = obj.get("metadata"), obj.get("spec")
+    meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
+    spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, Mapping) else {}
+    if uid and meta.get("uid") != uid:
+        raise BindRefused("pod_unknown", f"cannot bind {key}: uid {uid} is not the current pod ({meta.get('uid')})")
+    scheduler = spec.get("schedulerName")
+    node = spec.get("nodeName")
+    return (
+        scheduler if isinstance(scheduler, str) and scheduler else "default-scheduler",
+        node if isinstance(node, str) and node else None,
+    )
+
+
+async def bind(
+    args: BindArgs, snapshot: Snapshot, binder: Binder, now: float, read_pod: PodReader | None = None
+) -> tuple[dict[str, str], int]:
     """ExtenderBindingArgs -> ExtenderBindingResult; returns (body, retries).
+
+    Only our pods, only unbound ones: the pod's spec.schedulerName must be one of bind.scheduler_names and its
+    spec.nodeName empty (or already the requested node: an earlier call's Binding, answered as success), read
+    from the snapshot or, for a pod the watch has not delivered yet, from the API server (``read_pod``; without
+    it such a pod is refused). A refusal raises ``BindRefused`` before anything is assumed or POSTed.
 
     The pod is assumed on the node *before* the Binding POST, as kube-scheduler's assume() does: a filter
     answered while the POST is in flight must already count it. A refused bind drops the assumption; one
@@ -729,14 +793,21 @@ async def bind(args: BindArgs, snapshot: Snapshot, binder: Binder, now: float) -
         return {"Error": f"cannot bind {key}: node {node!r} is not in the extender's snapshot"}, 0
     entry = snapshot.pods.get(key)
     pod: Pod | None = None
+    served = snapshot.config.bind.scheduler_names
     if entry is not None:
         pod = entry.pod
         if uid and pod.uid and pod.uid != uid:
             return {"Error": f"cannot bind {key}: uid {uid} is not the current pod ({pod.uid})"}, 0
-    elif uid:
-        seen: ParsedPod | None = snapshot.request_pods.latest(uid)
-        if seen is not None and seen[0].key == key:
-            pod = seen[0]
+        if _ownership(key, node, entry.scheduler_name, pod.node_name, served):
+            return {"Error": ""}, 0  # kube-scheduler retrying a bind whose Binding the watch already shows
+    else:
+        scheduler, bound_to = await _read_owner(key, namespace, name, uid, read_pod)
+        if _ownership(key, node, scheduler, bound_to, served):
+            return {"Error": ""}, 0
+        if uid:
+            seen: ParsedPod | None = snapshot.request_pods.latest(uid)
+            if seen is not None and seen[0].key == key:
+                pod = seen[0]
     assumed = snapshot.assume_bind(pod, node, now) if pod is not None else None
     if assumed is None:
         log.warning("bind: pod unknown (not watched, no filter request seen), not assumed", extra={"pod": key})
