@@ -204,8 +204,10 @@ def test_autoscaler_configs_load_and_match_the_deployment(autoscaler_dep: dict[s
     svc = _one(AUTOSCALER / "expander-service.yaml", "Service")
     assert svc["spec"]["ports"][0]["targetPort"] == "grpc-expander" and svc["spec"]["ports"][0]["port"] == 7000
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    # No leader election in the autoscaler: never two of them.
-    assert autoscaler_dep["spec"]["replicas"] == 1 and autoscaler_dep["spec"]["strategy"] == {"type": "Recreate"}
+    # Leader election (the Lease, extender/controller/leader.py): two replicas, one acts; a rolling update never
+    # leaves none (the old pod releases its Lease as it stops). POD_NAME is the identity.
+    assert autoscaler_dep["spec"]["replicas"] == 2 and autoscaler_dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
 
 
 def test_the_autoscaler_and_the_extender_agree_on_what_they_share() -> None:
@@ -363,8 +365,12 @@ METHODS: dict[str, set[Rule]] = {
     "create_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "create")},
     "delete_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "delete")},
     "list_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "list")},
+    # CoordinationV1Api (self._leases): the leader election's Lease
+    "read_namespaced_lease": {("coordination.k8s.io", "leases", "get")},
+    "create_namespaced_lease": {("coordination.k8s.io", "leases", "create")},
+    "replace_namespaced_lease": {("coordination.k8s.io", "leases", "update")},
 }
-_CALL = re.compile(r"(?:\b_core|\b_custom|CoreV1Api\([^()]*\))\.(\w+)(\s*\()?")
+_CALL = re.compile(r"(?:\b_core|\b_custom|\b_leases|CoreV1Api\([^()]*\))\.(\w+)(\s*\()?")
 
 
 def api_rules(*files: str) -> set[Rule]:
@@ -373,7 +379,9 @@ def api_rules(*files: str) -> set[Rule]:
     for f in files:
         text = (ROOT / f).read_text()
         other = re.findall(r"\b(\w+V\d\w*Api|CustomObjectsApi)\(", text)
-        assert set(other) <= {"CoreV1Api", "CustomObjectsApi"}, f"{f} uses {other}: extend METHODS and this check"
+        assert set(other) <= {"CoreV1Api", "CustomObjectsApi", "CoordinationV1Api"}, (
+            f"{f} uses {other}: extend METHODS and this check"
+        )
         if "CustomObjectsApi" in other:  # the custom-object rules above hold for ProvisioningRequests only
             assert re.search(r'GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"', text), (
                 f"{f}: a custom resource other than ProvisioningRequest"
@@ -428,11 +436,12 @@ KWOK = AUTOSCALER / "kwok"
 # its own grant, and under cluster-autoscaler (a dry-run loop) nothing retires
 KWOK_RETIRING = {("", "nodes", "patch")}
 CONSOLIDATION = ("extender/consolidation/flow.py", "extender/kube/binder.py")
+LEADER = ("extender/controller/leader.py",)  # the Lease of leader_election (every mode)
 
 
 def test_every_api_calling_module_of_the_autoscaler_is_accounted_for() -> None:
     calling = {f for f in _module_files("extender.processes.autoscaler") if _calls_api(f)}
-    assert calling == set(AUTOSCALER_CORE + KWOK_PROVIDER + CONSOLIDATION + DEMAND), (
+    assert calling == set(AUTOSCALER_CORE + KWOK_PROVIDER + CONSOLIDATION + DEMAND + LEADER), (
         "a module of the autoscaler calls the API: classify it here and grant what it needs in config/autoscaler"
     )
 
@@ -457,11 +466,27 @@ def test_autoscaler_roles_grant_exactly_what_the_code_calls() -> None:
     assert demand == api_rules(*DEMAND)
     assert role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand") == {("", "pods", "patch")}
     assert _one(AUTOSCALER / "rbac.yaml", "Role", "qos-autoscaler-demand")["metadata"]["namespace"] == "kube-qos-system"
+    # The Lease: in its namespace only, get/update of its own name only (create cannot name the object).
+    leader = _one(AUTOSCALER / "rbac.yaml", "Role", "qos-autoscaler-leader")
+    assert (
+        role_rules(AUTOSCALER / "rbac.yaml", "qos-autoscaler-leader", "Role")
+        == api_rules(*LEADER)
+        == {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+    )
+    assert leader["metadata"]["namespace"] == "kube-qos-system"
+    deployed = parse_autoscaler_config(
+        _with_stand_ins(_load(AUTOSCALER / "autoscaler.yaml"), ("cert_file", "key_file", "client_ca_file")),
+        load_config(AUTOSCALER / "extender.yaml"),
+    ).leader_election
+    assert deployed.enabled and deployed.lease_namespace is None  # the pod's own: kube-qos-system
+    for rule in leader["rules"]:
+        assert rule.get("resourceNames") == (None if rule["verbs"] == ["create"] else [deployed.lease_name]), rule
     # Each role is bound to the autoscaler's ServiceAccount and to nothing else.
     for path, name, kind in (
         (AUTOSCALER / "rbac.yaml", "qos-autoscaler", "ClusterRoleBinding"),
         (AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand", "ClusterRoleBinding"),
         (AUTOSCALER / "rbac.yaml", "qos-autoscaler-demand", "RoleBinding"),
+        (AUTOSCALER / "rbac.yaml", "qos-autoscaler-leader", "RoleBinding"),
         (KWOK / "rbac.yaml", "qos-autoscaler-kwok", "ClusterRoleBinding"),
         (AUTOSCALER / "consolidation" / "rbac.yaml", "qos-autoscaler-consolidation", "ClusterRoleBinding"),
     ):

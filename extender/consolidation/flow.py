@@ -129,6 +129,21 @@ class ConsolidationFlow:
         self._task = asyncio.create_task(self._run(), name="consolidation")
         log.info("consolidation flow started", extra={"decision": {"provisioned_only": self.s.provisioned_only}})
 
+    async def start_term(self, running: AutoscalerRuntime) -> None:
+        """A leader term of the autoscaler began (extender.processes.sidecar.TermService): the first starts the
+        flow, a later one restarts its loop (metrics and client are kept)."""
+        if self._running is None:
+            await self.start(running)
+        elif self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="consolidation")
+
+    async def stop_term(self) -> None:
+        """The term ended: cancel the loop and the consolidation in flight; a former leader writes nothing more."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
     def attach(self, api_client: Any, bind: Any, *, events: Any = None) -> None:
         """The API client, binder settings (``ExtenderConfig.bind``), Events sink and agent client ``move_pod``
         needs; ``start`` calls it. Alone, it lets a caller move single pods without running the autoscaler."""

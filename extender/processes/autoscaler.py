@@ -32,9 +32,8 @@ async def _autoscaler_process(
     flow: ConsolidationFlow | None = None
     if consolidation is not None and consolidation.enabled:
         flow = ConsolidationFlow(consolidation)
-    running = await start_autoscaler(config, settings, handoff=flow)
-    if flow is not None:
-        await flow.start(running)
+    # The flow acts (cordons, migrates, deletes): it runs only within the sidecar's leader terms.
+    running = await start_autoscaler(config, settings, handoff=flow, term_services=[flow] if flow is not None else [])
     stop = stop_event()
     try:
         await stop.wait()
