@@ -702,6 +702,15 @@ def test_rbac_authorizes_what_the_code_calls_and_nothing_more(
         ("list", "provisioningrequests", ns, PR),
     ):
         assert _allowed(*autoscaler, verb, resource, namespace=namespace, group=group), (verb, resource)
+    # Its Lease (leader election): created in its namespace, then read and written by name only.
+    lease = "coordination.k8s.io"
+    assert _allowed(*autoscaler, "create", "leases", namespace=ns, group=lease)
+    for verb in ("get", "update"):
+        assert _allowed(*autoscaler, verb, "leases", name="qos-autoscaler", namespace=ns, group=lease), verb
+        assert not _allowed(*autoscaler, verb, "leases", name="qos-extender", namespace=ns, group=lease), verb
+    for verb in ("create", "get", "delete"):
+        assert not _allowed(*autoscaler, verb, "leases", name="qos-autoscaler", namespace="kube-system", group=lease)
+    assert not _allowed(*autoscaler, "delete", "leases", name="qos-autoscaler", namespace=ns, group=lease)
     assert not _eventually(lambda: _allowed(*autoscaler, "create", "nodes"), False)
     for verb, resource, namespace, group in (
         ("delete", "nodes", "", ""),
