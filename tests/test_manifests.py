@@ -625,6 +625,8 @@ def test_qos_scheduler_mounts_only_the_secrets_its_config_uses() -> None:
     ]
     assert all(e["urlPrefix"].startswith("http://127.0.0.1:") for e in sched["extenders"]) and not files
     secrets = {n: m for n, m in _mounts(dep, "kube-scheduler").items() if "secret" in m["volume"]}
+    # its own API token (test_each_qos_scheduler_container_has_its_own_api_identity) is no certificate
+    secrets.pop("scheduler-token")
     used = {n for n, m in secrets.items() if any(f.startswith(m["mountPath"].rstrip("/") + "/") for f in files)}
     assert set(secrets) == used, f"kube-scheduler mounts Secrets its config does not use: {sorted(set(secrets) - used)}"
 
@@ -654,3 +656,88 @@ def test_the_controller_role_grants_its_pod_calls_and_the_local_copy_is_the_same
     assert {rule for rule in granted if rule[1] == "pods"} == pods | {("", "pods", "list"), ("", "pods", "watch")}
     local = role_rules(ROOT / "hack" / "manifests" / "qos-controller-rbac.yaml", "qos-extender-controller")
     assert local == granted
+
+
+# The extender process without the QoS controller (config/base): the modules `serve` reaches that call the API
+# server. The controller's (loop.py, leader.py, colocation) are config/controller's roles, tested above and below.
+EXTENDER_SERVE = (
+    "extender/kube/watch.py",  # the snapshot's reflectors: nodes, pods
+    "extender/kube/binder.py",  # the bind verb's Binding, a 409 resolved by reading the pod
+    "extender/kube/events.py",  # malformed-annotation Events
+    "extender/processes/webhook.py",  # /bind reads a pod its snapshot does not hold yet
+)
+EXTENDER_CONTROLLER = {
+    "extender/controller/loop.py",
+    "extender/controller/leader.py",
+    "extender/colocation/controller.py",
+}
+
+
+def test_extender_role_grants_exactly_what_serve_calls() -> None:
+    """config/base's ClusterRole qos-extender is exactly the calls of the extender process without the
+    controller, both ways: a call not granted fails in the cluster, a grant not called is privilege for nothing
+    (issue 29 cut nodes get, the legacy `bindings`, events patch and events.k8s.io that way)."""
+    calling = {f for f in _module_files("extender.processes.webhook") if _calls_api(f)}
+    assert calling == set(EXTENDER_SERVE) | EXTENDER_CONTROLLER, "a new API-calling module: account for it here"
+    assert role_rules(CONFIG / "base" / "clusterrole.yaml", "qos-extender") == api_rules(*EXTENDER_SERVE)
+    # the controller's events are core/v1 creates too: nothing patches an Event
+    assert ("", "events", "patch") not in role_rules(
+        CONFIG / "controller" / "clusterrole.yaml", "qos-extender-controller"
+    )
+
+
+SA_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
+# role -> the only ServiceAccount (in kube-qos-system) it may be bound to, in config/base and config/controller
+ROLE_HOLDER = {
+    "system:kube-scheduler": "qos-scheduler",
+    "system:volume-scheduler": "qos-scheduler",
+    "extension-apiserver-authentication-reader": "qos-scheduler",
+    "qos-scheduler-leader-election": "qos-scheduler",
+    "qos-extender": "qos-extender",
+    "qos-extender-controller": "qos-extender",
+    "qos-extender-controller-leader-election": "qos-extender",
+    "qos-extender-slack": "qos-extender",  # config/controller/slack: the slack controller runs in the extender
+}
+
+
+def test_each_qos_scheduler_container_has_its_own_api_identity() -> None:
+    """The extender sidecar no longer shares kube-scheduler's identity (issue 29): the pod's ServiceAccount is
+    the extender's (its bound token projected into the extender alone), kube-scheduler reads its own token
+    Secret, nothing is automounted, and each role is bound to the one identity that uses it."""
+    dep = _one(CONFIG / "base" / "deployment.yaml", "Deployment", "qos-scheduler")
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "qos-extender" and spec["automountServiceAccountToken"] is False
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    containers = {c["name"]: c for c in [*spec["initContainers"], *spec["containers"]]}
+    assert set(containers) == {"extender", "kube-scheduler"}
+    at_sa_path = {
+        name: [volumes[m["name"]] for m in c["volumeMounts"] if m["mountPath"] == SA_PATH]
+        for name, c in containers.items()
+    }
+    (ext,) = at_sa_path["extender"]
+    assert any("serviceAccountToken" in s for s in ext["projected"]["sources"])
+    (sched,) = at_sa_path["kube-scheduler"]
+    token_secret = _one(CONFIG / "base" / "serviceaccount.yaml", "Secret", sched["secret"]["secretName"])
+    assert token_secret["type"] == "kubernetes.io/service-account-token"
+    assert token_secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "qos-scheduler"
+    # no other container mounts either credential
+    for name, c in containers.items():
+        mounted = {m["name"] for m in c["volumeMounts"]}
+        assert mounted & {"extender-token", "scheduler-token"} == {
+            f"{'extender' if name == 'extender' else 'scheduler'}-token"
+        }
+    sas = {
+        d["metadata"]["name"] for d in _docs(CONFIG / "base" / "serviceaccount.yaml") if d["kind"] == "ServiceAccount"
+    }
+    assert sas == {"qos-extender", "qos-scheduler"}
+    seen = set()
+    for path in (CONFIG / "base" / "rbac.yaml", *sorted((CONFIG / "controller").rglob("*.yaml"))):
+        for d in _docs(path):
+            if not isinstance(d, dict) or d.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
+                continue
+            role = d["roleRef"]["name"]
+            assert role in ROLE_HOLDER, f"{path}: {role} is bound to someone: name its holder in ROLE_HOLDER"
+            holders = {(s["kind"], s.get("namespace"), s["name"]) for s in d["subjects"]}
+            assert holders == {("ServiceAccount", "kube-qos-system", ROLE_HOLDER[role])}, (path, role, holders)
+            seen.add(role)
+    assert seen == set(ROLE_HOLDER)

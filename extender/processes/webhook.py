@@ -169,12 +169,12 @@ async def start(config: ExtenderConfig) -> Running:
 
 def _pod_reader(api_client: Any, timeout: float) -> PodReader:
     """verbs.PodReader over the binder's connection pool: /bind reads a pod its snapshot does not hold yet."""
-    core = k8s.CoreV1Api(api_client)
+    _core = k8s.CoreV1Api(api_client)  # named as tests/test_manifests.py finds the calls RBAC must grant
 
     async def read_pod(namespace: str, name: str) -> Mapping[str, Any] | None:
         try:
             async with asyncio.timeout(timeout):
-                response = await core.read_namespaced_pod(
+                response = await _core.read_namespaced_pod(
                     name, namespace, _preload_content=False, _request_timeout=timeout
                 )
                 obj = await read_json(response)
