@@ -13,19 +13,18 @@
 #     signed by the local CA ($QOS_STATE/certs/ca.{crt,key} from hack/local-up.sh, which the API server and
 #     the kubelets trust for client certificates):
 #       extender serving (SANs 127.0.0.1, localhost and the DNS names of Service qos-extender, which the
-#       admission webhook calls), kube-scheduler -> extender client, Prometheus metrics client, the agents'
-#       kubelet client (CN qos-extender-agent: config/agent/rbac.yaml), the autoscaler's gRPC expander serving
-#       certificate (SAN qos-autoscaler-expander.kube-qos-system.svc);
-#     signed by a CA of the agents' own ($QOS_STATE/certs/deploy-local/agent-ca.*; every certificate of that CA
-#     may drive migrations, so it must not be the cluster CA, extender/agent/README.md): one agent certificate
-#     for every agent (serverAuth + clientAuth; SANs 127.0.0.1, DNS qos-agent.kube-qos-agent.svc and the
-#     InternalIP of every non-kwok node, since peers dial https://<InternalIP>:9443 and verify it: run this
-#     again after adding nodes, it reissues the certificate and restarts the agents), and the consolidation
-#     flow's client certificate.
+#       admission webhook calls), kube-scheduler -> extender client, Prometheus metrics client, the autoscaler's
+#       gRPC expander serving certificate (SAN qos-autoscaler-expander.kube-qos-system.svc);
+#     signed by a CA of the agents' own ($QOS_STATE/certs/deploy-local/agent-ca.*; it must not be the cluster
+#     CA): the consolidation flow's client certificate (CN qos-autoscaler-consolidation: starts migrations)
+#     and Prometheus' (CN qos-agent-metrics: /metrics only). The agents' own certificates are NOT made here:
+#     each agent asks for its node's through the CSR API and qos-agent-issuer signs it with this CA, whose key
+#     it alone receives (Secret qos-agent-issuer-ca; extender/agent/identity.py).
 #  2. The Secrets config/ names (server-side apply: idempotent, no last-applied copy of the keys):
 #       kube-qos-system: qos-extender-tls, qos-extender-metrics-client, qos-autoscaler-expander-tls,
 #                        qos-autoscaler-agent-client
-#       kube-qos-agent:  qos-agent-tls, qos-agent-kubelet-client
+#       kube-qos-agent:  qos-agent-issuer-ca, qos-agent-metrics-client; ConfigMap qos-agent-ca (the agents' CA
+#                        and the kubelets' serving CA)
 #  3. `kubectl kustomize config/local`, the local CA set as the caBundle of MutatingWebhookConfiguration
 #     qos-extender-ordering (config/controller expects cert-manager to inject it; not here), server-side apply.
 #     A qos-extender-ordering left by hack/local-up.sh (hack/manifests: clientConfig.url = the extender on the
@@ -125,17 +124,12 @@ fi
 issue extender-serving "${LOCAL_CA}" "/CN=kube-qos-extender" serverAuth "${EXTENDER_SAN}"
 issue scheduler-client "${LOCAL_CA}" "/CN=kube-scheduler-extender-client" clientAuth
 issue metrics-client "${LOCAL_CA}" "/CN=prometheus-extender-client" clientAuth
-issue agent-kubelet-client "${LOCAL_CA}" "/CN=qos-extender-agent" clientAuth
 issue autoscaler-expander "${LOCAL_CA}" "/CN=qos-autoscaler-expander" serverAuth \
   "IP:127.0.0.1,DNS:localhost,$(svc_names qos-autoscaler-expander "${NS}")"
-# Every non-kwok node's InternalIP (sorted: the SAN set, hence the reissue decision, is stable).
-mapfile -t NODE_IPS < <("${K[@]}" get nodes -l 'type!=kwok' \
-  -o jsonpath='{range .items[*]}{range .status.addresses[?(@.type=="InternalIP")]}{.address}{"\n"}{end}{end}' \
-  | sort -u | grep -v '^$' || true)
-AGENT_SAN="IP:127.0.0.1,DNS:localhost,$(svc_names qos-agent "${AGENT_NS}")"
-for ip in "${NODE_IPS[@]}"; do AGENT_SAN+=",IP:${ip}"; done
-if ((${#NODE_IPS[@]} == 0)); then log "WARNING: no non-kwok node: the agent certificate names no node IP"; fi
-issue agent "${AGENT_CA}" "/O=kube-qos-extender/CN=qos-agent" serverAuth,clientAuth "${AGENT_SAN}"
+# The agents' own certificates are not issued here: each agent asks for its node's through the CSR API, and
+# qos-agent-issuer signs them with the agents' CA (config/agent/issuer.yaml; extender/agent/identity.py).
+# Issued here from that CA: the callers' identities.
+issue agent-metrics-client "${AGENT_CA}" "/CN=qos-agent-metrics" clientAuth
 issue autoscaler-agent-client "${AGENT_CA}" "/O=kube-qos-extender/CN=qos-autoscaler-consolidation" clientAuth
 
 # ---------------------------------------------------------------- namespaces and Secrets
@@ -168,9 +162,17 @@ secret "${NS}" qos-autoscaler-expander-tls ca.crt="${CA_DIR}/ca.crt" tls.crt="${
   tls.key="${C}/autoscaler-expander.key"
 secret "${NS}" qos-autoscaler-agent-client ca.crt="${AGENT_CA}.crt" tls.crt="${C}/autoscaler-agent-client.crt" \
   tls.key="${C}/autoscaler-agent-client.key"
-secret "${AGENT_NS}" qos-agent-tls ca.crt="${AGENT_CA}.crt" tls.crt="${C}/agent.crt" tls.key="${C}/agent.key"
-secret "${AGENT_NS}" qos-agent-kubelet-client ca.crt="${KUBELET_CA}" tls.crt="${C}/agent-kubelet-client.crt" \
-  tls.key="${C}/agent-kubelet-client.key"
+secret "${AGENT_NS}" qos-agent-issuer-ca tls.crt="${AGENT_CA}.crt" tls.key="${AGENT_CA}.key"
+secret "${AGENT_NS}" qos-agent-metrics-client ca.crt="${AGENT_CA}.crt" tls.crt="${C}/agent-metrics-client.crt" \
+  tls.key="${C}/agent-metrics-client.key"
+# Public certificates only: the agents' CA (peers) and the kubelets' serving CA.
+"${K[@]}" -n "${AGENT_NS}" create configmap qos-agent-ca --from-file=agents-ca.crt="${AGENT_CA}.crt" \
+  --from-file=kubelet-ca.crt="${KUBELET_CA}" --dry-run=client -o json > "${WORK}/ca.json"
+new_ca="$(python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["data"], sort_keys=True))' < "${WORK}/ca.json")"
+old_ca="$("${K[@]}" -n "${AGENT_NS}" get configmap qos-agent-ca -o json 2>/dev/null \
+  | python3 -c 'import json, sys; t = sys.stdin.read(); print(json.dumps(json.loads(t)["data"], sort_keys=True) if t.strip() else None)' || true)"
+if [[ "${new_ca}" != "${old_ca}" ]]; then CHANGED=1; fi
+"${K[@]}" "${APPLY[@]}" "${DRY[@]}" -f "${WORK}/ca.json" >&2
 
 # ---------------------------------------------------------------- the webhook's caBundle, then apply
 python3 - "${WORK}/rendered.yaml" "${WEBHOOK}" "${CA_DIR}/ca.crt" > "${WORK}/deploy.yaml" <<'PY'
@@ -211,7 +213,8 @@ if [[ -s "${QOS_STATE}/pids/qos-extender.pid" ]] && kill -0 "$(cat "${QOS_STATE}
   log "WARNING: hack/local-up.sh's extender runs on the host (QOS_START_EXTENDER=1): with its controller on, two controllers act on the same pods"
 fi
 
-WORKLOADS=("${NS} deployment/qos-scheduler" "${NS} deployment/qos-autoscaler" "${AGENT_NS} daemonset/qos-agent")
+WORKLOADS=("${NS} deployment/qos-scheduler" "${NS} deployment/qos-autoscaler" "${AGENT_NS} deployment/qos-agent-issuer"
+  "${AGENT_NS} daemonset/qos-agent")
 EXISTED=()
 for w in "${WORKLOADS[@]}"; do
   read -r ns obj <<< "${w}"
@@ -294,6 +297,8 @@ fi
   echo "AGENT_CA=${AGENT_CA}.crt"
   echo "AGENT_CLIENT_CERT=${C}/autoscaler-agent-client.crt"
   echo "AGENT_CLIENT_KEY=${C}/autoscaler-agent-client.key"
+  echo "AGENT_METRICS_CERT=${C}/agent-metrics-client.crt"
+  echo "AGENT_METRICS_KEY=${C}/agent-metrics-client.key"
 } > "${WORK}/deploy.env"
 # A dry run leaves the env file of a real deployment alone.
 if [[ "${DRY_RUN}" != 1 ]]; then cp "${WORK}/deploy.env" "${QOS_STATE}/deploy.env"; fi

@@ -98,17 +98,15 @@ def test_agent_config_loads_and_matches_the_daemonset(agent_ds: dict[str, Any]) 
     assert env == {"NODE_NAME": "spec.nodeName", "NODE_IP": "status.hostIP"}  # NODE_IP: make_backend's kubelet
     (port,) = c["ports"]
     assert port["containerPort"] == port["hostPort"] == cfg.port == 9443 and cfg.host == "0.0.0.0"
-    # Every file the config names is on the volume that should hold it.
-    for path, secret in (
-        (cfg.tls.cert_file, "qos-agent-tls"),
-        (cfg.tls.key_file, "qos-agent-tls"),
-        (cfg.tls.ca_file, "qos-agent-tls"),
-        (cfg.kubelet.cert_file, "qos-agent-kubelet-client"),
-        (cfg.kubelet.key_file, "qos-agent-kubelet-client"),
-        (cfg.kubelet.ca_file, "qos-agent-kubelet-client"),
-    ):
+    # Every file the config names is on the volume that should hold it: this node's certificates and keys on a
+    # memory-backed emptyDir the agent writes (identity.enabled), the CAs from a ConfigMap (public).
+    assert cfg.identity.enabled
+    for path in (cfg.tls.cert_file, cfg.tls.key_file, cfg.kubelet.cert_file, cfg.kubelet.key_file):
         assert path is not None
-        assert _mounted_from(agent_ds, "agent", path)["volume"]["secret"]["secretName"] == secret, path
+        assert _mounted_from(agent_ds, "agent", path)["volume"]["emptyDir"]["medium"] == "Memory", path
+    for path in (cfg.tls.ca_file, cfg.kubelet.ca_file):
+        assert path is not None
+        assert _mounted_from(agent_ds, "agent", path)["volume"]["configMap"]["name"] == "qos-agent-ca", path
     mounts = _mounts(agent_ds, "agent")
     assert mounts["state"]["mountPath"] == cfg.state_dir and "hostPath" in mounts["state"]["volume"]
     checkpoints = mounts["kubelet-checkpoints"]
@@ -132,8 +130,12 @@ def test_the_agent_config_check_is_not_vacuous(tmp_path: Path) -> None:
 def test_agent_pod_privileges_are_the_documented_minimum(agent_ds: dict[str, Any]) -> None:
     spec = agent_ds["spec"]["template"]["spec"]
     assert not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")
-    assert spec["automountServiceAccountToken"] is False
+    # the token is the pod's proof of its node for the CSRs (extender/agent/identity.py)
+    assert spec["automountServiceAccountToken"] is True
     assert spec["tolerations"] == [{"operator": "Exists"}]
+    # never on a control-plane node, nor where migration is disabled (issue #29)
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"} in term["matchExpressions"]
     sc = _container(agent_ds, "agent")["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["readOnlyRootFilesystem"] is True
@@ -148,7 +150,8 @@ def test_agent_pod_privileges_are_the_documented_minimum(agent_ds: dict[str, Any
     ns = _one(AGENT / "namespace.yaml", "Namespace")
     assert ns["metadata"]["name"] == agent_ds["metadata"]["namespace"] == "kube-qos-agent"
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
-    assert _one(AGENT / "serviceaccount.yaml", "ServiceAccount")["automountServiceAccountToken"] is False
+    for sa in _docs(AGENT / "serviceaccount.yaml"):  # the pods opt in; nothing else of the namespace gets a token
+        assert sa["automountServiceAccountToken"] is False
 
 
 def test_agent_network_policy_admits_only_agents_the_autoscaler_and_prometheus(agent_ds: dict[str, Any]) -> None:
@@ -189,7 +192,7 @@ def test_autoscaler_configs_load_and_match_the_deployment(autoscaler_dep: dict[s
     extender = load_config(AUTOSCALER / "extender.yaml")
     assert extender.kubernetes.kubeconfig is None  # in-cluster service account
     raw = _load(AUTOSCALER / "autoscaler.yaml")
-    settings = parse_autoscaler_config(_with_stand_ins(raw, ("cert_file", "key_file")), extender)
+    settings = parse_autoscaler_config(_with_stand_ins(raw, ("cert_file", "key_file", "client_ca_file")), extender)
     # production: beside the user's cluster-autoscaler, gated demand handed to it, never a node written
     assert settings.provider == "cluster-autoscaler" and not settings.dry_run
     assert settings.expander.provisioning_requests is not None
@@ -201,6 +204,17 @@ def test_autoscaler_configs_load_and_match_the_deployment(autoscaler_dep: dict[s
     for key in ("cert_file", "key_file"):
         mount = _mounted_from(autoscaler_dep, "autoscaler", raw["autoscaler"]["cluster_autoscaler"][key])
         assert mount["volume"]["secret"]["secretName"] == "qos-autoscaler-expander-tls"
+    # /metrics over HTTPS (issue 29): its certificate and the scraper's CA from their own Secret; probes in HTTPS
+    assert settings.metrics.cert_file is not None and settings.metrics.clients
+    for key in ("cert_file", "key_file", "client_ca_file"):
+        mount = _mounted_from(autoscaler_dep, "autoscaler", raw["autoscaler"]["metrics"][key])
+        assert mount["volume"]["secret"]["secretName"] == "qos-autoscaler-metrics-tls"
+    assert c["readinessProbe"]["httpGet"]["scheme"] == c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    monitor = _one(AUTOSCALER / "servicemonitor.yaml", "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["cert"]["secret"]["name"] == (
+        "qos-extender-metrics-client"
+    )
     svc = _one(AUTOSCALER / "expander-service.yaml", "Service")
     assert svc["spec"]["ports"][0]["targetPort"] == "grpc-expander" and svc["spec"]["ports"][0]["port"] == 7000
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz" and c["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -222,9 +236,15 @@ def test_the_autoscaler_and_the_extender_agree_on_what_they_share() -> None:
     assert autoscaler.scheduling.scaling_cycle_seconds == extender.scheduling.scaling_cycle_seconds
     # the autoscaler files hold only what differs from the defaults (tests/test_settings.py); what they set:
     lab = _load(KWOK / "autoscaler.yaml")["autoscaler"]  # the kwok Component: the defaults but metrics.host
-    assert lab == {"metrics": {"host": "0.0.0.0"}}
+    metrics_tls = {
+        "host": "0.0.0.0",
+        "cert_file": "/etc/qos-autoscaler/metrics-tls/tls.crt",
+        "key_file": "/etc/qos-autoscaler/metrics-tls/tls.key",
+        "client_ca_file": "/etc/qos-autoscaler/metrics-tls/ca.crt",
+    }
+    assert lab == {"metrics": metrics_tls}
     ours = _load(AUTOSCALER / "autoscaler.yaml")["autoscaler"]  # production: CA, the expander served to CA's pod
-    assert ours.pop("provider") == "cluster-autoscaler" and ours.pop("metrics") == {"host": "0.0.0.0"}
+    assert ours.pop("provider") == "cluster-autoscaler" and ours.pop("metrics") == metrics_tls
     ca = ours.pop("cluster_autoscaler")
     assert ca.pop("listen") == "0.0.0.0:7000" and set(ca.pop("cert_file") + ca.pop("key_file"))
     assert ca == {} and ours == {}
@@ -232,7 +252,7 @@ def test_the_autoscaler_and_the_extender_agree_on_what_they_share() -> None:
 
 def test_the_autoscaler_config_check_is_not_vacuous() -> None:
     extender = load_config(AUTOSCALER / "extender.yaml")
-    doc = _with_stand_ins(_load(AUTOSCALER / "autoscaler.yaml"), ("cert_file", "key_file"))
+    doc = _with_stand_ins(_load(AUTOSCALER / "autoscaler.yaml"), ("cert_file", "key_file", "client_ca_file"))
     parse_autoscaler_config(doc, extender)
     for broken in (
         {"provider": "aws"},
@@ -262,7 +282,10 @@ def _json_patch(component: dict[str, Any], kind: str, name: str) -> list[dict[st
 
 def test_kwok_component_is_the_lab_provider_and_drops_what_only_ca_uses() -> None:
     comp = _component(KWOK)
-    settings = parse_autoscaler_config(_load(KWOK / "autoscaler.yaml"), load_config(AUTOSCALER / "extender.yaml"))
+    settings = parse_autoscaler_config(
+        _with_stand_ins(_load(KWOK / "autoscaler.yaml"), ("cert_file", "key_file", "client_ca_file")),
+        load_config(AUTOSCALER / "extender.yaml"),
+    )
     assert settings.provider == "kwok"
     assert comp["resources"] == ["rbac.yaml"]
     ops = _json_patch(comp, "Deployment", "qos-autoscaler")
@@ -369,8 +392,31 @@ METHODS: dict[str, set[Rule]] = {
     "read_namespaced_lease": {("coordination.k8s.io", "leases", "get")},
     "create_namespaced_lease": {("coordination.k8s.io", "leases", "create")},
     "replace_namespaced_lease": {("coordination.k8s.io", "leases", "update")},
+    # CertificatesV1Api: the agents' per-node identities (extender/agent/identity.py, issuer.py)
+    "create_certificate_signing_request": {("certificates.k8s.io", "certificatesigningrequests", "create")},
+    "read_certificate_signing_request": {("certificates.k8s.io", "certificatesigningrequests", "get")},
+    "list_certificate_signing_request": {("certificates.k8s.io", "certificatesigningrequests", "list")},
+    "replace_certificate_signing_request_approval": {
+        ("certificates.k8s.io", "certificatesigningrequests/approval", "update")
+    },
+    "replace_certificate_signing_request_status": {
+        ("certificates.k8s.io", "certificatesigningrequests/status", "update")
+    },
+    # RbacAuthorizationV1Api: the issuer's per-node kubelet roles
+    "create_cluster_role": {("rbac.authorization.k8s.io", "clusterroles", "create")},
+    "read_cluster_role": {("rbac.authorization.k8s.io", "clusterroles", "get")},
+    "replace_cluster_role": {("rbac.authorization.k8s.io", "clusterroles", "update")},
+    "delete_cluster_role": {("rbac.authorization.k8s.io", "clusterroles", "delete")},
+    "list_cluster_role": {("rbac.authorization.k8s.io", "clusterroles", "list")},
+    "create_cluster_role_binding": {("rbac.authorization.k8s.io", "clusterrolebindings", "create")},
+    "read_cluster_role_binding": {("rbac.authorization.k8s.io", "clusterrolebindings", "get")},
+    "replace_cluster_role_binding": {("rbac.authorization.k8s.io", "clusterrolebindings", "update")},
+    "delete_cluster_role_binding": {("rbac.authorization.k8s.io", "clusterrolebindings", "delete")},
 }
-_CALL = re.compile(r"(?:\b_core|\b_custom|\b_leases|CoreV1Api\([^()]*\))\.(\w+)(\s*\()?")
+_CALL = re.compile(
+    r"(?:\b_core|\b_custom|\b_leases|\bself\.(?:certs|core|rbac)|(?<![\w\"/.-])(?:certs|rbac)|CoreV1Api\([^()]*\))"
+    r"\.(\w+)(\s*\()?"
+)
 
 
 def api_rules(*files: str) -> set[Rule]:
@@ -379,9 +425,8 @@ def api_rules(*files: str) -> set[Rule]:
     for f in files:
         text = (ROOT / f).read_text()
         other = re.findall(r"\b(\w+V\d\w*Api|CustomObjectsApi)\(", text)
-        assert set(other) <= {"CoreV1Api", "CustomObjectsApi", "CoordinationV1Api"}, (
-            f"{f} uses {other}: extend METHODS and this check"
-        )
+        known = {"CoreV1Api", "CustomObjectsApi", "CoordinationV1Api", "CertificatesV1Api", "RbacAuthorizationV1Api"}
+        assert set(other) <= known, f"{f} uses {other}: extend METHODS and this check"
         if "CustomObjectsApi" in other:  # the custom-object rules above hold for ProvisioningRequests only
             assert re.search(r'GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"', text), (
                 f"{f}: a custom resource other than ProvisioningRequest"
@@ -579,33 +624,82 @@ def test_every_rule_names_the_calls_that_justify_it() -> None:
                 assert granted == needed, (path, i, granted, needed)
 
 
+AGENT_CALLS = ("extender/agent/identity.py", "extender/agent/server.py")  # CSRs; the pod read before a checkpoint
+ISSUER_CALLS = ("extender/agent/issuer.py",)
+# What the API server checks besides the calls (certificates.k8s.io and RBAC escalation prevention): approving
+# CSRs of a signer, signing for ours, and holding what the per-node roles grant (no `escalate`).
+ISSUER_SIGNERS = {
+    ("approve", "kube-qos-extender.io/agent"),
+    ("approve", "kubernetes.io/kube-apiserver-client"),
+    ("sign", "kube-qos-extender.io/agent"),
+}
+
+
 def test_agent_rbac_matches_the_code(agent_ds: dict[str, Any]) -> None:
-    # The ServiceAccount gets nothing: in the DaemonSet the agent makes no API server call.
     calling = {f for f in _module_files("extender.processes.agent") if _calls_api(f)}
-    assert calling == {"extender/agent/events.py", "extender/agent/backends/simulated.py"}
+    assert calling == {"extender/agent/events.py", "extender/agent/backends/simulated.py", *AGENT_CALLS}
     cfg = load_agent_config(str(AGENT / "agent.yaml"), node_name="n")
     assert cfg.backend == "kubelet"  # simulated.py (pods get/patch) is not used
     run_agent = (ROOT / "extender" / "agent" / "server.py").read_text()
     gate = 'config.events and config.backend != "criu" and (config.kubeconfig or os.environ.get("KUBECONFIG"))'
     assert gate in run_agent, (
         "the agent's Event gate changed: if it now posts Events in-cluster, grant `events create` to "
-        "ServiceAccount qos-agent (config/agent/rbac.yaml) and mount its token"
+        "ServiceAccount qos-agent (config/agent/rbac.yaml)"
     )
     env = {e["name"] for e in _container(agent_ds, "agent")["env"]}
     assert cfg.kubeconfig is None and "KUBECONFIG" not in env  # so events.py is not reached
-    docs = _docs(AGENT / "rbac.yaml")
-    assert all(s["kind"] == "User" for d in docs if d["kind"] == "ClusterRoleBinding" for s in d["subjects"])
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
-    # The kubelet: POST /checkpoint/... with the client certificate = create nodes/checkpoint (kubelet
-    # pkg/kubelet/server/auth.go: POST -> create, /checkpoint/* -> subresource checkpoint).
+    assert cfg.identity.enabled and cfg.migration.check_pods  # so identity.py and server.py's pod read are
+    assert (
+        role_rules(AGENT / "rbac.yaml", "qos-agent")
+        == api_rules(*AGENT_CALLS)
+        == {
+            ("certificates.k8s.io", "certificatesigningrequests", "create"),
+            ("certificates.k8s.io", "certificatesigningrequests", "get"),
+            ("", "pods", "get"),
+        }
+    )
+    binding = _one(AGENT / "rbac.yaml", "ClusterRoleBinding", "qos-agent")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qos-agent", "namespace": "kube-qos-agent"}]
+    # The kubelet: POST /checkpoint/... with this node's client certificate = create nodes/checkpoint (kubelet
+    # pkg/kubelet/server/auth.go: POST -> create, /checkpoint/* -> subresource checkpoint), granted per node by
+    # the issuer (identity.node_role), never by a static role: no rule of the manifests names nodes/checkpoint
+    # for the agents.
     kubelet = (ROOT / "extender" / "agent" / "backends" / "kubelet.py").read_text()
     assert 'f"https://{host}:{port}/checkpoint/{path}' in kubelet and "session.post(url" in kubelet
     assert "load_cert_chain(self.config.cert_file, self.config.key_file)" in kubelet  # a client cert, no token
-    assert role_rules(AGENT / "rbac.yaml", "qos-agent-kubelet-checkpoint") == {("", "nodes/checkpoint", "create")}
-    binding = _one(AGENT / "rbac.yaml", "ClusterRoleBinding", "qos-agent-kubelet-checkpoint")
-    assert binding["subjects"] == [
-        {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "qos-extender-agent"}
+    from extender.agent.identity import node_role
+
+    assert node_role("n1")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes/checkpoint"], "verbs": ["create"], "resourceNames": ["n1"]}
     ]
+
+
+def test_issuer_rbac_matches_the_code() -> None:
+    # identity.py: the issuer uses its pure verdict and signing; its Requester (the agent's CSR calls) is not run
+    calling = {f for f in _module_files("extender.processes.issuer") if _calls_api(f)}
+    assert calling == {*ISSUER_CALLS, "extender/agent/identity.py"}, calling
+    assert "Requester" not in (ROOT / ISSUER_CALLS[0]).read_text()
+    needed = api_rules(*ISSUER_CALLS)
+    cluster = role_rules(AGENT / "rbac.yaml", "qos-agent-issuer")
+    namespaced = role_rules(AGENT / "rbac.yaml", "qos-agent-issuer", "Role")
+    signers = {(v, n) for r in _one(AGENT / "rbac.yaml", "ClusterRole", "qos-agent-issuer")["rules"]
+               if r["resources"] == ["signers"] for v in r["verbs"] for n in r["resourceNames"]}  # fmt: skip
+    assert signers == ISSUER_SIGNERS
+    extra = {("certificates.k8s.io", "signers", "approve"), ("certificates.k8s.io", "signers", "sign"),
+             ("", "nodes/checkpoint", "create")}  # fmt: skip
+    assert namespaced == {("", "pods", "get")}  # the requesting agent pod, in the agents' namespace only
+    assert cluster | namespaced == needed | extra, (cluster | namespaced) ^ (needed | extra)
+    assert _one(AGENT / "rbac.yaml", "Role", "qos-agent-issuer")["metadata"]["namespace"] == "kube-qos-agent"
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        b = _one(AGENT / "rbac.yaml", kind, "qos-agent-issuer")
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "qos-agent-issuer", "namespace": "kube-qos-agent"}]
+    dep = _one(AGENT / "issuer.yaml", "Deployment", "qos-agent-issuer")
+    spec = dep["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "qos-agent-issuer" and not _container(dep, "issuer").get("ports")
+    from extender.agent.settings import IssuerConfig
+
+    cfg = IssuerConfig()
+    assert _mounted_from(dep, "issuer", cfg.ca_key_file)["volume"]["secret"]["secretName"] == "qos-agent-issuer-ca"
 
 
 # ------------------------------------------------------------------------------------------- qos-scheduler

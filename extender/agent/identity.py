@@ -118,6 +118,7 @@ def csr_verdict(
     pod: Mapping[str, Any] | None,
     node: Mapping[str, Any] | None,
     max_expiration_seconds: int,
+    allowed_dns: frozenset[str] = frozenset(),
 ) -> tuple[bool, str]:
     """(approve?, why). ``pod`` and ``node``: the live objects the CSR's bound token names (None if gone)."""
     if csr.signer not in _ALLOWED_USAGES:
@@ -159,7 +160,8 @@ def csr_verdict(
         san = req.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         san = None
-    other = [n for n in (san or []) if not isinstance(n, x509.IPAddress)]
+    dns = {str(n.value) for n in (san or []) if isinstance(n, x509.DNSName)}
+    other = [n for n in (san or []) if not isinstance(n, (x509.IPAddress, x509.DNSName))]
     ips = {str(n.value) for n in (san or []) if isinstance(n, x509.IPAddress)}
     for ext in req.extensions:
         if not isinstance(ext.value, x509.SubjectAlternativeName):
@@ -169,7 +171,10 @@ def csr_verdict(
             return False, "a kubelet client certificate carries no subjectAltName"
         return True, f"kubelet client certificate of {want}"
     if other:
-        return False, f"only IP SANs may be asked, got {other}"
+        return False, f"only IP and DNS SANs may be asked, got {other}"
+    if not dns <= allowed_dns:
+        # a DNS name every agent shares (the Service Prometheus verifies) names no node: the CN and IP do
+        return False, f"DNS SANs {sorted(dns - allowed_dns)} are not among the agents' names {sorted(allowed_dns)}"
     node_ips = _internal_ips(node)
     if not ips or not ips <= node_ips:
         return False, f"IP SANs {sorted(ips)} must be among node {node_name}'s InternalIPs {sorted(node_ips)}"
@@ -219,16 +224,17 @@ def sign(pem: bytes, ca_cert: x509.Certificate, ca_key: Any, *, seconds: int, no
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
-def make_csr(node: str, ips: Sequence[str]) -> tuple[bytes, bytes]:
-    """A fresh P-256 key and a CSR for the identity of ``node`` (PEM key, PEM CSR); ``ips`` become IP SANs."""
+def make_csr(node: str, ips: Sequence[str], dns: Sequence[str] = ()) -> tuple[bytes, bytes]:
+    """A fresh P-256 key and a CSR for the identity of ``node`` (PEM key, PEM CSR); ``ips`` and ``dns`` become
+    SANs."""
     key = ec.generate_private_key(ec.SECP256R1())
     builder = x509.CertificateSigningRequestBuilder().subject_name(
         x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, agent_identity(node))])
     )
-    if ips:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]), critical=False
-        )
+    names: list[x509.GeneralName] = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    names += [x509.DNSName(d) for d in dns]
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     csr = builder.sign(key, hashes.SHA256())
     key_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -290,13 +296,14 @@ class Requester:
         signer: str,
         usages: Sequence[str],
         ips: Sequence[str],
+        dns: Sequence[str] = (),
         cert_file: Path,
         key_file: Path,
         expiration_seconds: int,
         timeout_seconds: float,
     ) -> None:
         self.api = api
-        self.node, self.signer, self.usages, self.ips = node, signer, tuple(usages), tuple(ips)
+        self.node, self.signer, self.usages, self.ips, self.dns = node, signer, tuple(usages), tuple(ips), tuple(dns)
         self.cert_file, self.key_file = cert_file, key_file
         self.expiration_seconds = expiration_seconds
         self.timeout_seconds = timeout_seconds
@@ -313,7 +320,7 @@ class Requester:
         from kubernetes_asyncio import client as k8s
 
         certs = k8s.CertificatesV1Api(self.api)
-        key_pem, csr_pem = make_csr(self.node, self.ips)
+        key_pem, csr_pem = make_csr(self.node, self.ips, self.dns)
         kind = "kubelet" if self.signer == KUBELET_SIGNER else "agent"
         name = f"qos-agent-{self.node[:200]}-{kind}-{secrets.token_hex(4)}"
         body = {

@@ -109,6 +109,7 @@ class Issuer:
             pod=pod,
             node=node,
             max_expiration_seconds=self.config.max_expiration_seconds,
+            allowed_dns=frozenset(self.config.agent_dns_names),
         )
         self.decisions.append((csr.name, ok, why))
         log.info(
@@ -154,19 +155,19 @@ class Issuer:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         t = self.config.request_timeout_seconds
-        r: Any = self.rbac
+        rbac: Any = self.rbac
         pairs: tuple[tuple[dict[str, Any], Any, Any, Any], ...] = (
             (
                 node_role(node),
-                r.create_cluster_role,
-                r.read_cluster_role,
-                r.replace_cluster_role,
+                rbac.create_cluster_role,
+                rbac.read_cluster_role,
+                rbac.replace_cluster_role,
             ),
             (
                 node_binding(node),
-                r.create_cluster_role_binding,
-                r.read_cluster_role_binding,
-                r.replace_cluster_role_binding,
+                rbac.create_cluster_role_binding,
+                rbac.read_cluster_role_binding,
+                rbac.replace_cluster_role_binding,
             ),
         )
         for body, create, read, replace in pairs:

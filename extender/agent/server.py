@@ -760,6 +760,7 @@ async def _identities(config: AgentConfig) -> tuple[Any, list[Requester]]:
             signer=AGENT_SIGNER,
             usages=("digital signature", "server auth", "client auth"),
             ips=(node_ip,),
+            dns=ident.dns_names,
             cert_file=Path(tls.cert_file),
             key_file=Path(tls.key_file),
             **common,

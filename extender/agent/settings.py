@@ -111,6 +111,9 @@ class IdentityConfig(Settings):
     """false: the certificate files are given (a Secret, or tests); true: they are requested and renewed."""
     node_ip: str | None = None
     """The IP SAN of the agent certificate (peers dial https://<InternalIP>:port); null: $NODE_IP."""
+    dns_names: tuple[str, ...] = ()
+    """DNS SANs every agent's certificate also carries (the name Prometheus verifies when it scrapes a pod);
+    the issuer must allow them (agent_dns_names)."""
     expiration_seconds: int = Field(86400, ge=600)
     """Life asked for each certificate; renewed at half of it."""
     kubelet_client: bool = True
@@ -137,6 +140,9 @@ class IssuerConfig(Settings):
     """Labels the requesting pod must carry (the DaemonSet's)."""
     max_expiration_seconds: int = Field(86400, ge=600)
     """Longest life granted."""
+    agent_dns_names: tuple[str, ...] = ("qos-agent.kube-qos-agent.svc",)
+    """DNS SANs an agent certificate may carry besides its node's IPs (shared by every agent: they name no
+    node, so peers check the CN and IP, never these)."""
     poll_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
     """How often pending CSRs are read."""
     request_timeout_seconds: float = Field(20.0, gt=0, allow_inf_nan=False)

@@ -47,6 +47,7 @@ from extender.consolidation import policy
 from extender.consolidation.metrics import ConsolidationMetrics
 from extender.consolidation.policy import MoveVerdict, NodeOutcome
 from extender.consolidation.settings import ConsolidationSettings
+from extender.core.migration import agent_identity
 from extender.core.model import WorkloadKind
 from extender.core.reschedule import MigrationPlan
 from extender.kube.binder import KubeBinder
@@ -346,6 +347,9 @@ class ConsolidationFlow:
             missing = [n for n, u in urls.items() if u is None]
             if missing:
                 raise _Refused(f"no agent address for node(s) {', '.join(missing)} (annotation or InternalIP)")
+            assert self._client is not None
+            for node, url in urls.items():  # each agent must answer as its node's (CN qos-agent:<node>)
+                self._client.pin(str(url), agent_identity(node))
             if await self._backend(urls[source]) == "kubelet":
                 # A container checkpoint restored into a new pod: the agents first make the checkpoint image on
                 # the destination node, then the pod is created from it. The source never stops, so anything
