@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from extender.settings import SettingsError
-from extender.settings.extender import ExtenderConfig, load_config
+from extender.settings.extender import ConfigError, ExtenderConfig, load_config
 from extender.signals import stop_event
 
 if TYPE_CHECKING:
@@ -34,6 +34,12 @@ async def _autoscaler_process(
         flow = ConsolidationFlow(consolidation)
     # The flow acts (cordons, migrates, deletes): it runs only within the sidecar's leader terms.
     running = await start_autoscaler(config, settings, handoff=flow, term_services=[flow] if flow is not None else [])
+    if flow is not None and running.provider is None:  # refused at start (exit 2), not in every term
+        await running.stop()
+        raise ConfigError(
+            "consolidation needs a provider: kwok (it deletes the emptied node) or cluster-autoscaler with "
+            "provisioning_requests (the emptied node is left to CA's scale-down)"
+        )
     stop = stop_event()
     try:
         await stop.wait()
