@@ -295,3 +295,29 @@ async def test_authz_kube_system_and_pods_not_opted_in_are_refused_before_a_chec
     finally:
         await runner.cleanup()
         await agent.client.close()
+
+
+@pytest.mark.parametrize(
+    ("limits", "why"),
+    [
+        ({"max_migration_bytes": 9}, "more than migration.max_migration_bytes (9)"),
+        ({"max_staging_bytes": 9}, "staging is full: 0 bytes in use and 10 more asked"),
+    ],
+)
+async def test_staging_is_bounded_per_migration_and_in_total(
+    limits: dict[str, int], why: str, authz_pki: Pki, tmp_path: Path
+) -> None:
+    """An archive that would pass a bound is refused (507) before a byte is written, and counted."""
+    cfg = AgentConfig(node_name="authz-a", host="127.0.0.1", tls=authz_pki.tls("agent-a"), state_dir=str(tmp_path),
+                      backend="simulated", migration=MigrationPolicyConfig(**limits))  # fmt: skip
+    agent = Agent(cfg, SimulatedBackend(InMemoryProgressStore()))
+    runner, url = await serve_in_process(agent, "127.0.0.1")
+    try:
+        status, text = await _call(authz_pki, "agent-b", "PUT", f"{url}/v1/migrations/big/archive/final", None)
+        assert status == 507 and why in text, (status, text)
+        assert not any(p.is_file() for p in tmp_path.rglob("*.part")), "nothing was written"
+        metrics = generate_latest(agent.metrics.registry).decode()
+        assert 'qos_extender_agent_requests_refused_total{reason="staging"' in metrics
+    finally:
+        await runner.cleanup()
+        await agent.client.close()
