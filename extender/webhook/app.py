@@ -378,6 +378,12 @@ def make_reloader(tls: TlsConfig, context: ssl.SSLContext, metrics: Metrics) -> 
     return CertificateReloader(files, [context], on_reload=counted)
 
 
+LINGERING_SECONDS = 2.0
+"""After a refusal that left a body unread (403, 413, 408), aiohttp keeps reading and dropping it for this long
+before closing (its default, 10 s, would let a slow client hold the connection that much longer); a short
+lingering still lets an honest client read the answer instead of a reset."""
+
+
 async def start_server(
     app: web.Application, config: ExtenderConfig, ssl_context: ssl.SSLContext | None = None
 ) -> tuple[web.AppRunner, int]:
@@ -388,7 +394,11 @@ async def start_server(
     connection opens and after each answer, and closes a connection whose next request's headers are not all in
     by then (a slow-loris client); an idle kube-scheduler connection is closed too and simply reopened."""
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, keepalive_timeout=config.server.read_timeout_seconds
+        app,
+        access_log=None,
+        handle_signals=False,
+        keepalive_timeout=config.server.read_timeout_seconds,
+        lingering_time=LINGERING_SECONDS,
     )
     await runner.setup()
     ctx = ssl_context if ssl_context is not None else make_ssl_context(config.server.tls)
