@@ -240,7 +240,7 @@ async def test_leader_partitioned_stalled_then_refused_never_two_acting() -> Non
             replicas.append(Replica(f"replica-{name}", work, kubeconfig, lease))
         a, b = replicas
         api = await new_api_client(KubernetesConfig(kubeconfig=source))
-        transitions = -1
+        transitions, released = -1, ("?", False)
         try:
             await a.start()
             await _until(lambda: len(a.scans()) >= 3, "replica-a to lead and scan", 60, replicas)
@@ -282,6 +282,7 @@ async def test_leader_partitioned_stalled_then_refused_never_two_acting() -> Non
             with contextlib.suppress(ApiException):
                 lease_obj = await k8s.CoordinationV1Api(api).read_namespaced_lease(lease, "kube-system")
                 transitions = lease_obj.spec.lease_transitions
+                released = (lease_obj.spec.holder_identity or "", lease_obj.spec.acquire_time is not None)
                 await k8s.CoordinationV1Api(api).delete_namespaced_lease(lease, "kube-system")
             await api.close()
 
@@ -293,3 +294,4 @@ async def test_leader_partitioned_stalled_then_refused_never_two_acting() -> Non
         assert _overlaps(a_scans, b_scans_all, 1.0) == [], f"two replicas acted within the same second: {gaps}"
         assert len(gaps) == 2, gaps  # the leadership moved twice: a -> b (stalled) -> a (refused)
         assert transitions >= 2
+        assert released == ("", True), released  # a's clean stop released it; acquireTime kept over renewals

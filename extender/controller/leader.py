@@ -193,6 +193,7 @@ class Leadership:
         self.renewed_at: float | None = None  # when the last successful write of this term was sent
         self._seen: Observed | None = None
         self._term: asyncio.Task[Any] | None = None
+        self._acquire_time: str | None = None  # the Lease's acquireTime of this holder (MicroTime)
 
     # ---- what the rest of the process asks
 
@@ -222,9 +223,11 @@ class Leadership:
             "renewTime": now,
         }
         if acquired:
-            spec["acquireTime"] = now
+            self._acquire_time = now
         elif old is not None and old.spec is not None and old.spec.acquire_time is not None:
-            spec["acquireTime"] = _micro_time(old.spec.acquire_time.timestamp())
+            self._acquire_time = _micro_time(old.spec.acquire_time.timestamp())
+        if self._acquire_time is not None:  # an update replaces the spec: carry it over every renewal
+            spec["acquireTime"] = self._acquire_time
         meta: dict[str, Any] = {"name": self.lease_name, "namespace": self.namespace}
         if version is not None:
             meta["resourceVersion"] = version
