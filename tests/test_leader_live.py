@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio import client as k8s
@@ -165,6 +166,20 @@ class Replica:
             if r.get("msg") == "scan" and r.get("decision", {}).get("identity") == self.identity
         ]
 
+    async def get(self, path: str) -> tuple[int, str]:
+        """GET on the replica's metrics listener (plain HTTP on 127.0.0.1: no metrics.cert_file here)."""
+        (port,) = {r["decision"]["metrics_port"] for r in self.lines if r.get("msg") == "autoscaler started"}
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}{path}") as resp:
+            return resp.status, await resp.text()
+
+    async def leader_gauge(self) -> float:
+        status, text = await self.get("/metrics")
+        assert status == 200, text
+        (value,) = [
+            float(line.split()[1]) for line in text.splitlines() if line.startswith("qos_extender_autoscaler_leader ")
+        ]
+        return value
+
     def said(self, msg: str) -> int:
         return sum(1 for r in self.lines if r.get("msg") == msg)
 
@@ -249,6 +264,9 @@ async def test_leader_partitioned_stalled_then_refused_never_two_acting() -> Non
             await asyncio.sleep(LEASE_DURATION + 2)  # longer than the lease: a renews, b stands by
             assert b.scans() == [], "the standby scanned while the leader renewed"
             assert a.said("leading") == 1 and a.said("Lease renewal failed") == 0, a.raw[-10:]  # one steady term
+            # the standby serves its probes and /metrics: Ready (synced), leader gauge 0; the leader's 1
+            assert (await b.get("/readyz"))[0] == 200
+            assert await a.leader_gauge() == 1 and await b.leader_gauge() == 0
 
             # 1. a's traffic stalls: a must stop at its renew deadline, b take over after the lease duration
             stalled_at = time.time()
