@@ -47,14 +47,16 @@ def _openssl(*args: str | Path) -> None:
 
 def pki(d: Path) -> dict[str, Path]:
     """A CA, a serving certificate for 127.0.0.1 (the expander, the cloud provider) and a client certificate
-    (CA's externalgrpc client), all EC P-256, valid a day."""
+    (CA's externalgrpc client, CN cluster-autoscaler: the sidecar's default cloud_provider.clients), all EC P-256,
+    valid a day."""
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     _openssl("req", "-x509", *ec, "-keyout", d / "ca.key", "-out", d / "ca.crt", "-days", "1", "-subj", "/CN=e2e-ca")
     for leaf, ext in (
         ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"),
         ("client", "extendedKeyUsage=clientAuth\n"),
     ):
-        _openssl("req", *ec, "-keyout", d / f"{leaf}.key", "-out", d / f"{leaf}.csr", "-subj", f"/CN={leaf}")
+        cn = "cluster-autoscaler" if leaf == "client" else leaf  # the identity the cloud provider allows
+        _openssl("req", *ec, "-keyout", d / f"{leaf}.key", "-out", d / f"{leaf}.csr", "-subj", f"/CN={cn}")
         (d / f"{leaf}.ext").write_text(ext)
         _openssl(
             "x509", "-req", "-in", d / f"{leaf}.csr", "-CA", d / "ca.crt", "-CAkey", d / "ca.key", "-CAcreateserial",

@@ -29,6 +29,7 @@ from extender.autoscaler.providers.cluster_autoscaler import (
     node_to_dict,
     pod_to_dict,
 )
+from extender.autoscaler.settings import EXPANDER_MAX_MESSAGE_BYTES
 from extender.autoscaler.stubs import load_expander
 from extender.core import autoscale
 from extender.core.model import Flavour, Resources
@@ -180,8 +181,8 @@ async def raw_expander() -> AsyncIterator[tuple[ExpanderServer, Any]]:
         CATALOGUE,
         autoscale.ScoreWeights(),
         listen="127.0.0.1:0",
-        cert_pem=CERT,
-        key_pem=KEY,
+        credentials=grpc.ssl_server_credentials([(KEY, CERT)]),
+        max_message_bytes=EXPANDER_MAX_MESSAGE_BYTES,
         metrics=AutoscalerMetrics(),
     )
     port = await server.start()

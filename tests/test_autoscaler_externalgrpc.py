@@ -25,7 +25,7 @@ from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.nodegroups import NodeGroupError, NodeGroups
 from extender.autoscaler.providers.externalgrpc import CloudProviderServer, NodeGroupOptions, node_message
 from extender.autoscaler.providers.kwok import node_manifest
-from extender.autoscaler.settings import parse_autoscaler_config
+from extender.autoscaler.settings import CLOUD_PROVIDER_MAX_MESSAGE_BYTES, parse_autoscaler_config
 from extender.autoscaler.stubs import load_externalgrpc
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.core import autoscale
@@ -204,9 +204,13 @@ async def _start(pki: Pki, *, options: NodeGroupOptions | None = None, synced: b
         backend,
         node_manifest,
         listen="127.0.0.1:0",
-        cert_pem=pki.server_crt.read_bytes(),
-        key_pem=pki.server_key.read_bytes(),
-        client_ca_pem=pki.ca_crt.read_bytes(),
+        credentials=grpc.ssl_server_credentials(
+            [(pki.server_key.read_bytes(), pki.server_crt.read_bytes())],
+            root_certificates=pki.ca_crt.read_bytes(),
+            require_client_auth=True,
+        ),
+        clients=("client",),
+        max_message_bytes=CLOUD_PROVIDER_MAX_MESSAGE_BYTES,
         gpu_label="qos.kube-qos-extender.io/accelerator",
         options=options,
         metrics=AutoscalerMetrics(),
@@ -803,8 +807,14 @@ def test_the_cluster_autoscaler_manifests_agree_with_the_sidecar(pki: Pki) -> No
     stand_in = {**cloud, **{k: str(v) for k, v in mounts.items()}}
     ca_section = {**ours["autoscaler"]["cluster_autoscaler"], "cert_file": str(pki.server_crt)}
     ca_section.update(key_file=str(pki.server_key), cloud_provider=stand_in)
+    metrics_tls = {
+        **ours["autoscaler"]["metrics"],
+        **{k: str(v) for k, v in mounts.items()},
+    }  # the deployment's Secret mount, stood in for
+    assert Path(ours["autoscaler"]["metrics"]["cert_file"]).parent == Path("/etc/qos-autoscaler/metrics-tls")
     settings = parse_autoscaler_config(
-        {**ours, "autoscaler": {**ours["autoscaler"], "cluster_autoscaler": ca_section}}, extender
+        {**ours, "autoscaler": {**ours["autoscaler"], "cluster_autoscaler": ca_section, "metrics": metrics_tls}},
+        extender,
     )
     cp = settings.expander.cloud_provider
     assert cp is not None and cp.listen == "0.0.0.0:8086" and settings.provider == "cluster-autoscaler"

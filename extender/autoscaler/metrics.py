@@ -6,6 +6,8 @@ client library, labels for the dimensions (group, flavour, reason, outcome).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from extender.autoscaler.loop import Decisions
@@ -15,6 +17,8 @@ __all__ = ["AutoscalerMetrics"]
 
 _P = "qos_extender_autoscaler_"
 _LAG_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 90, 120, 180, 240, 300, 600, 900, 1800)
+# request sizes: powers of two from 1 KiB to 512 MiB (the gRPC receive limits are sized from these)
+_BYTES = tuple(float(2**k) for k in range(10, 30))
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -158,8 +162,35 @@ class AutoscalerMetrics:
             "ProvisioningRequests of ours cluster-autoscaler has not fulfilled yet.",
             registry=r,
         )
+        self.grpc_message_bytes = Histogram(
+            _P + "grpc_message_bytes",
+            "Size of each request message cluster-autoscaler sent to our gRPC servers (server: expander, "
+            "cloudprovider), by method: what max_message_bytes is sized from.",
+            ["server", "method"],
+            buckets=_BYTES,
+            registry=r,
+        )
+        self.refused_calls = Counter(
+            _P + "refused_calls",
+            "Calls to the sidecar's servers (expander, cloudprovider, metrics) refused or failed, by method or path "
+            "and reason (too_large, permission_denied, no_certificate, invalid_argument, internal, unknown, "
+            "deadline_exceeded, error): on the gRPC servers cluster-autoscaler then falls back to its own choice.",
+            ["server", "method", "reason"],
+            registry=r,
+        )
+        self.certificate_reloads = Counter(
+            "qos_extender_certificate_reloads",
+            "Certificate files re-read after they changed, by listener and result (ok; failed: the old chain "
+            "stays in use).",
+            ["listener", "result"],
+            registry=r,
+        )
 
         self._plan_labels: dict[str, set[str]] = {}
+
+    def reloaded(self, listener: str) -> Callable[[bool], None]:
+        """The on_reload callback of one listener's certificates."""
+        return lambda ok: self.certificate_reloads.labels(listener, "ok" if ok else "failed").inc()
 
     def provreq_outcome(self, group: str, flavour: str, outcome: str, nodes: int = 1) -> None:
         self.provreq_nodes.labels(group, flavour, outcome).inc(nodes)

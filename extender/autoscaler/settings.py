@@ -22,7 +22,7 @@ from extender.core.autoscale import ScoreWeights, validate_catalogue
 from extender.core.model import Flavour, InvalidInputError, NodeGroup, Resources, cpu_millicores, memory_bytes
 from extender.settings import ExistingFile, Settings, SettingsError, load_settings, read_yaml
 from extender.settings.extender import ExtenderConfig, parse_flavours
-from extender.settings.sections import LeaderElectionConfig, NonEmpty
+from extender.settings.sections import METRICS_CLIENT_CN, LeaderElectionConfig, NonEmpty
 
 __all__ = [
     "AutoscalerSettings",
@@ -36,6 +36,12 @@ __all__ = [
 
 PROVREQ_CLASSES = ("best-effort-atomic-scale-up.autoscaling.x-k8s.io",)
 _DNS_ISH = "lowercase letters, digits and '-'"
+# gRPC receive limits (bench/ca_message_sizes.py measured the requests of the real cluster-autoscaler 1.35.2;
+# the numbers and the margin are in extender/autoscaler/README.md, "Message sizes")
+EXPANDER_MAX_MESSAGE_BYTES = 64 * 2**20
+CLOUD_PROVIDER_MAX_MESSAGE_BYTES = 4 * 2**20
+CA_CLIENT_CN = "cluster-autoscaler"
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _prefix(value: str) -> str:
@@ -103,6 +109,14 @@ class CloudProviderSettings(Settings):
     node_name_prefix: str = "qos-ca"
     gpu_label: str = Field("qos.kube-qos-extender.io/accelerator", min_length=1)
     node_group_options: bool = False
+    clients: tuple[NonEmpty, ...] = Field((CA_CLIENT_CN,), min_length=1)
+    """Identities allowed to call (any of the client certificate's subject CN or SAN entries): cluster-autoscaler's
+    client certificate (cloud-config cert). Any other certificate of client_ca_file gets PERMISSION_DENIED,
+    counted in qos_extender_autoscaler_refused_calls_total{reason="permission_denied"}."""
+    max_message_bytes: int = Field(CLOUD_PROVIDER_MAX_MESSAGE_BYTES, ge=64 * 1024, le=2**31 - 1)
+    """Largest request accepted, in bytes; larger ones get RESOURCE_EXHAUSTED, counted (reason too_large). CA's
+    requests here carry one object each (NodeGroupForNode, PricingPodPrice): gRPC's own 4 MiB, now counted
+    (extender/autoscaler/README.md, "Message sizes")."""
 
     _v_listen = field_validator("listen")(classmethod(lambda cls, v: _listen(v)))
     _v_prefix = field_validator("node_name_prefix")(classmethod(lambda cls, v: _prefix(v)))
@@ -188,6 +202,10 @@ class CaExpanderSettings(Settings):
     cloud_provider: CloudProviderSettings | None = None
     """Serve CA's externalgrpc cloud provider too; null: not served."""
     provisioning_requests: ProvisioningRequestSettings = ProvisioningRequestSettings()
+    max_message_bytes: int = Field(EXPANDER_MAX_MESSAGE_BYTES, ge=64 * 1024, le=2**31 - 1)
+    """Largest BestOptions request accepted, in bytes; larger ones get RESOURCE_EXHAUSTED, counted in
+    qos_extender_autoscaler_refused_calls_total{reason="too_large"} (CA then keeps its own options). CA sends every
+    option's pods and every node group's template (extender/autoscaler/README.md, "Message sizes")."""
 
     _v_listen = field_validator("listen")(classmethod(lambda cls, v: _listen(v)))
 
@@ -249,10 +267,35 @@ class LimitsSettings(Settings):
 
 
 class MetricsSettings(Settings):
-    """The sidecar's /metrics listener."""
+    """The sidecar's /metrics, /healthz and /readyz listener. With cert_file it speaks HTTPS: /metrics only for a
+    client certificate signed by client_ca_file whose CN or a SAN is in clients (403 otherwise, counted), the probes
+    without one (kubelet presents none). Without cert_file it serves plain HTTP, on a loopback host only."""
 
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(8890, ge=0, le=65535)
+    cert_file: ExistingFile | None = None
+    """PEM serving certificate (reloaded when the file changes)."""
+    key_file: ExistingFile | None = None
+    """Its key."""
+    client_ca_file: ExistingFile | None = None
+    """PEM bundle of the CA(s) that sign the scraper's client certificate (required with cert_file)."""
+    clients: tuple[NonEmpty, ...] = (METRICS_CLIENT_CN,)
+    """Identities (client certificate subject CN or SAN) allowed on GET /metrics: Prometheus' scrape certificate."""
+    reload_seconds: float = Field(30.0, ge=1.0, le=3600.0)
+    """How often the certificate files are checked for a change."""
+
+    @model_validator(mode="after")
+    def _tls(self) -> MetricsSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be set together")
+        if self.cert_file is not None and self.client_ca_file is None:
+            raise ValueError("client_ca_file: required with cert_file (/metrics answers only allowed scrapers)")
+        if self.cert_file is None and self.host not in _LOOPBACK:
+            raise ValueError(
+                f"host: {self.host!r} without TLS: plain HTTP only on a loopback host; set cert_file, key_file and "
+                "client_ca_file to serve on another address"
+            )
+        return self
 
 
 class AutoscalerLeaderElection(LeaderElectionConfig):

@@ -6,7 +6,10 @@ Unschedulable. Provider ``kwok`` executes the plans; provider ``cluster-autoscal
 and runs the loop in dry-run (plans become metrics only: CA buys the nodes and removes them), and with
 ``cluster_autoscaler.cloud_provider`` also the externalgrpc cloud provider (our flavours as CA's node groups, nodes
 from the kwok backend; its provisioning ledger is handed to the dry-run loop before every scan).
-/metrics, /healthz and /readyz are served over HTTP on ``metrics.host:port``. The command line and the
+/metrics, /healthz and /readyz are served on ``metrics.host:port``: over HTTPS with ``metrics.cert_file`` (/metrics only
+for the allowed scraper identities, ``metrics.clients``; the probes anonymous, as kubelet sends no certificate), plain
+HTTP only on a loopback host. Every certificate of the sidecar (this listener's, the expander's, the cloud
+provider's) is re-read when its files change. The command line and the
 consolidation flow (the hand-off, when enabled) are wired in ``extender.processes.autoscaler``, above both packages.
 With ``leader_election.enabled`` (the default) only the holder of the Lease ``leader_election.lease_name`` scans and
 acts (buys, removes, hands nodes to consolidation, writes Events; extender/controller/leader.py); a standby keeps its
@@ -21,7 +24,6 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -33,14 +35,15 @@ from extender.autoscaler.loop import AutoscalerLoop, Decisions
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.providers.provisioning_request import ProvisioningRequestProvider
-from extender.autoscaler.settings import AutoscalerSettings
+from extender.autoscaler.settings import AutoscalerSettings, MetricsSettings
 from extender.autoscaler.view import AutoscalerSnapshot
 from extender.controller.leader import Leadership, own_namespace
 from extender.kube.client import new_api_client
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
 from extender.settings.extender import ConfigError, ExtenderConfig
+from extender.tls import CertificateFiles, CertificateReloader, server_context, subject_common_names
 
-__all__ = ["RunningAutoscaler", "start_autoscaler"]
+__all__ = ["RunningAutoscaler", "certificate_names", "metrics_denial", "serve_metrics", "start_autoscaler"]
 
 log = logging.getLogger("extender.autoscaler")
 
@@ -91,9 +94,58 @@ class RunningAutoscaler:
         await self.api_client.close()
 
 
+ANONYMOUS_PATHS = frozenset({"/healthz", "/readyz"})  # kubelet's probes carry no client certificate
+
+
+def certificate_names(peercert: Any) -> tuple[str, ...]:
+    """Subject CN(s) and SAN values of a verified peer certificate (``getpeercert()``), () without one."""
+    if not peercert:
+        return ()
+    names = list(subject_common_names(peercert))
+    for _, value in peercert.get("subjectAltName", ()):
+        if isinstance(value, str) and value not in names:
+            names.append(value)
+    return tuple(names)
+
+
+def metrics_denial(path: str, tls: bool, peercert: Any, clients: tuple[str, ...]) -> tuple[str, str] | None:
+    """None when the caller may GET ``path``, else (reason label, message for the 403). Pure: the tests call it
+    through the real listener. Without TLS (a loopback listener, MetricsSettings) nothing is checked."""
+    if not tls or path != "/metrics":
+        return None  # the probes are anonymous; any other path is a 404 for everybody
+    names = certificate_names(peercert)
+    if not names:
+        return "no_certificate", "/metrics requires a client certificate signed by autoscaler.metrics.client_ca_file"
+    if any(n in clients for n in names):
+        return None
+    who = ", ".join(repr(n) for n in names)
+    return "permission_denied", (
+        f"client certificate ({who}) may not read /metrics: add it to autoscaler.metrics.clients"
+    )
+
+
 def _metrics_app(
-    running: Callable[[], RunningAutoscaler | None], snapshot: AutoscalerSnapshot, m: AutoscalerMetrics
+    running: Callable[[], RunningAutoscaler | None],
+    snapshot: AutoscalerSnapshot,
+    m: AutoscalerMetrics,
+    settings: MetricsSettings | None = None,
 ) -> web.Application:
+    tls = settings is not None and settings.cert_file is not None
+    clients = settings.clients if settings is not None else ()
+
+    @web.middleware
+    async def access(request: web.Request, handler: Any) -> web.StreamResponse:
+        ssl_object = request.transport.get_extra_info("ssl_object") if request.transport is not None else None
+        peercert = ssl_object.getpeercert() if ssl_object is not None else None
+        denied = metrics_denial(request.path, tls, peercert, clients)
+        if denied is not None:
+            reason, message = denied
+            m.refused_calls.labels("metrics", request.path, reason).inc()
+            log.warning("metrics request refused: %s", message, extra={"decision": {"reason": reason}})
+            return web.json_response({"error": message}, status=403)
+        response: web.StreamResponse = await handler(request)
+        return response
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=m.exposition(), content_type="text/plain", charset="utf-8")
 
@@ -105,11 +157,33 @@ def _metrics_app(
         ok = snapshot.ready and r is not None and (r.scans > 0 or r.standby)  # a synced standby is ready
         return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
 
-    app = web.Application()
+    app = web.Application(middlewares=[access])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
+
+
+async def serve_metrics(
+    app: web.Application, mset: MetricsSettings, metrics: AutoscalerMetrics
+) -> tuple[web.AppRunner, int, CertificateReloader | None]:
+    """Serve ``app`` on ``mset.host:port``: HTTPS with a client certificate optional at the TLS level (the probes
+    have none; /metrics checks it, ``metrics_denial``) when ``cert_file`` is set, else plain HTTP (loopback only:
+    MetricsSettings refuses another host). Returns the runner, the port, and the reloader of the certificate files
+    (the caller runs it)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    reloader: CertificateReloader | None = None
+    ssl_context = None
+    if mset.cert_file is not None and mset.key_file is not None:
+        files = CertificateFiles(mset.cert_file, mset.key_file, mset.client_ca_file)
+        ssl_context = server_context(files, client_certificate="optional")
+        reloader = CertificateReloader(files, [ssl_context], on_reload=metrics.reloaded("metrics"))
+    site = web.TCPSite(runner, mset.host, mset.port, ssl_context=ssl_context)
+    await site.start()
+    server = site._server
+    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else mset.port  # type: ignore[attr-defined]
+    return runner, int(port), reloader
 
 
 async def _apply(r: RunningAutoscaler, d: Decisions) -> None:
@@ -246,6 +320,7 @@ async def start_autoscaler(
     cloud_provider: Any = None
     if settings.provider == "cluster-autoscaler":
         from extender.autoscaler.providers.cluster_autoscaler import ExpanderServer
+        from extender.autoscaler.providers.grpc_guard import ReloadingServerCredentials
 
         settings = ca_mode_settings(settings)
         assert settings.expander.cert_file is not None and settings.expander.key_file is not None
@@ -254,8 +329,12 @@ async def start_autoscaler(
             settings.flavours,
             settings.weights,
             listen=settings.expander.listen,
-            cert_pem=Path(settings.expander.cert_file).read_bytes(),
-            key_pem=Path(settings.expander.key_file).read_bytes(),
+            credentials=ReloadingServerCredentials(
+                CertificateFiles(settings.expander.cert_file, settings.expander.key_file),
+                client_auth=False,
+                on_reload=metrics.reloaded("expander"),
+            ).credentials,
+            max_message_bytes=settings.expander.max_message_bytes,
             metrics=metrics,
         )
         await expander.start()
@@ -282,13 +361,9 @@ async def start_autoscaler(
 
         provider = KwokProvider(api_client, settings.kwok_lag, config.kubernetes.request_timeout_seconds)
     loop = AutoscalerLoop(settings, config.node_groups, slo={n: c.slo for n, c in config.policy.classes.items()})
-    app = _metrics_app(lambda: holder[0] if holder else None, snapshot, metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.metrics_host, settings.metrics_port)
-    await site.start()
-    server = site._server
-    port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else settings.metrics_port  # type: ignore[attr-defined]
+    app = _metrics_app(lambda: holder[0] if holder else None, snapshot, metrics, settings.metrics)
+    mset = settings.metrics
+    runner, port, reloader = await serve_metrics(app, mset, metrics)
     running = RunningAutoscaler(
         config,
         settings,
@@ -309,6 +384,8 @@ async def start_autoscaler(
     running.tasks = [asyncio.create_task(r.run(), name=f"reflector-{r.resource}") for r in reflectors]
     if events is not None:
         running.tasks.append(asyncio.create_task(events.run(), name="events"))
+    if reloader is not None:
+        running.tasks.append(asyncio.create_task(reloader.run(mset.reload_seconds), name="metrics-tls-reload"))
     running.tasks.append(_start_acting(running, wake, clock, term_services))
     log.info(
         "autoscaler started",
@@ -390,6 +467,7 @@ def _cloud_provider(
     """The externalgrpc cloud provider over the kwok backend (the only backend: the local stand-in for a cloud)."""
     from extender.autoscaler.nodegroups import NodeGroups
     from extender.autoscaler.providers.externalgrpc import CloudProviderServer, NodeGroupOptions
+    from extender.autoscaler.providers.grpc_guard import ReloadingServerCredentials
     from extender.autoscaler.providers.kwok import PROVIDER_ID_PREFIX, KwokProvider, node_manifest
 
     cp = settings.expander.cloud_provider
@@ -418,9 +496,13 @@ def _cloud_provider(
         backend,
         node_manifest,
         listen=cp.listen,
-        cert_pem=Path(cp.cert_file).read_bytes(),
-        key_pem=Path(cp.key_file).read_bytes(),
-        client_ca_pem=Path(cp.client_ca_file).read_bytes(),
+        credentials=ReloadingServerCredentials(
+            CertificateFiles(cp.cert_file, cp.key_file, cp.client_ca_file),
+            client_auth=True,
+            on_reload=metrics.reloaded("cloudprovider"),
+        ).credentials,
+        clients=cp.clients,
+        max_message_bytes=cp.max_message_bytes,
         gpu_label=cp.gpu_label,
         options=options,
         metrics=metrics,

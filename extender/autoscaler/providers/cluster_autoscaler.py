@@ -12,8 +12,10 @@ annotation); ``core.autoscale.plan_pods`` plans the union of the options' pods o
 flavour of the plan's first node (the greedy's best cost-efficiency buy) wins. Among options of that flavour
 the one helping most pods wins (then fewer nodes, then the id). Options we cannot price are never preferred;
 if none can be priced, or anything fails, all options are returned unchanged, which is what CA itself does
-on an error. TLS is mandatory (CA refuses an insecure expander); answers take milliseconds, far below
-CA's 5 s call timeout (measured in tests/test_autoscaler_expander.py).
+on an error. TLS is mandatory (CA refuses an insecure expander; CA presents no client certificate, so anyone who
+reaches the port may ask: the answer only ranks the options it was given); answers take milliseconds, far below
+CA's 5 s call timeout (measured in tests/test_autoscaler_expander.py). The receive limit, the size histogram and
+the count of refused calls are grpc_guard.py's.
 
 Wire format (``protos/expander.proto``, our own; stubs generated at build time, ``extender.autoscaler.stubs``):
 CA before 1.34.3 embeds each pod / template node as a message (``Option.pod = 4``, ``nodeMap = 2``), 1.34.3-1.34.x
@@ -41,6 +43,7 @@ from google.protobuf.message import DecodeError
 from extender.autoscaler.metrics import AutoscalerMetrics
 from extender.autoscaler.protos import expander_pb2 as pb2
 from extender.autoscaler.protos import k8s_core_v1_minimal_pb2 as core
+from extender.autoscaler.providers.grpc_guard import GrpcGuard
 from extender.autoscaler.providers.provisioning_request import CONSUME_ANNOTATION
 from extender.core import autoscale
 from extender.core.model import Flavour, InvalidInputError, Node, Pod
@@ -326,16 +329,23 @@ class ExpanderServer:
         weights: autoscale.ScoreWeights,
         *,
         listen: str,
-        cert_pem: bytes,
-        key_pem: bytes,
+        credentials: grpc.ServerCredentials,
+        max_message_bytes: int,
         metrics: AutoscalerMetrics | None = None,
     ) -> None:
         self.config = config
         self.catalogue = list(catalogue)
         self.weights = weights
         self.listen = listen
-        self._creds = grpc.ssl_server_credentials([(key_pem, cert_pem)])
+        self._creds = credentials  # server-side TLS: CA's grpcplugin presents no client certificate
         self.metrics = metrics
+        self.guard = GrpcGuard(
+            "expander",
+            max_message_bytes=max_message_bytes,
+            allowed=None,
+            allowed_option="",
+            metrics=metrics,
+        )
         self._server: Any = None
         self.port = 0
         self.last_choice: ExpanderChoice | None = None
@@ -403,6 +413,7 @@ class ExpanderServer:
             await self._invalid(context, started, str(exc))
         except Exception as exc:  # never fail CA's loop: keeping all options is CA's own fallback
             outcome = "error"
+            self.guard.refused("BestOptions", "error")  # CA gets an answer, but not ours
             log.exception("BestOptions failed; keeping all options")
             choice = ExpanderChoice(tuple(o.nodeGroupId for o in request.options), None, f"error: {exc!r}")
         self.last_choice = choice
@@ -451,13 +462,10 @@ class ExpanderServer:
             self.metrics.expander_choice.labels(flavour).inc()
 
     async def start(self) -> int:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=self.guard.server_options())
         service = pb2.DESCRIPTOR.services_by_name["Expander"].full_name  # grpcplugin.Expander
-        method: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
-            self.BestOptions,
-            request_deserializer=None,  # raw bytes: decode errors become INVALID_ARGUMENT with the reason
-            response_serializer=lambda response: response.SerializeToString(),
-        )
+        # raw bytes in: decode errors become INVALID_ARGUMENT with the reason; size and refusals counted (grpc_guard)
+        method = self.guard.handler("BestOptions", self.BestOptions)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"BestOptions": method}),))
         self.port = server.add_secure_port(self.listen, self._creds)
         if self.port == 0:

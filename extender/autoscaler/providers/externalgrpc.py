@@ -8,7 +8,8 @@ money as ours), and it grows and shrinks them (``NodeGroupIncreaseSize`` / ``Nod
 ``NodeGroupDecreaseTargetSize``) through the sidecar's providers: here the kwok provider, the local STAND-IN FOR A
 CLOUD API (providers/kwok.py). mTLS only: CA presents its client certificate (cloud-config ``cert``/``key``) and
 verifies ours against its ``cacert``; a client without a certificate signed by ``client_ca_file`` is refused in the
-TLS handshake.
+TLS handshake, and one whose certificate names none of ``clients`` (CN or SAN) gets PERMISSION_DENIED on every
+method (grpc_guard.py: also the receive limit and the count of refused calls).
 
 Requests are parsed here (raw bytes in, not by the gRPC runtime), so an undecodable message is INVALID_ARGUMENT with
 the reason; a refused call answers the status ``nodegroups.NodeGroupError`` names; anything unexpected is logged and
@@ -36,6 +37,7 @@ from extender.autoscaler.protos import externalgrpc_pb2 as pb2
 from extender.autoscaler.protos import k8s_core_v1_minimal_pb2 as core
 from extender.autoscaler.providers.base import Provider
 from extender.autoscaler.providers.cluster_autoscaler import pod_to_dict
+from extender.autoscaler.providers.grpc_guard import GrpcGuard
 from extender.core.model import InvalidInputError
 from extender.kube.convert import pod_from_k8s
 from extender.kube.snapshot import Snapshot
@@ -118,9 +120,9 @@ class CloudProviderServer:
         template: Callable[[ProvisionRequest], dict[str, Any]],
         *,
         listen: str,
-        cert_pem: bytes,
-        key_pem: bytes,
-        client_ca_pem: bytes,
+        credentials: grpc.ServerCredentials,
+        clients: tuple[str, ...],
+        max_message_bytes: int,
         gpu_label: str,
         options: NodeGroupOptions | None = None,
         metrics: AutoscalerMetrics | None = None,
@@ -132,8 +134,13 @@ class CloudProviderServer:
         self.backend = backend
         self.template = template
         self.listen = listen
-        self._creds = grpc.ssl_server_credentials(
-            [(key_pem, cert_pem)], root_certificates=client_ca_pem, require_client_auth=True
+        self._creds = credentials  # mTLS: require_client_auth (ReloadingServerCredentials(client_auth=True))
+        self.guard = GrpcGuard(
+            "cloudprovider",
+            max_message_bytes=max_message_bytes,
+            allowed=clients,
+            allowed_option="autoscaler.cluster_autoscaler.cloud_provider.clients",
+            metrics=metrics,
         )
         self.gpu_label = gpu_label
         self.options = options
@@ -383,16 +390,13 @@ class CloudProviderServer:
         raise AssertionError("unreachable: context.abort raises")
 
     async def start(self) -> int:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=self.guard.server_options())
         service = pb2.DESCRIPTOR.services_by_name["CloudProvider"]
         handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
         for m in service.methods:
             request_cls = getattr(pb2, m.input_type.name)
-            handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-                self._handler(m.name, request_cls),
-                request_deserializer=None,  # raw bytes: decode errors become INVALID_ARGUMENT with the reason
-                response_serializer=lambda response: response.SerializeToString(),
-            )
+            # raw bytes in (decode errors -> INVALID_ARGUMENT with the reason), identity and size checked first
+            handlers[m.name] = self.guard.handler(m.name, self._handler(m.name, request_cls))
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
         self.port = server.add_secure_port(self.listen, self._creds)
         if self.port == 0:
