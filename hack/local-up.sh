@@ -340,6 +340,8 @@ EOF
   if [[ "${QOS_HOST_QOS_PROFILE}" == 1 ]]; then
     cat <<EOF
 - schedulerName: qos-scheduler
+  # The extender ranks only the nodes kube-scheduler samples: 50 %, as config/base/kube-scheduler.yaml (why there).
+  percentageOfNodesToScore: 50
   # Packing must win in this profile: the in-tree scores that prefer spreading (LeastAllocated,
   # BalancedAllocation, system-default topology spreading) are switched off, so the extender's BFD /
   # time-bin BFD ranks decide among feasible nodes (filters are unchanged; explicit topologySpreadConstraints
