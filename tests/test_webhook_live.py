@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -28,7 +29,7 @@ from extender.kube.events import EVENT_REASON
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import node_reflector
 from extender.processes.webhook import Running, start
-from extender.settings.extender import ExtenderConfig, KubernetesConfig, ServerConfig
+from extender.settings.extender import BindConfig, ExtenderConfig, KubernetesConfig, ServerConfig
 from tests.live import require_kubeconfig
 
 pytestmark = [pytest.mark.live]
@@ -96,7 +97,10 @@ class Live:
     http: aiohttp.ClientSession
 
     async def post(self, verb: str, body: Any) -> tuple[int, Any]:
-        async with self.http.post(f"{self.running.url}/{verb}", data=orjson.dumps(body)) as resp:
+        # kube-scheduler's listener in the sidecar topology (server.loopback_verbs_port): the main one has no
+        # client CA here, so it refuses /bind (fail closed; tests/test_webhook_authz.py)
+        url = f"http://127.0.0.1:{self.running.loopback_port}/{verb}"
+        async with self.http.post(url, data=orjson.dumps(body)) as resp:
             return resp.status, orjson.loads(await resp.read())
 
     async def create_pod(self, name: str, cpu: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -112,13 +116,22 @@ class Live:
         return pod
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 @pytest.fixture
 async def live_env() -> AsyncIterator[Live]:
     kubeconfig = require_kubeconfig()
     _new_run()
     config = ExtenderConfig().model_copy(
         update=dict(
-            server=ServerConfig(port=0),
+            server=ServerConfig(port=0, loopback_verbs_port=_free_port()),
+            # the test pods' scheduler (nobody else's): the bind verb binds only pods of these names
+            bind=BindConfig(scheduler_names=(SCHEDULER,)),
             # Own event component: hack/local-up.sh's extender (QOS_WITH_EXTENDER=1) watches the same pods and
             # reports the same malformed annotations; the event test must find this extender's Event.
             kubernetes=KubernetesConfig(
