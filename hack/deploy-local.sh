@@ -14,7 +14,8 @@
 #     the kubelets trust for client certificates):
 #       extender serving (SANs 127.0.0.1, localhost and the DNS names of Service qos-extender, which the
 #       admission webhook calls), kube-scheduler -> extender client, Prometheus metrics client, the autoscaler's
-#       gRPC expander serving certificate (SAN qos-autoscaler-expander.kube-qos-system.svc);
+#       gRPC expander serving certificate (SAN qos-autoscaler-expander.kube-qos-system.svc) and its /metrics
+#       serving certificate (SAN qos-autoscaler.kube-qos-system.svc);
 #     signed by a CA of the agents' own ($QOS_STATE/certs/deploy-local/agent-ca.*; it must not be the cluster
 #     CA): the consolidation flow's client certificate (CN qos-autoscaler-consolidation: starts migrations)
 #     and Prometheus' (CN qos-agent-metrics: /metrics only). The agents' own certificates are NOT made here:
@@ -22,7 +23,7 @@
 #     it alone receives (Secret qos-agent-issuer-ca; extender/agent/identity.py).
 #  2. The Secrets config/ names (server-side apply: idempotent, no last-applied copy of the keys):
 #       kube-qos-system: qos-extender-tls, qos-extender-metrics-client, qos-autoscaler-expander-tls,
-#                        qos-autoscaler-agent-client
+#                        qos-autoscaler-metrics-tls, qos-autoscaler-agent-client
 #       kube-qos-agent:  qos-agent-issuer-ca, qos-agent-metrics-client; ConfigMap qos-agent-ca (the agents' CA
 #                        and the kubelets' serving CA)
 #  3. `kubectl kustomize config/local`, the local CA set as the caBundle of MutatingWebhookConfiguration
@@ -126,6 +127,8 @@ issue scheduler-client "${LOCAL_CA}" "/CN=kube-scheduler-extender-client" client
 issue metrics-client "${LOCAL_CA}" "/CN=prometheus-extender-client" clientAuth
 issue autoscaler-expander "${LOCAL_CA}" "/CN=qos-autoscaler-expander" serverAuth \
   "IP:127.0.0.1,DNS:localhost,$(svc_names qos-autoscaler-expander "${NS}")"
+issue autoscaler-metrics "${LOCAL_CA}" "/CN=qos-autoscaler-metrics" serverAuth \
+  "IP:127.0.0.1,DNS:localhost,$(svc_names qos-autoscaler "${NS}")"
 # The agents' own certificates are not issued here: each agent asks for its node's through the CSR API, and
 # qos-agent-issuer signs them with the agents' CA (config/agent/issuer.yaml; extender/agent/identity.py).
 # Issued here from that CA: the callers' identities.
@@ -160,6 +163,9 @@ secret "${NS}" qos-extender-metrics-client ca.crt="${CA_DIR}/ca.crt" tls.crt="${
   tls.key="${C}/metrics-client.key"
 secret "${NS}" qos-autoscaler-expander-tls ca.crt="${CA_DIR}/ca.crt" tls.crt="${C}/autoscaler-expander.crt" \
   tls.key="${C}/autoscaler-expander.key"
+# the autoscaler's /metrics over HTTPS; ca.crt verifies the scrapers' certificates (metrics.clients)
+secret "${NS}" qos-autoscaler-metrics-tls ca.crt="${CA_DIR}/ca.crt" tls.crt="${C}/autoscaler-metrics.crt" \
+  tls.key="${C}/autoscaler-metrics.key"
 secret "${NS}" qos-autoscaler-agent-client ca.crt="${AGENT_CA}.crt" tls.crt="${C}/autoscaler-agent-client.crt" \
   tls.key="${C}/autoscaler-agent-client.key"
 secret "${AGENT_NS}" qos-agent-issuer-ca tls.crt="${AGENT_CA}.crt" tls.key="${AGENT_CA}.key"
