@@ -440,7 +440,7 @@ def live_files(pki: Path, tmp_path: Path) -> Iterator[Path]:
 
 async def test_certificates_are_reloaded_when_their_files_change(pki: Path, live_files: Path) -> None:
     """A renewed certificate is served on the next handshake without a restart; a half-written one is refused,
-    the previous chain stays in use; both counted in qos_extender_certificate_reloads_total{result}."""
+    the previous chain stays in use; both counted in qos_extender_certificate_reloads_total{listener,result}."""
     tls = {
         "cert_file": str(live_files / "server.crt"),
         "key_file": str(live_files / "server.key"),
@@ -463,5 +463,5 @@ async def test_certificates_are_reloaded_when_their_files_change(pki: Path, live
         assert reloader.check() is False
         assert await loop.run_in_executor(None, _served_certificate, port, pki) == "kube-qos-extender-renewed"
         text = server.metrics.exposition().decode()
-        assert 'qos_extender_certificate_reloads_total{result="success"} 1.0' in text
-        assert 'qos_extender_certificate_reloads_total{result="failure"} 1.0' in text
+        assert 'qos_extender_certificate_reloads_total{listener="extender",result="ok"} 1.0' in text
+        assert 'qos_extender_certificate_reloads_total{listener="extender",result="failed"} 1.0' in text

@@ -372,7 +372,7 @@ def make_reloader(tls: TlsConfig, context: ssl.SSLContext, metrics: Metrics) -> 
         return None
 
     def counted(ok: bool) -> None:
-        metrics.certificate_reloads.labels("success" if ok else "failure").inc()
+        metrics.certificate_reloads.labels("extender", "ok" if ok else "failed").inc()
 
     files = CertificateFiles(tls.cert_file, tls.key_file, tls.client_ca_file)
     return CertificateReloader(files, [context], on_reload=counted)

@@ -100,15 +100,16 @@ class Metrics:
         )
         self.certificate_reloads = Counter(
             "qos_extender_certificate_reloads",
-            "Reloads of the listener's certificate, key and client CA after their files changed, by result "
-            "(success; failure: the previous chain stays in use and the next check tries again).",
-            ["result"],
+            "Certificate files re-read after they changed, by listener (extender: the TLS listener) and result "
+            "(ok; failed: the old chain stays in use and the next check tries again). Same labels as the "
+            "autoscaler's, so one alert covers both.",
+            ["listener", "result"],
             registry=r,
         )
         for verb in VERBS:
             self.request_duration.labels(verb)
-        for result in ("success", "failure"):
-            self.certificate_reloads.labels(result)
+        for result in ("ok", "failed"):
+            self.certificate_reloads.labels("extender", result)
 
     def update_snapshot(self, snapshot: Snapshot, now: float) -> None:
         age = snapshot.age(now)
