@@ -133,7 +133,12 @@ def counter_pod(name: str, node: str, image: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "annotations": {"qos.kube-qos-extender.io/class": "gold", "qos.kube-qos-extender.io/kind": "batch"},
+            # opted in to migration: placed by nodeName, it is no qos-scheduler pod (extender/core/migration.py)
+            "annotations": {
+                "qos.kube-qos-extender.io/class": "gold",
+                "qos.kube-qos-extender.io/kind": "batch",
+                "qos.kube-qos-extender.io/migratable": "true",
+            },
         },
         "spec": {
             "nodeName": node,

@@ -59,7 +59,13 @@ def _counter(name: str, node: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {
             "name": name,
-            "annotations": {"qos.kube-qos-extender.io/class": "gold", "qos.kube-qos-extender.io/kind": "batch"},
+            # opted in to migration (the agents refuse other pods, extender/core/migration.py): it bypasses the
+            # qos-scheduler, whose pods are opted in by their schedulerName
+            "annotations": {
+                "qos.kube-qos-extender.io/class": "gold",
+                "qos.kube-qos-extender.io/kind": "batch",
+                "qos.kube-qos-extender.io/migratable": "true",
+            },
         },
         "spec": {
             "nodeName": node,  # placed on the batch node directly: this test is about the move, not the scheduler
