@@ -2,7 +2,7 @@
 against the baseline (kube-scheduler's adaptive default) measured in the same run, candidates interleaved.
 
     .venv/bin/python bench/nodes_to_score.py --candidates 0,50,100 --pods 1000 --rounds 3 \
-        [--json bench/results/nodes-to-score-5000.json]
+        [--json FILE]
 
 Uses the running local cluster of $QOS_STATE (hack/local-up.sh with QOS_WITH_EXTENDER=1 and N kwok nodes, e.g.
 `hack/local-up.sh service:m1.xlarge=5000`; at 5,000 nodes its per-node Ready wait alone takes ~20 min, so the
