@@ -148,7 +148,10 @@ class GrpcGuard:
                 response = await call(raw, context)
             except BaseException:
                 code = context.code()
-                if isinstance(code, grpc.StatusCode) and code in FAILURE_CODES:
+                remaining = context.time_remaining()
+                if code is None and remaining is not None and remaining <= 0:  # cancelled at the client's deadline
+                    self.refused(method, "deadline_exceeded")
+                elif isinstance(code, grpc.StatusCode) and code in FAILURE_CODES:
                     self.refused(method, code.name.lower())
                 elif code is None:  # an exception the method did not turn into a status: gRPC answers UNKNOWN
                     self.refused(method, "unknown")
