@@ -126,7 +126,17 @@ ROUTE_CALLS = [
     ("PUT", "/v1/test/faults", {"faults": {}}),
     ("GET", "/v1/test/faults", None),
 ]
-# who is served where (everything else: 403)
+# who is served where (everything else: 403): a peer agent gets the destination side and the record; the agent
+# of the served node also its own /healthz (the readiness probe)
+PEER = {
+    "/v1/migrations/m-1",
+    "/v1/migrations/m-1/archive/final",
+    "/v1/migrations/m-1/prepare",
+    "/v1/migrations/m-1/restore",
+    "/v1/migrations/m-1/commit",
+    "/v1/migrations/m-1/abort",
+    "/v1/info",
+}
 SERVED = {
     "ctl": {
         "/v1/migrations",
@@ -136,25 +146,8 @@ SERVED = {
         "/healthz",
         "/v1/test/faults",
     },
-    "agent-b": {
-        "/v1/migrations/m-1",
-        "/v1/migrations/m-1/archive/final",
-        "/v1/migrations/m-1/prepare",
-        "/v1/migrations/m-1/restore",
-        "/v1/migrations/m-1/commit",
-        "/v1/migrations/m-1/abort",
-        "/v1/info",
-    },
-    "agent-a": {
-        "/v1/migrations/m-1",
-        "/v1/migrations/m-1/archive/final",
-        "/v1/migrations/m-1/prepare",
-        "/v1/migrations/m-1/restore",
-        "/v1/migrations/m-1/commit",
-        "/v1/migrations/m-1/abort",
-        "/v1/info",
-        "/healthz",
-    },
+    "agent-b": PEER,
+    "agent-a": PEER | {"/healthz"},
     "prom": {"/metrics"},
     "stranger": set(),
 }
