@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import Field
 
-from extender.agent.settings import AgentConfig, load_agent_config
+from extender.agent.settings import AgentConfig, IssuerConfig, load_agent_config
 from extender.autoscaler.settings import AutoscalerSettings
 from extender.consolidation.settings import ConsolidationSettings
 from extender.processes.settings_reference import generated
@@ -126,6 +126,7 @@ MODELS: list[tuple[str, type[Settings], dict[str, Any]]] = [
     ("agent", AgentConfig, {"node_name": "n", "allow_plaintext": True}),
     ("autoscaler", AutoscalerSettings, {}),
     ("consolidation", ConsolidationSettings, {}),
+    ("agent-issuer", IssuerConfig, {}),
 ]
 SCALARS = [(name, model, base, path, kind) for name, model, base in MODELS for path, kind in _scalar_options(model)]
 

@@ -134,6 +134,7 @@ class IssuerConfig(Settings):
     ca_key_file: str = "/etc/qos-agent-issuer/ca/tls.key"
     """Its private key (PEM): the only copy in the cluster."""
     agent_namespace: str = "kube-qos-agent"
+    """The agents' namespace (their pods and ServiceAccount)."""
     agent_service_account: str = "qos-agent"
     """The agents' ServiceAccount: only its CSRs are considered."""
     agent_pod_labels: dict[str, str] = Field(default_factory=lambda: {"app.kubernetes.io/name": "qos-agent"})

@@ -14,13 +14,14 @@ __all__ = ["generated"]
 
 def _models() -> dict[str, tuple[type[Settings], str | None]]:
     # imported here: settings sits below the shells in the layers, the generator reads their models
-    from extender.agent.settings import AgentConfig
+    from extender.agent.settings import AgentConfig, IssuerConfig
     from extender.autoscaler.settings import AutoscalerSettings
     from extender.consolidation.settings import ConsolidationSettings
     from extender.settings.extender import ExtenderConfig
 
     return {
         "agent": (AgentConfig, "agent"),
+        "agent-issuer": (IssuerConfig, "issuer"),
         "autoscaler": (AutoscalerSettings, "autoscaler"),
         "consolidation": (ConsolidationSettings, "consolidation"),
         "extender": (ExtenderConfig, None),
