@@ -91,13 +91,15 @@ def load_product_settings(config_dir: str | Path) -> ProductSettings:
     """``--product-config DIR``: the product's files in a config/ tree (base/extender.yaml with
     controller/controller.yaml layered over it, autoscaler/autoscaler.yaml, autoscaler/consolidation/
     consolidation.yaml), validated by the processes' own parsers. The certificate paths (Secret mounts in a pod)
-    are dropped first: a simulation opens no socket."""
+    are dropped first (and the sidecar's /metrics listener with them): a simulation opens no socket."""
     root = Path(config_dir)
     ext = deep_merge(_yaml(root / "base" / "extender.yaml"), _yaml(root / "controller" / "controller.yaml"))
     if isinstance(ext.get("server"), dict):
         ext["server"].pop("tls", None)
     scaler = _yaml(root / "autoscaler" / "autoscaler.yaml")
     section = scaler.get("autoscaler")
+    if isinstance(section, dict):
+        section.pop("metrics", None)
     if isinstance(section, dict) and section.get("provider") == "cluster-autoscaler":
         # The simulator buys nodes itself, as the sidecar's lab (kwok) mode does; under cluster-autoscaler the
         # same plans are carried out by CA (ProvisioningRequests), which the simulator does not model.

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from tests.test_agent_support import Pki, free_port, make_pki
+from tests.test_agent_support import CONTROLLER_CN, Pki, free_port, make_pki
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -126,8 +126,9 @@ def agent_config(path: Path, port: int, state_dir: str, cert: str, key: str, ca:
 
 
 def pki(d: Path) -> Pki:
-    """CA + a 127.0.0.1 server cert ("server") + a client cert ("client"), world-readable (containers)."""
-    p = make_pki(d, {"server": "127.0.0.1", "client": ""})
+    """CA + a 127.0.0.1 server cert ("server") + a client cert ("client", the controller's identity: the agent
+    answers /healthz to it), world-readable (containers)."""
+    p = make_pki(d, {"server": "127.0.0.1", "client": ""}, {"client": CONTROLLER_CN})
     d.chmod(0o755)
     for f in d.iterdir():
         f.chmod(0o644)
