@@ -124,7 +124,7 @@ class Mounted:
 def mounted(tmp_path: Path) -> Mounted:
     d = tmp_path / "etc-qos"
     d.mkdir()
-    pki(d)  # ca.crt, server.crt/.key (SAN 127.0.0.1), client.crt/.key, all world-readable
+    pki(d)  # ca.crt, server.crt/.key (SAN 127.0.0.1), client.crt/.key, ctl.crt/.key, all world-readable
     d.chmod(0o755)
     return Mounted(d)
 
@@ -275,7 +275,7 @@ def test_image_agent(image: str, mounted: Mounted, containers: list[Container]) 
     _publish(m, cfg)
     c = start(image, containers, m, "agent", "--config", m.inside("agent.yaml"))
     ca = str(m.dir / "ca.crt")
-    client = (str(m.dir / "client.crt"), str(m.dir / "client.key"))
+    client = (str(m.dir / "ctl.crt"), str(m.dir / "ctl.key"))  # the controller: the agent serves it /healthz
     status, body = wait_for(
         lambda: http_get(f"https://127.0.0.1:{port}/healthz", ca=ca, cert=client), "agent /healthz", c.exited
     )

@@ -296,13 +296,15 @@ def test_new_kustomizations_render(rendered: dict[str, list[dict[str, Any]]], na
     for w in _pod_templates(docs):
         for v in w["spec"]["template"]["spec"]["volumes"]:
             if "configMap" in v:
-                assert v["configMap"]["name"] in cms, (w["metadata"]["name"], v)
+                # qos-agent-ca: the agents' CA and the kubelets' serving CA, made by the install like the Secrets
+                assert v["configMap"]["name"] in cms | {"qos-agent-ca"}, (w["metadata"]["name"], v)
             if "secret" in v:
                 assert v["secret"]["secretName"] in {
                     "qos-extender-tls",
-                    "qos-agent-tls",
-                    "qos-agent-kubelet-client",
+                    "qos-agent-issuer-ca",  # the agents' CA key, the issuer's alone (the agents request theirs)
                     "qos-autoscaler-expander-tls",
+                    "qos-autoscaler-metrics-tls",
+                    "qos-scheduler-token",  # kube-scheduler's own API identity (config/base)
                     "qos-autoscaler-agent-client",
                     "qos-autoscaler-cloud-provider-tls",  # config/cluster-autoscaler
                     "cluster-autoscaler-externalgrpc-client",  # config/cluster-autoscaler
@@ -316,7 +318,12 @@ def test_default_is_base_controller_agent_and_autoscaler(rendered: dict[str, lis
         parts |= {(k, ns, n.rsplit("-", 1)[0] if k == "ConfigMap" else n) for k, ns, n in map(_key, rendered[name])}
     controller = {
         (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
-        for f in ("clusterrole.yaml", "clusterrolebinding.yaml", "mutatingwebhookconfiguration.yaml")
+        for f in (
+            "clusterrole.yaml",
+            "clusterrolebinding.yaml",
+            "mutatingwebhookconfiguration.yaml",
+            "networkpolicy.yaml",
+        )
         for d in yaml.safe_load_all((ROOT / "config" / "controller" / f).read_text())
         if d
     }
@@ -362,6 +369,13 @@ def test_rendered_configmaps_load_with_the_projects_loaders(
         for key in ("cert_file", "key_file"):  # files inside the pod: stand-ins that exist here
             if raw["autoscaler"].get("cluster_autoscaler", {}).get(key):
                 raw["autoscaler"]["cluster_autoscaler"][key] = stand_in
+        for key in (
+            "cert_file",
+            "key_file",
+            "client_ca_file",
+        ):  # /metrics over HTTPS (Secret qos-autoscaler-metrics-tls)
+            if raw["autoscaler"].get("metrics", {}).get(key):
+                raw["autoscaler"]["metrics"][key] = stand_in
         files["autoscaler.yaml"].write_text(yaml.safe_dump(raw))
         assert load_autoscaler_config(files["autoscaler.yaml"], extender).provider == provider
         source = "config/autoscaler/kwok/autoscaler.yaml" if provider == "kwok" else "config/autoscaler/autoscaler.yaml"
@@ -443,6 +457,8 @@ def test_cluster_autoscaler_overlay_configs_load_and_match_the_pods(
     crt, key = _stand_in_pem(tmp_path)  # files inside the pod: stand-ins that exist here (the loader reads them)
     ca.update(cert_file=crt, key_file=key)
     cloud.update(cert_file=crt, key_file=key, client_ca_file=crt)
+    if "metrics" in raw["autoscaler"]:
+        raw["autoscaler"]["metrics"].update(cert_file=crt, key_file=key, client_ca_file=crt)
     files["autoscaler.yaml"].write_text(yaml.safe_dump(raw))
     settings = load_autoscaler_config(files["autoscaler.yaml"], load_config(files["extender.yaml"]))
     cp = settings.expander.cloud_provider
@@ -663,21 +679,37 @@ def test_rbac_authorizes_what_the_code_calls_and_nothing_more(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     """The RBAC objects of config/default, applied for real, asked through SubjectAccessReview exactly what the
-    kubelet (for the agent's client certificate) and the API server (for the autoscaler's token) ask."""
+    kubelet (for an agent's per-node client certificate) and the API server (for the tokens) ask."""
     docs = rendered["default"]
     kinds = ("Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
     rbac = [d for d in docs if d["kind"] in kinds]
     _apply_for_real(rbac, tmp_path / "rbac.yaml")
-    agent_user = ("qos-extender-agent", ["system:authenticated"])
     autoscaler = ("system:serviceaccount:kube-qos-system:qos-autoscaler", ["system:serviceaccounts"])
     agent_sa = ("system:serviceaccount:kube-qos-agent:qos-agent", ["system:serviceaccounts"])
-    # What the kubelet asks for POST /checkpoint/... of the agent's certificate (pkg/kubelet/server/auth.go).
-    assert _allowed(*agent_user, "create", "nodes/checkpoint", name="node-a")
-    for verb, resource in (("create", "nodes/proxy"), ("get", "nodes/proxy"), ("get", "nodes/checkpoint")):
+    issuer = ("system:serviceaccount:kube-qos-agent:qos-agent-issuer", ["system:serviceaccounts"])
+    # No static grant lets an agent's kubelet certificate checkpoint: the issuer binds one node each
+    # (extender/agent/identity.py node_role; tests/test_agent_identity_live.py asks the authorizer about those).
+    agent_user = ("qos-agent:node-a", ["system:authenticated"])
+    for verb, resource in (("create", "nodes/checkpoint"), ("create", "nodes/proxy"), ("get", "nodes/proxy")):
         assert not _allowed(*agent_user, verb, resource, name="node-a"), (verb, resource)
-    assert not _allowed(*agent_user, "list", "pods")
-    for verb, resource in (("create", "events"), ("get", "pods"), ("patch", "pods"), ("get", "nodes")):
-        assert not _allowed(*agent_sa, verb, resource, namespace="default"), (verb, resource)
+    # The agents' ServiceAccount: its CSRs and the pod it is about to checkpoint; nothing else.
+    csr = "certificates.k8s.io"
+    assert _eventually(lambda: _allowed(*agent_sa, "create", "certificatesigningrequests", group=csr), True)
+    assert _allowed(*agent_sa, "get", "pods", namespace="default")
+    for verb, resource, group in (("create", "events", ""), ("patch", "pods", ""), ("get", "nodes", ""),
+                                  ("list", "pods", ""), ("get", "secrets", ""),
+                                  ("update", "certificatesigningrequests/approval", csr)):  # fmt: skip
+        assert not _allowed(*agent_sa, verb, resource, namespace="default", group=group), (verb, resource)
+    # The issuer: approves for its two signers, signs for ours only, and holds no secrets or pod writes.
+    for verb, signer in (("approve", "kube-qos-extender.io/agent"), ("approve", "kubernetes.io/kube-apiserver-client"),
+                         ("sign", "kube-qos-extender.io/agent")):  # fmt: skip
+        assert _allowed(*issuer, verb, "signers", name=signer, group=csr), (verb, signer)
+    for verb, signer in (("sign", "kubernetes.io/kube-apiserver-client"), ("approve", "kubernetes.io/kubelet-serving")):
+        assert not _allowed(*issuer, verb, "signers", name=signer, group=csr), (verb, signer)
+    assert _allowed(*issuer, "get", "pods", namespace="kube-qos-agent")
+    for verb, resource, namespace in (("get", "pods", "default"), ("get", "secrets", "kube-qos-agent"),
+                                      ("create", "pods", "kube-qos-agent"), ("create", "nodes/proxy", "")):  # fmt: skip
+        assert not _allowed(*issuer, verb, resource, namespace=namespace), (verb, resource, namespace)
     # The autoscaler beside cluster-autoscaler (production): reflectors, Events, the consume annotation on pods,
     # its own ProvisioningRequests and PodTemplates in kube-qos-system. No node writes: CA buys and removes nodes.
     # (Other tests may have bound the lab's qos-autoscaler-kwok / -consolidation roles: unbind them.)
@@ -749,7 +781,12 @@ def test_cluster_autoscaler_rbac_authorizes_the_cloud_provider_writes(
     docs = rendered["cluster-autoscaler"]
     autoscaler_sa = {"kind": "ServiceAccount", "name": "qos-autoscaler", "namespace": "kube-qos-system"}
     bound = {d["roleRef"]["name"] for d in docs if d["kind"].endswith("Binding") and autoscaler_sa in d["subjects"]}
-    assert bound == {"qos-autoscaler", "qos-autoscaler-demand", "qos-autoscaler-cloud-provider"}
+    assert bound == {
+        "qos-autoscaler",
+        "qos-autoscaler-demand",
+        "qos-autoscaler-cloud-provider",
+        "qos-autoscaler-leader",
+    }
     for binding in ("qos-autoscaler-kwok", "qos-autoscaler-consolidation"):
         subprocess.run(
             [*_kubectl(), "delete", "clusterrolebinding", binding, "--ignore-not-found"],
@@ -828,32 +865,18 @@ def test_deploy_local_dry_run(tmp_path: Path) -> None:
         if ("error" in line.lower() and not line.startswith(("Warning:", "["))) or line.startswith("ERROR")
     ]
     assert not errors, proc.stderr[-3000:]
-    for secret in ("qos-extender-tls", "qos-agent-tls", "qos-agent-kubelet-client", "qos-autoscaler-agent-client"):
+    for secret in ("qos-extender-tls", "qos-agent-issuer-ca", "qos-agent-metrics-client", "qos-autoscaler-agent-client",
+                   "qos-autoscaler-metrics-tls"):  # fmt: skip
         assert f"secret/{secret} serverside-applied (server dry run)" in proc.stderr
-    for obj in ("daemonset.apps/qos-agent", "deployment.apps/qos-autoscaler", "deployment.apps/qos-scheduler"):
+    assert "configmap/qos-agent-ca serverside-applied (server dry run)" in proc.stderr
+    for obj in ("daemonset.apps/qos-agent", "deployment.apps/qos-autoscaler", "deployment.apps/qos-scheduler",
+                "deployment.apps/qos-agent-issuer"):  # fmt: skip
         assert f"{obj} serverside-applied (server dry run)" in proc.stderr
-    # The agent certificate: both usages, signed by the agents' own CA (not the cluster's).
+    # The callers' certificates on the agents' own CA (not the cluster's): the agents' own are not made here,
+    # each agent asks for its node's (CSR API) and qos-agent-issuer signs it.
     certs = Path(values["QOS_DEPLOY_CERTS"])
-    text = subprocess.run(
-        ["openssl", "x509", "-in", str(certs / "agent.crt"), "-noout", "-text"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "TLS Web Server Authentication, TLS Web Client Authentication" in text and "IP Address:127.0.0.1" in text
-    assert (
-        subprocess.run(
-            ["openssl", "verify", "-CAfile", values["AGENT_CA"], str(certs / "agent.crt")],
-            check=False,
-            capture_output=True,
-        ).returncode
-        == 0
-    )
-    assert (
-        subprocess.run(
-            ["openssl", "verify", "-CAfile", f"{state}/certs/ca.crt", str(certs / "agent.crt")],
-            check=False,
-            capture_output=True,
-        ).returncode
-        != 0
-    )
+    for name in ("agent-metrics-client", "autoscaler-agent-client"):
+        crt = str(certs / f"{name}.crt")
+        verify = ["openssl", "verify", "-CAfile"]
+        assert subprocess.run([*verify, values["AGENT_CA"], crt], check=False, capture_output=True).returncode == 0
+        assert subprocess.run([*verify, f"{state}/certs/ca.crt", crt], check=False, capture_output=True).returncode != 0

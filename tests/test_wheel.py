@@ -126,9 +126,9 @@ def agent_config(path: Path, port: int, state_dir: str, cert: str, key: str, ca:
 
 
 def pki(d: Path) -> Pki:
-    """CA + a 127.0.0.1 server cert ("server") + a client cert ("client", the controller's identity: the agent
-    answers /healthz to it), world-readable (containers)."""
-    p = make_pki(d, {"server": "127.0.0.1", "client": ""}, {"client": CONTROLLER_CN})
+    """CA + a 127.0.0.1 server cert ("server") + client certs: "client" (CN client) and "ctl" (the controller's
+    identity, which the agent answers /healthz), world-readable (containers)."""
+    p = make_pki(d, {"server": "127.0.0.1", "client": "", "ctl": ""}, {"ctl": CONTROLLER_CN})
     d.chmod(0o755)
     for f in d.iterdir():
         f.chmod(0o644)
@@ -393,7 +393,7 @@ def test_agent_requires_mtls_and_starts_with_it(installed: Installed) -> None:
         str(certs.ca),
     )
     d = installed.start("agent", "agent", "--config", str(cfg))
-    client = (str(certs.dir / "client.crt"), str(certs.dir / "client.key"))
+    client = (str(certs.dir / "ctl.crt"), str(certs.dir / "ctl.key"))  # the controller: the agent serves it /healthz
     try:
         status, body = wait_for(
             lambda: http_get(f"https://127.0.0.1:{port}/healthz", ca=str(certs.ca), cert=client),
