@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 
 from e2e.test_deployed import AGENT_NS, BUSYBOX, Product, namespace, product  # noqa: F401  (fixtures)
+from e2e.test_migration_real import _group_nodes
 
 pytestmark = [pytest.mark.live, pytest.mark.deployed]
 
-GROUP = "qos.kube-qos-extender.io/node-group"
 NODES_ROOT = Path("/var/lib/qos-local-nodes")
 # Every route of the agent (extender/agent/server.py make_app), with a body its handler would accept.
 ROUTES: list[tuple[str, str, Any]] = [
@@ -52,14 +52,6 @@ ROUTES: list[tuple[str, str, Any]] = [
 def _ip(p: Product, node: str) -> str:
     addresses = p.kube.get(f"/api/v1/nodes/{node}")["status"]["addresses"]
     return str(next(a["address"] for a in addresses if a["type"] == "InternalIP"))
-
-
-def _groups(p: Product) -> tuple[str, str]:
-    groups = {n: p.kube.get(f"/api/v1/nodes/{n}")["metadata"]["labels"].get(GROUP) for n in p.real_nodes}
-    batch = sorted(n for n, g in groups.items() if g == "batch")
-    service = sorted(n for n, g in groups.items() if g == "service")
-    assert batch and service, groups
-    return batch[0], service[0]
 
 
 def _ctx(ca: str, cert: str, key: str) -> ssl.SSLContext:
@@ -154,7 +146,7 @@ def test_authz_prometheus_identity_reads_metrics_and_nothing_else(product: Produ
     env = product.env
     prom = _ctx(env["AGENT_CA"], env["AGENT_METRICS_CERT"], env["AGENT_METRICS_KEY"])
     ctl = _ctx(env["AGENT_CA"], env["AGENT_CLIENT_CERT"], env["AGENT_CLIENT_KEY"])
-    for node in _groups(product):
+    for node in _group_nodes(product):
         base = f"https://{_ip(product, node)}:9443"
         before = _call(prom, "GET", f"{base}/metrics")[1]
         for method, path, body in ROUTES:
@@ -178,7 +170,7 @@ def test_authz_migrations_to_non_agents_and_of_kube_system_or_pods_not_opted_in_
     namespace: str,  # noqa: F811
 ) -> None:
     env, kube = product.env, product.kube
-    batch, service = _groups(product)
+    batch, service = _group_nodes(product)
     src = f"https://{_ip(product, batch)}:9443"
     dst_ip = _ip(product, service)
     ctl = _ctx(env["AGENT_CA"], env["AGENT_CLIENT_CERT"], env["AGENT_CLIENT_KEY"])
@@ -245,7 +237,7 @@ def test_identity_an_agents_credentials_cannot_checkpoint_or_migrate_on_another_
     tmp_path: Path,
 ) -> None:
     env, kube = product.env, product.kube
-    batch, service = _groups(product)
+    batch, service = _group_nodes(product)
     stolen = _steal(product, batch, tmp_path / "batch-agent")
     # its certificate names its node, and only its node
     subject = subprocess.run(["openssl", "x509", "-in", str(stolen["tls.crt"]), "-noout", "-subject", "-ext",
