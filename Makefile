@@ -49,6 +49,15 @@ image: venv tools
 criu:
 	hack/build-criu.sh
 
+# Helm from its Go module (hack/build-helm.sh, pinned by hack/tools/helm/go.mod; ~2 min cold, instant after):
+# tests/test_chart.py lints and renders charts/kube-qos-extender with it and compares it with config/ via kubectl.
+.PHONY: helm
+helm:
+	hack/build-helm.sh
+
+# The unit tests that need real binaries fail without them, never skip: helm and kubectl (the chart), containerd.
+unit: helm tools
+
 # Everything that needs no cluster (CRIU tests included: they need the real criu binary).
 unit: venv criu
 	$(BIN)/pytest -m "not live" tests

@@ -1,0 +1,121 @@
+{{/*
+The manifests are config/'s own files (files/ links to config/base, config/controller, config/agent,
+config/autoscaler and config/cluster-autoscaler/cloud-provider): this chart chooses and adjusts them, it keeps no
+second copy. tests/test_chart.py renders the default values and compares every object with
+`kubectl kustomize config/default`.
+*/}}
+
+{{- define "qos.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "qos.schedulerImage" -}}
+{{ .Values.schedulerImage.repository }}:{{ .Values.schedulerImage.tag }}
+{{- end -}}
+
+{{/* What kustomize's labels: adds to every object (each kustomization.yaml of config), plus Helm's own. */}}
+{{- define "qos.labels" -}}
+app.kubernetes.io/part-of: kube-qos-extender
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/*
+qos.load (list $ "files/base/rbac.yaml"): the objects of one config/ file as a JSON list, with the image
+placeholders replaced as kustomize's `images:` does (`image: kube-qos-extender`, `image: kube-scheduler`) and the
+labels above added. A missing file or a document that is not YAML fails the render, naming the file.
+*/}}
+{{- define "qos.load" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- $raw := $root.Files.Get $path -}}
+{{- if not $raw -}}
+{{- fail (printf "kube-qos-extender chart: %s is missing or empty (files/ links into config/)" $path) -}}
+{{- end -}}
+{{- $raw = regexReplaceAll "(?m)^(\\s*(?:- )?image:) kube-qos-extender\\s*$" $raw (printf "${1} %s" (include "qos.image" $root)) -}}
+{{- $raw = regexReplaceAll "(?m)^(\\s*(?:- )?image:) kube-scheduler\\s*$" $raw (printf "${1} %s" (include "qos.schedulerImage" $root)) -}}
+{{- $labels := include "qos.labels" $root | fromYaml -}}
+{{- $docs := list -}}
+{{- range $part := regexSplit "(?m)^---[ \\t]*$" $raw -1 -}}
+{{- $d := fromYaml $part -}}
+{{- if hasKey $d "Error" -}}
+{{- fail (printf "kube-qos-extender chart: %s: %s" $path $d.Error) -}}
+{{- end -}}
+{{- if hasKey $d "kind" -}}
+{{- $meta := $d.metadata -}}
+{{- $_ := set $meta "labels" (merge (default (dict) $meta.labels) $labels) -}}
+{{- $docs = append $docs $d -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $docs -}}
+{{- end -}}
+
+{{/* qos.emit (list $ "files/x.yaml" (list "Kind" ...)): the objects of a file, those of the listed kinds left out. */}}
+{{- define "qos.emit" -}}
+{{- $root := index . 0 -}}
+{{- $skip := index . 2 -}}
+{{- range $d := include "qos.load" (list $root (index . 1)) | fromJsonArray -}}
+{{- if not (has $d.kind $skip) }}
+---
+{{ toYaml $d }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Kinds of prometheus-operator and the dashboard ConfigMap, left out when monitoring says so. */}}
+{{- define "qos.skipKinds" -}}
+{{- $skip := list -}}
+{{- if not .Values.monitoring.serviceMonitors -}}{{- $skip = concat $skip (list "ServiceMonitor" "PodMonitor") -}}{{- end -}}
+{{- if not .Values.monitoring.prometheusRules -}}{{- $skip = append $skip "PrometheusRule" -}}{{- end -}}
+{{- toJson $skip -}}
+{{- end -}}
+
+{{/* A ConfigMap built from config/ files, as kustomize's configMapGenerator does (name without the hash suffix:
+the pods roll on a change through their checksum annotation instead). data: key -> file text. */}}
+{{- define "qos.configmap" -}}
+{{- $root := index . 0 }}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ index . 1 }}
+  namespace: {{ index . 2 }}
+  labels:
+{{- include "qos.labels" $root | nindent 4 }}
+{{- with index . 4 }}
+{{- toYaml . | nindent 4 }}
+{{- end }}
+data:
+{{- range $k, $v := index . 3 }}
+  {{ $k }}: {{ $v | toJson }}
+{{- end }}
+{{- end -}}
+
+{{/* The extender-settings text of a config/ file with the chart's flavour catalogue, when one is set. */}}
+{{- define "qos.withFlavours" -}}
+{{- $root := index . 0 -}}
+{{- $text := $root.Files.Get (index . 1) -}}
+{{- if $root.Values.flavours -}}
+{{- $doc := fromYaml $text | default (dict) -}}
+{{- $_ := set $doc "flavours" $root.Values.flavours -}}
+{{- toYaml $doc -}}
+{{- else -}}
+{{- $text -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "qos.validate" -}}
+{{- if and .Values.controller.enabled (not .Values.scheduler.enabled) -}}
+{{- fail "controller.enabled needs scheduler.enabled: the QoS controller runs in the qos-scheduler's extender" -}}
+{{- end -}}
+{{- if and .Values.colocation.enabled (not .Values.controller.enabled) -}}
+{{- fail "colocation.enabled needs controller.enabled: the slack controller runs beside the QoS controller" -}}
+{{- end -}}
+{{- if not (has .Values.autoscaler.mode (list "expander" "externalgrpc" "off")) -}}
+{{- fail (printf "autoscaler.mode must be expander, externalgrpc or off, not %v" .Values.autoscaler.mode) -}}
+{{- end -}}
+{{- if not (kindIs "slice" .Values.flavours) -}}
+{{- fail "flavours must be a list of {name, cpu, memory, pods, price_per_hour} (empty: the package's catalogue)" -}}
+{{- end -}}
+{{- end -}}
