@@ -128,8 +128,11 @@ class Decision:
 
 
 def _instance(pod: Pod, acc: Account | None, now: float, c: float) -> qos.Instance:
+    remaining = pod.remaining_runtime(now) * c
     if acc is None:
-        return qos.Instance(pod=pod, running_seconds=0.0, pending_seconds=0.0, admitted=False)
+        return qos.Instance(
+            pod=pod, running_seconds=0.0, pending_seconds=0.0, admitted=False, remaining_seconds=remaining
+        )
     e, p = acc.ep(now)
     return qos.Instance(
         pod=pod,
@@ -139,6 +142,7 @@ def _instance(pod: Pod, acc: Account | None, now: float, c: float) -> qos.Instan
         overhead_seconds=acc.overhead * c,
         current_run_seconds=acc.current_run(now) * c,
         admitted=(e + p) > 0,
+        remaining_seconds=remaining,
     )
 
 
@@ -148,8 +152,12 @@ def _facts(pod: Pod, acc: Account | None, now: float, c: float, policy: qos.QosP
     pass on a crowded cluster. None when a value would fail the Instance's checks or take ``qos.q_metric``'s
     path: the caller builds the Instance, which raises the same clear error or computes the same Q."""
     cls = policy.cls(pod.class_name)
+    rem = pod.remaining_runtime(now) * c
+    if not (type(rem) is float and 0.0 <= rem < math.inf):
+        return None
+    ahead = rem * (1.0 / cls.slo - 1.0)  # the run still ahead of a batch pod (qos.q_metric's ``remaining``)
     if acc is None:
-        return 0.0, 0.0, cls.overhead_cap * (1.0 + 1e-9) + 1e-12 < 0.0
+        return ahead, 0.0, cls.overhead_cap * (1.0 + 1e-9) + 1e-12 < 0.0
     e, p = acc.ep(now)
     run = acc.current_run(now) * c
     es, ps, ov = e * c, p * c, acc.overhead * c
@@ -167,7 +175,7 @@ def _facts(pod: Pod, acc: Account | None, now: float, c: float, policy: qos.QosP
         and n >= 0
     ):
         return None
-    q = 0.0 if not (e + p) > 0 or es + ps == 0 else es / cls.slo - (es + ps) - policy.alpha_seconds
+    q = ahead if not (e + p) > 0 or es + ps == 0 else es / cls.slo - (es + ps) - policy.alpha_seconds + ahead
     if n == 0 or ov == 0:
         return q, run, False  # no overhead: under any cap (a class's cap 1 - slo is >= 0)
     overhead = math.inf if es == 0 else ov / es

@@ -166,6 +166,10 @@ class Instance:
     overhead_seconds: sum of the measured allocation times alpha^m, m = 1..n (Eq. 8).
     current_run_seconds: length of the current run (for the anti-thrashing quantum); 0 when pending.
     admitted: False for a request not yet admitted; such a request (like a brand-new one) has Q = 0 (§3.4).
+    remaining_seconds: run time still ahead of a batch pod that declares its runtime
+        (``Pod.remaining_runtime``); 0 for services and unknown runtimes. Q counts it as running time the
+        request will accrue (``q_metric``): without it a 5-second task and a 5-hour task that waited equally
+        long are equally urgent, and the short one misses its SLO first (issue 33).
     """
 
     pod: Pod
@@ -175,6 +179,7 @@ class Instance:
     overhead_seconds: float = 0.0
     current_run_seconds: float = 0.0
     admitted: bool = True
+    remaining_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if (
@@ -182,10 +187,12 @@ class Instance:
             and type(self.pending_seconds) is float
             and type(self.overhead_seconds) is float
             and type(self.current_run_seconds) is float
+            and type(self.remaining_seconds) is float
             and 0.0 <= self.running_seconds < math.inf
             and 0.0 <= self.pending_seconds < math.inf
             and 0.0 <= self.overhead_seconds < math.inf
             and 0.0 <= self.current_run_seconds < math.inf
+            and 0.0 <= self.remaining_seconds < math.inf
             and type(self.preemptions) is int
             and self.preemptions >= 0
         ):
@@ -195,6 +202,7 @@ class Instance:
         _finite_nonneg(f"{who}: pending_seconds (p)", self.pending_seconds)
         _finite_nonneg(f"{who}: overhead_seconds", self.overhead_seconds)
         _finite_nonneg(f"{who}: current_run_seconds", self.current_run_seconds)
+        _finite_nonneg(f"{who}: remaining_seconds", self.remaining_seconds)
         if isinstance(self.preemptions, bool) or not isinstance(self.preemptions, int) or self.preemptions < 0:
             raise InvalidInputError(f"{who}: preemptions must be a non-negative integer, got {self.preemptions!r}")
 
@@ -247,33 +255,46 @@ def recoverability(e: float, p: float, slo: float) -> float:
     return min(0.0, _margin(e, p, slo))
 
 
-def q_metric(e: float, p: float, slo: float, alpha: float) -> float:
+def q_metric(e: float, p: float, slo: float, alpha: float, remaining: float = 0.0) -> float:
     """The QoS metric Q (§3.2): V* = V - alpha (Eq. 4) when A >= sigma, else R* = R - alpha (Eq. 7).
 
     Both branches reduce to e / sigma - (e + p) - alpha, so no branch is needed. A brand-new request
     (e + p == 0) gets Q = 0 as Algorithm 1 line 3 prescribes, not -alpha: the paper puts new arrivals at
     neutral urgency rather than ahead of every instance that has some margin left.
+
+    ``remaining`` (ours, issue 33): the run time still ahead of a batch pod with a declared runtime. The paper's
+    Q is the margin of the availability so far, as if the request were measured now; a batch request is measured
+    when it completes, after running ``remaining`` more seconds, and each of those seconds buys 1 / sigma - 1
+    seconds of waiting it may still afford. So Q is the margin at completion: (e + remaining) / sigma -
+    (e + remaining + p) - alpha = the paper's Q + remaining * (1 / sigma - 1). Services (remaining 0) keep the
+    paper's Q exactly. Measured on Alibaba 2017 (all bronze batch, sim/README.md): with the paper's Q every
+    pending task that has waited as long is as urgent whatever its length, so the 2-10 s tasks waited behind
+    hour-long ones for room, and bronze met its SLO for fewer requests than under default Kubernetes.
     """
     alpha = _finite_nonneg("alpha", alpha)
+    remaining = _finite_nonneg("remaining", remaining)
+    ahead = remaining * (1.0 / _check_slo(slo) - 1.0)
     margin = _margin(e, p, slo)
     if e + p == 0:
-        return 0.0
-    return margin - alpha
+        return ahead
+    return margin - alpha + ahead
 
 
 def instance_q(inst: Instance, policy: QosPolicy) -> float:
-    """Q of an instance under ``policy``; an unknown class raises, a not-yet-admitted request has Q = 0."""
+    """Q of an instance under ``policy``; an unknown class raises, a not-yet-admitted request has the Q of a
+    brand-new one (``q_metric`` with e = p = 0: 0, plus the run ahead of a batch pod with a runtime)."""
     cls = policy.cls(inst.pod.class_name)
+    # q_metric's arithmetic without its checks: an Instance's times, a class's slo and a policy's alpha were
+    # validated when they were built (one call per request per controller pass)
+    ahead = inst.remaining_seconds * (1.0 / cls.slo - 1.0)
     if not inst.admitted:
-        return 0.0
+        return ahead
     e, p = inst.running_seconds, inst.pending_seconds
     if type(e) is float and type(p) is float:
-        # q_metric's arithmetic without its checks: an Instance's times, a class's slo and a policy's alpha
-        # were validated when they were built (one call per request per controller pass)
         if e + p == 0:
-            return 0.0
-        return e / cls.slo - (e + p) - policy.alpha_seconds
-    return q_metric(e, p, cls.slo, policy.alpha_seconds)
+            return ahead
+        return e / cls.slo - (e + p) - policy.alpha_seconds + ahead
+    return q_metric(e, p, cls.slo, policy.alpha_seconds, inst.remaining_seconds)
 
 
 def preemption_overhead(inst: Instance) -> float:

@@ -532,10 +532,11 @@ def _instance(pod: Pod, created: float | None, now: float) -> qos.Instance:
     preemptions) will replace this approximation when it lands."""
     start = pod.started_at if pod.node_name is not None else None
     created = created if created is not None else (start if start is not None else now)
+    remaining = float(pod.remaining_runtime(now))  # a batch pod's run ahead counts in its Q (qos.q_metric)
     if start is None:
-        return qos.Instance(pod, 0.0, max(0.0, now - created), admitted=True)
+        return qos.Instance(pod, 0.0, max(0.0, now - created), admitted=True, remaining_seconds=remaining)
     e = max(0.0, now - start)
-    return qos.Instance(pod, e, max(0.0, start - created), current_run_seconds=e)
+    return qos.Instance(pod, e, max(0.0, start - created), current_run_seconds=e, remaining_seconds=remaining)
 
 
 def _victim_uids(node: str, raw: object, meta: bool) -> tuple[list[str], int]:
