@@ -139,9 +139,11 @@ EOF
     log "dockerd $(cat "${DOCKERD_DIR}/dockerd.pid") is running but does not answer yet; waiting"
   else
     log "starting dockerd ($(command -v dockerd); data ${DOCKER_DATA_ROOT}; log ${DOCKERD_DIR}/dockerd.log)"
+    # QOS_DOCKERD_EXTRA_ARGS: hack/kind-up.sh's default OCI runtime, where privileged containers need one
+    # shellcheck disable=SC2086
     setsid dockerd --data-root "${DOCKER_DATA_ROOT}" \
       --pidfile "${DOCKERD_DIR}/dockerd.pid" --containerd "${sock}" --host unix:///var/run/docker.sock \
-      --iptables=false --ip-masq=false --bridge=none \
+      --iptables=false --ip-masq=false --bridge=none ${QOS_DOCKERD_EXTRA_ARGS:-} \
       > "${DOCKERD_DIR}/dockerd.log" 2>&1 < /dev/null 9>&- &
   fi
   local start=${SECONDS}

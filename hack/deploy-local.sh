@@ -34,6 +34,7 @@
 #     written to $QOS_STATE/deploy.env, except in a dry run); everything else goes to stderr.
 #
 # Environment: KUBECONFIG (default $QOS_STATE/kubeconfig/admin.kubeconfig), QOS_STATE=/tmp/qos-local,
+#   QOS_OVERLAY=config/local (hack/kind-up.sh: config/kind; its certificates' CA is $QOS_STATE/certs/ca too),
 #   QOS_KUBELET_CA (CA of the kubelets' serving certificates; default the local CA), QOS_DEPLOY_TIMEOUT=300s,
 #   QOS_BIN_DIR (kubectl; default hack/build-tools.sh's cache, then PATH).
 # Needs: the images kube-qos-extender:dev and registry.k8s.io/kube-scheduler:v1.35.8 in every real node's
@@ -49,6 +50,8 @@ if [[ "${1:-}" == --dry-run ]]; then DRY_RUN=1; shift; fi
 (($# == 0)) || die "unknown argument: $1 (see --help)"
 
 QOS_STATE="${QOS_STATE:-/tmp/qos-local}"
+OVERLAY="${QOS_OVERLAY:-config/local}"
+[[ -s "${REPO_ROOT}/${OVERLAY}/kustomization.yaml" ]] || die "QOS_OVERLAY ${OVERLAY}: no kustomization.yaml in ${REPO_ROOT}/${OVERLAY}"
 NS=kube-qos-system
 AGENT_NS=kube-qos-agent
 WEBHOOK=qos-extender-ordering
@@ -76,8 +79,8 @@ DRY=()
 if [[ "${DRY_RUN}" == 1 ]]; then DRY=(--dry-run=server); fi
 
 # ---------------------------------------------------------------- render (first: the names come from it)
-log "render: kubectl kustomize config/local"
-"${K[@]}" kustomize "${REPO_ROOT}/config/local" > "${WORK}/rendered.yaml" || die "kubectl kustomize config/local failed"
+log "render: kubectl kustomize ${OVERLAY}"
+"${K[@]}" kustomize "${REPO_ROOT}/${OVERLAY}" > "${WORK}/rendered.yaml" || die "kubectl kustomize ${OVERLAY} failed"
 # The webhook's Service (namespace/name) -> the DNS names its serving certificate must carry.
 read -r WEBHOOK_SVC_NS WEBHOOK_SVC_NAME < <(python3 - "${WORK}/rendered.yaml" "${WEBHOOK}" <<'PY'
 import sys, yaml
@@ -259,7 +262,7 @@ PY
   log "image: ${IMAGE_TAR} (id ${image_id:0:19})"
 fi
 
-log "apply: config/local (server-side$([[ "${DRY_RUN}" == 1 ]] && echo ', dry run'))"
+log "apply: ${OVERLAY} (server-side$([[ "${DRY_RUN}" == 1 ]] && echo ', dry run'))"
 "${K[@]}" "${APPLY[@]}" "${DRY[@]}" -f "${WORK}/deploy.yaml" >&2
 
 # ---------------------------------------------------------------- rollout

@@ -1,143 +1,224 @@
 #!/usr/bin/env bash
-# The local topology on kind, for users with Docker: the cluster's own kube-scheduler keeps default-scheduler;
-# config/kind (= config/base + one replica, the locally built image, a plain Prometheus) adds the qos-scheduler
-# Deployment (kube-scheduler + extender sidecar, leader election on); kwok runs in the cluster and fakes the
-# flavoured nodes from config/flavours.yaml, like hack/local-up.sh.
+# The product on kind, as users run kind: a control plane and real kind workers (containers run there) labelled
+# with our node groups and flavours, the product deployed from config/kind (= config/default + the Components
+# shared with config/local) through hack/deploy-local.sh, kwok in the cluster for scale nodes (and the nodes the
+# autoscaler's kwok provider buys) and a Prometheus in the cluster scraping the extender pods.
 #
-# NOT run by CI: the CI machines have no Docker engine (see README "kind"). hack/local-up.sh is the tested path.
-#
-# Usage: hack/kind-up.sh [[GROUP:]FLAVOUR=COUNT ...]      e.g. hack/kind-up.sh service:m1.medium=2 batch:m1.large=1
-#        hack/kind-up.sh --down                           delete the cluster, stop the port-forwards
-# Needs: docker, kind (>= 0.27), kubectl >= 1.27 (kustomize built in), openssl, python3 with PyYAML, network
-# access to registry.k8s.io, quay.io (Prometheus) and github.com (kwok release manifests).
-# stdout: the same KEY=VALUE lines as hack/local-up.sh (e2e/conftest.py reads them), EXTENDER_URL and
-# PROMETHEUS_URL through `kubectl port-forward` on 127.0.0.1.
+# Usage: hack/kind-up.sh [GROUP:FLAVOUR=COUNT ...]   real kind workers, default service:m1.medium=1 batch:m1.large=1
+#          (kwok:GROUP:FLAVOUR=COUNT adds COUNT kwok nodes of that group and flavour, faked by the in-cluster kwok)
+#        hack/kind-up.sh --down                    delete the cluster, its port-forward and state, give the host
+#                                                  back the sysctls the kind kubelets changed
+# Environment:
+#   QOS_KIND_CLUSTER=qos-kind     cluster name (two runs with different names and states never collide: the API
+#   QOS_KIND_STATE=/tmp/qos-kind  server port and Prometheus' port-forward port are chosen free at start)
+#   QOS_KIND_NODE_IMAGE           the node image; default: built here offline (hack/build-kind-node.sh). With a
+#                                 registry, set it to the official kindest/node:<KUBE_VERSION> and nothing is built
+# Machine quirks, detected, never assumed: a docker engine whose root lacks capabilities fails `--privileged`
+# ("unable to apply caps"): if the engine is the one hack/build-image.sh started, it is restarted with
+# hack/kind/runc-caps.py as its default runtime; cgroup v1 hosts get the kubelet's failCgroupV1: false.
+# stdout: KEY=VALUE lines (KUBECONFIG, QOS_STATE, QOS_BIN_DIR, PROMETHEUS_URL, QOS_TOPOLOGY=kind, KIND_CLUSTER,
+# KIND, and hack/deploy-local.sh's); also written to $QOS_KIND_STATE/kind.env. Progress on stderr.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 # shellcheck source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-CLUSTER="${QOS_KIND_CLUSTER:-kube-qos}"
+CLUSTER="${QOS_KIND_CLUSTER:-qos-kind}"
 STATE="${QOS_KIND_STATE:-/tmp/qos-kind}"
-EXTENDER_LOCAL_PORT="${QOS_KIND_EXTENDER_PORT:-18443}"
-PROMETHEUS_LOCAL_PORT="${QOS_KIND_PROMETHEUS_PORT:-19090}"
-KWOK_URL="https://github.com/kubernetes-sigs/kwok/releases/download/${KWOK_VERSION}"
-NS=kube-qos-system
-
-for b in docker kind openssl python3; do command -v "${b}" >/dev/null || die "${b} is required"; done
-if [[ -x "${BIN_DIR}/kubectl" ]]; then KUBECTL_BIN="${BIN_DIR}/kubectl"; else KUBECTL_BIN="$(command -v kubectl)" || die "kubectl is required"; fi
+DOCKERD_DIR="${QOS_CACHE}/dockerd"
+KIND_BIN="${QOS_CACHE}/kind/${KIND_VERSION}/bin/kind"
+KUBECTL_BIN="${BIN_DIR}/kubectl"
 KCFG="${STATE}/kubeconfig"
+SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
+
+stop_forward() {
+  local f="${STATE}/port-forward.pid" pid
+  [[ -s "${f}" ]] || return 0
+  pid="$(cat "${f}")"
+  if grep -q port-forward "/proc/${pid}/cmdline" 2>/dev/null; then kill "${pid}" 2>/dev/null || true; fi
+  rm -f "${f}"
+}
+
+# The kubelets of privileged kind nodes write non-namespaced sysctls on the host (protectKernelDefaults false):
+# saved before the first cluster, restored after the last.
+save_sysctls() { [[ -s "${STATE}/host-sysctls" ]] || sysctl "${SYSCTLS[@]}" > "${STATE}/host-sysctls"; }
+restore_sysctls() {
+  [[ -s "${STATE}/host-sysctls" ]] || return 0
+  local key _eq value
+  while read -r key _eq value; do sysctl -q -w "${key}=${value}" >/dev/null || log "could not restore ${key}=${value}"; done \
+    < "${STATE}/host-sysctls"
+}
+
+down() {
+  stop_forward
+  if [[ -x "${KIND_BIN}" ]] && "${KIND_BIN}" get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
+    log "kind: deleting cluster ${CLUSTER}"
+    "${KIND_BIN}" delete cluster --name "${CLUSTER}" >&2 || log "kind delete cluster ${CLUSTER} failed"
+  fi
+  # what kind leaves: its network once no cluster uses it (node images stay cached for the next run)
+  if ! docker ps -a --filter label=io.x-k8s.kind.cluster -q 2>/dev/null | grep -q .; then
+    docker network rm kind >/dev/null 2>&1 || true
+  fi
+  restore_sysctls
+  rm -rf "${STATE}"
+}
+
+case "${1:-}" in
+  --down) down; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
+esac
+
+REAL=() KWOK=()
+if (($# == 0)); then set -- service:m1.medium=1 batch:m1.large=1; fi
+for spec in "$@"; do
+  [[ "${spec}" =~ ^(kwok:)?([a-z0-9-]+):([a-z0-9.]+)=([0-9]+)$ ]] || die "bad node spec ${spec} (GROUP:FLAVOUR=COUNT)"
+  flavour="${BASH_REMATCH[3]}"
+  python3 -c 'import sys, yaml; sys.exit(sys.argv[2] not in {f["name"] for f in yaml.safe_load(open(sys.argv[1]))["flavours"]})' \
+    "${REPO_ROOT}/config/flavours.yaml" "${flavour}" || die "unknown flavour ${flavour} (config/flavours.yaml)"
+  if [[ -n "${BASH_REMATCH[1]}" ]]; then KWOK+=("${BASH_REMATCH[2]} ${flavour} ${BASH_REMATCH[4]}")
+  else REAL+=("${BASH_REMATCH[2]} ${flavour} ${BASH_REMATCH[4]}"); fi
+done
+
+mkdir -p "${STATE}"
+chmod 700 "${STATE}"
+trap 'rc=$?; if ((rc != 0)); then log "kind-up failed (rc ${rc}): tearing down"; down; fi' EXIT
+
+# ---------------------------------------------------------------- engine, images, node image
+start=${SECONDS}
+"${HACK_DIR}/build-tools.sh" >&2
+"${HACK_DIR}/build-image.sh" >&2  # the engine (started when none answers) and the project's images
+probe_privileged() {
+  docker run --rm --privileged --user 0 --network none --entrypoint /pause registry.k8s.io/pause:3.10 -v >/dev/null 2>"${STATE}/probe.err"
+}
+if ! probe_privileged; then
+  grep -q 'apply caps' "${STATE}/probe.err" || { cat "${STATE}/probe.err" >&2; die "docker run --privileged fails"; }
+  [[ -s "${DOCKERD_DIR}/dockerd.pid" ]] && kill -0 "$(cat "${DOCKERD_DIR}/dockerd.pid")" 2>/dev/null \
+    || die "docker run --privileged fails (\"unable to apply caps\": this root lacks capabilities) and the engine is not hack/build-image.sh's: make hack/kind/runc-caps.py its default runtime (dockerd --add-runtime qos-runc=<path> --default-runtime qos-runc)"
+  wrapper="${DOCKERD_DIR}/qos-runc"
+  sed "s#@RUNC@#$(command -v runc)#" "${HACK_DIR}/kind/runc-caps.py" > "${wrapper}.tmp"
+  chmod 0755 "${wrapper}.tmp"
+  mv -f "${wrapper}.tmp" "${wrapper}"
+  log "docker: --privileged fails here (root lacks capabilities): restarting the engine with ${wrapper} as its default runtime"
+  "${HACK_DIR}/build-image.sh" --stop-engine >&2
+  QOS_DOCKERD_EXTRA_ARGS="--add-runtime qos-runc=${wrapper} --default-runtime qos-runc" "${HACK_DIR}/build-image.sh" >&2
+  probe_privileged || { cat "${STATE}/probe.err" >&2; die "docker run --privileged still fails with ${wrapper}"; }
+fi
+if [[ -n "${QOS_KIND_NODE_IMAGE:-}" ]]; then
+  NODE_IMAGE="${QOS_KIND_NODE_IMAGE}"
+  [[ -x "${KIND_BIN}" ]] || { mkdir -p "$(dirname "${KIND_BIN}")"; GOBIN="$(dirname "${KIND_BIN}")" go install "sigs.k8s.io/kind@${KIND_VERSION}" >&2; }
+else
+  NODE_IMAGE="$("${HACK_DIR}/build-kind-node.sh" | sed -n 's/^KIND_NODE_IMAGE=//p')"
+fi
+[[ -n "${NODE_IMAGE}" ]] || die "no node image"
+log "images ready in $((SECONDS - start))s (node image ${NODE_IMAGE})"
+
+# ---------------------------------------------------------------- cluster
+save_sysctls
+cgroup_v1=0
+[[ "$(stat -fc %T /sys/fs/cgroup)" == cgroup2fs ]] || cgroup_v1=1
+python3 - "${STATE}/cluster.yaml" "${REPO_ROOT}/config/kind/cluster.yaml" "${cgroup_v1}" "${REAL[@]}" <<'PY'
+import sys, yaml
+out, base, v1, specs = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4:]
+cfg = yaml.safe_load(open(base))
+workers = []
+for spec in specs:
+    group, flavour, count = spec.split()
+    for _ in range(int(count)):
+        workers.append({"role": "worker", "labels": {"type": "kind",
+            "qos.kube-qos-extender.io/node-group": group, "node.kubernetes.io/instance-type": flavour}})
+cfg["nodes"] = [n for n in cfg["nodes"] if n["role"] == "control-plane"] + workers
+if v1:  # kubelet >= 1.35 refuses cgroup v1 unless told (harmless on v2, but only added where needed)
+    cfg.setdefault("kubeadmConfigPatches", []).append(
+        "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\nfailCgroupV1: false\n")
+yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
+PY
+if ! "${KIND_BIN}" get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
+  log "kind: creating cluster ${CLUSTER} (${#REAL[@]} worker groups, image ${NODE_IMAGE})"
+  t=${SECONDS}
+  "${KIND_BIN}" create cluster --name "${CLUSTER}" --config "${STATE}/cluster.yaml" --image "${NODE_IMAGE}" \
+    --kubeconfig "${KCFG}" --wait 180s >&2
+  log "kind: cluster up in $((SECONDS - t))s"
+else
+  "${KIND_BIN}" get kubeconfig --name "${CLUSTER}" > "${KCFG}"
+fi
+export KUBECONFIG="${KCFG}"
 K=("${KUBECTL_BIN}" --kubeconfig "${KCFG}")
 
-stop_forwards() {
-  for f in "${STATE}"/port-forward-*.pid; do
-    [[ -s "${f}" ]] || continue
-    pid="$(cat "${f}")"
-    if grep -q port-forward "/proc/${pid}/cmdline" 2>/dev/null; then kill "${pid}" 2>/dev/null || true; fi
-    rm -f "${f}"
-  done
-}
+# the workers' prices, as hack/real-nodes.sh and the kwok provider annotate theirs (config/flavours.yaml)
+while read -r node flavour; do
+  price="$(python3 -c 'import sys, yaml; print(next(f["price_per_hour"] for f in yaml.safe_load(open(sys.argv[1]))["flavours"] if f["name"] == sys.argv[2]))' \
+    "${REPO_ROOT}/config/flavours.yaml" "${flavour}")"
+  "${K[@]}" annotate --overwrite node "${node}" "qos.kube-qos-extender.io/price-per-hour=${price}" >/dev/null
+done < <("${K[@]}" get nodes -l type=kind -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.metadata.labels.node\.kubernetes\.io/instance-type}{"\n"}{end}')
 
-if [[ "${1:-}" == --down ]]; then
-  stop_forwards
-  kind delete cluster --name "${CLUSTER}"
-  rm -rf "${STATE}"
-  exit 0
+# ---------------------------------------------------------------- images the node image does not hold
+t=${SECONDS}
+"${KIND_BIN}" load image-archive "${QOS_CACHE}/images/kube-qos-extender.tar" --name "${CLUSTER}" >&2
+if [[ -n "${QOS_KIND_NODE_IMAGE:-}" ]]; then  # an official node image: our other images are loaded too
+  for tar in kube-scheduler busybox; do "${KIND_BIN}" load image-archive "${QOS_CACHE}/images/${tar}.tar" --name "${CLUSTER}" >&2; done
 fi
-if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0; fi
+log "kind load: $((SECONDS - t))s"
 
-mkdir -p "${STATE}/certs"
-chmod 700 "${STATE}"
-if ! kind get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
-  log "kind: creating cluster ${CLUSTER}"
-  kind create cluster --name "${CLUSTER}" --config "${REPO_ROOT}/config/kind/cluster.yaml" --wait 120s >&2
-fi
-kind get kubeconfig --name "${CLUSTER}" > "${KCFG}"
-
-log "image: docker build -t kube-qos-extender:dev"
-docker build -t kube-qos-extender:dev "${REPO_ROOT}" >&2
-kind load docker-image kube-qos-extender:dev --name "${CLUSTER}" >&2
-
-# ---------------------------------------------------------------- certificates and Secrets
-C="${STATE}/certs"
-if [[ ! -s "${C}/ca.crt" ]]; then
-  openssl req -x509 -newkey rsa:2048 -nodes -keyout "${C}/ca.key" -subj "/CN=kube-qos-kind-ca" -days 3650 \
-    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" -out "${C}/ca.crt" 2>/dev/null
-fi
-cert() { # <name> <CN> <eku> [san]
-  [[ -s "${C}/$1.crt" ]] && return 0
-  printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\n%s' \
-    "$3" "${4:+subjectAltName=$4}" > "${C}/$1.ext"
-  openssl req -newkey rsa:2048 -nodes -keyout "${C}/$1.key" -subj "/CN=$2" -out "${C}/$1.csr" 2>/dev/null
-  openssl x509 -req -in "${C}/$1.csr" -CA "${C}/ca.crt" -CAkey "${C}/ca.key" -CAcreateserial -days 365 -sha256 \
-    -extfile "${C}/$1.ext" -out "${C}/$1.crt" 2>/dev/null
-  rm -f "${C}/$1.csr" "${C}/$1.ext"
-}
-cert serving kube-qos-extender serverAuth \
-  "IP:127.0.0.1,DNS:localhost,DNS:qos-extender,DNS:qos-extender.${NS}.svc,DNS:qos-extender.${NS}.svc.cluster.local"
-cert scheduler-client kube-scheduler-extender-client clientAuth
-cert metrics-client prometheus-extender-client clientAuth
-chmod 600 "${C}"/*.key
-
-"${K[@]}" apply -f "${REPO_ROOT}/config/base/namespace.yaml" >&2
-"${K[@]}" -n "${NS}" create secret generic qos-extender-tls --dry-run=client -o yaml \
-  --from-file=ca.crt="${C}/ca.crt" --from-file=tls.crt="${C}/serving.crt" --from-file=tls.key="${C}/serving.key" \
-  --from-file=client.crt="${C}/scheduler-client.crt" --from-file=client.key="${C}/scheduler-client.key" \
-  | "${K[@]}" apply -f - >&2
-"${K[@]}" -n "${NS}" create secret generic qos-extender-metrics-client --dry-run=client -o yaml \
-  --from-file=ca.crt="${C}/ca.crt" --from-file=tls.crt="${C}/metrics-client.crt" --from-file=tls.key="${C}/metrics-client.key" \
-  | "${K[@]}" apply -f - >&2
-
-# ---------------------------------------------------------------- kwok, the qos-scheduler, nodes
-"${K[@]}" apply -f "${KWOK_URL}/kwok.yaml" >&2
-"${K[@]}" apply -f "${KWOK_URL}/stage-fast.yaml" >&2
-"${K[@]}" apply --server-side --force-conflicts -k "${REPO_ROOT}/config/kind" >&2
-"${K[@]}" -n kube-system rollout status deployment/kwok-controller --timeout=180s >&2
-"${K[@]}" -n "${NS}" rollout status deployment/qos-scheduler --timeout=300s >&2
-"${K[@]}" -n "${NS}" rollout status deployment/qos-prometheus --timeout=180s >&2
-
-if (($#)); then
-  python3 - "${REPO_ROOT}/config/flavours.yaml" "$@" <<'PY' | "${K[@]}" apply -f - >&2
-import json, re, sys, yaml
-flavours = {f["name"]: f for f in yaml.safe_load(open(sys.argv[1]))["flavours"]}
-items = []
-for arg in sys.argv[2:]:
-    m = re.fullmatch(r"(?:(service|batch):)?([A-Za-z0-9._-]+)=([0-9]+)", arg)
-    if not m or m.group(2) not in flavours:
-        sys.exit(f"bad node argument {arg!r} (want [service|batch:]flavour=count; flavours: {', '.join(flavours)})")
-    group, name, count = m.group(1) or "service", m.group(2), int(m.group(3))
-    f = flavours[name]
-    res = {"cpu": str(f["cpu"]), "memory": str(f["memory"]), "pods": str(f.get("pods", 110))}
-    for i in range(count):
-        node = f"{group}-{name.replace('.', '-')}-{i}"
-        items.append({"apiVersion": "v1", "kind": "Node", "metadata": {
-            "name": node,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "qos.kube-qos-extender.io/price-per-hour": str(f["price_per_hour"])},
-            "labels": {"type": "kwok", "kubernetes.io/hostname": node, "kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", "node.kubernetes.io/instance-type": name,
-                       "qos.kube-qos-extender.io/node-group": group}},
-            "spec": {},
-            "status": {"allocatable": res, "capacity": res}})
-print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+# ---------------------------------------------------------------- kwok nodes, kwok's stages
+"${K[@]}" -n kube-system create configmap qos-kwok-stages \
+  --from-file=stages.yaml="${SHARE_DIR}/kwok-stages-${KWOK_VERSION}.yaml" --dry-run=client -o yaml \
+  | "${K[@]}" apply --server-side -f - >&2
+for spec in "${KWOK[@]}"; do
+  read -r group flavour count <<< "${spec}"
+  python3 - "${REPO_ROOT}/config/flavours.yaml" "${group}" "${flavour}" "${count}" <<'PY' | "${K[@]}" apply --server-side -f - >&2
+import sys, yaml
+f = next(f for f in yaml.safe_load(open(sys.argv[1]))["flavours"] if f["name"] == sys.argv[3])
+cpu, mem, pods = str(f["cpu"]), str(f["memory"]), str(f.get("pods", 110))
+nodes = []
+for i in range(int(sys.argv[4])):
+    name = f"kwok-{sys.argv[2]}-{sys.argv[3].replace('.', '-')}-{i}"
+    nodes.append({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": name,
+        "annotations": {"kwok.x-k8s.io/node": "fake", "qos.kube-qos-extender.io/price-per-hour": str(f["price_per_hour"])},
+        "labels": {"type": "kwok", "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux",
+                   "kubernetes.io/hostname": name, "qos.kube-qos-extender.io/node-group": sys.argv[2],
+                   "node.kubernetes.io/instance-type": sys.argv[3]}},
+        "spec": {},
+        "status": {"allocatable": {"cpu": cpu, "memory": mem, "pods": pods},
+                   "capacity": {"cpu": cpu, "memory": mem, "pods": pods}}})
+print(yaml.safe_dump_all(nodes))
 PY
-fi
+done
 
-# ---------------------------------------------------------------- port-forwards and result
-stop_forwards
-setsid "${KUBECTL_BIN}" --kubeconfig "${KCFG}" -n "${NS}" port-forward --address 127.0.0.1 svc/qos-extender \
-  "${EXTENDER_LOCAL_PORT}:8443" > "${STATE}/port-forward-extender.log" 2>&1 < /dev/null &
-echo $! > "${STATE}/port-forward-extender.pid"
-setsid "${KUBECTL_BIN}" --kubeconfig "${KCFG}" -n "${NS}" port-forward --address 127.0.0.1 svc/qos-prometheus \
-  "${PROMETHEUS_LOCAL_PORT}:9090" > "${STATE}/port-forward-prometheus.log" 2>&1 < /dev/null &
-echo $! > "${STATE}/port-forward-prometheus.pid"
-sleep 2
+# ---------------------------------------------------------------- the product
+CA_DIR="${STATE}/certs"
+mkdir -p "${CA_DIR}"
+if [[ ! -s "${CA_DIR}/ca.crt" ]]; then make_ca "${CA_DIR}/ca" "qos-kind-${CLUSTER}-ca"; fi
+# the kubelets' serving CA as the agents see it: kubeadm's cluster CA (kind's kubelets serve self-signed
+# certificates unless serverTLSBootstrap; the agents' checkpoint path is exercised on real nodes, not here)
+docker cp "${CLUSTER}-control-plane:/etc/kubernetes/pki/ca.crt" "${STATE}/kubelet-ca.crt" >/dev/null
+t=${SECONDS}
+QOS_STATE="${STATE}" QOS_OVERLAY=config/kind QOS_KUBELET_CA="${STATE}/kubelet-ca.crt" QOS_BIN_DIR="${BIN_DIR}" \
+  QOS_IMAGE_TAR="${QOS_CACHE}/images/kube-qos-extender.tar" "${HACK_DIR}/deploy-local.sh" > "${STATE}/deploy.env"
+for d in kube-system/qos-kwok kube-qos-system/qos-prometheus; do
+  "${K[@]}" -n "${d%/*}" rollout status "deployment/${d#*/}" --timeout=180s >&2
+done
+log "deploy: $((SECONDS - t))s"
+
+# ---------------------------------------------------------------- Prometheus on 127.0.0.1
+stop_forward
+PROM_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+setsid "${KUBECTL_BIN}" --kubeconfig "${KCFG}" -n kube-qos-system port-forward --address 127.0.0.1 \
+  service/qos-prometheus "${PROM_PORT}:9090" > "${STATE}/port-forward.log" 2>&1 < /dev/null &
+echo $! > "${STATE}/port-forward.pid"
+for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:${PROM_PORT}/-/ready" >/dev/null 2>&1 && break; sleep 0.2; done
+curl -fsS "http://127.0.0.1:${PROM_PORT}/-/ready" >/dev/null || die "Prometheus not reachable through the port-forward"
+
+trap - EXIT
 {
-  echo "KUBECONFIG=${KCFG}"
-  echo "EXTENDER_URL=https://127.0.0.1:${EXTENDER_LOCAL_PORT}"
-  echo "EXTENDER_METRICS_URL=https://127.0.0.1:${EXTENDER_LOCAL_PORT}/metrics"
-  echo "EXTENDER_CA=${C}/ca.crt"
-  echo "EXTENDER_CLIENT_CERT=${C}/metrics-client.crt"
-  echo "EXTENDER_CLIENT_KEY=${C}/metrics-client.key"
-  echo "PROMETHEUS_URL=http://127.0.0.1:${PROMETHEUS_LOCAL_PORT}"
-  echo "QOS_MARKER_RESOURCE=qos.kube-qos-extender.io/managed"
-} | tee "${STATE}/env"
+  cat "${STATE}/deploy.env"
+  echo "QOS_STATE=${STATE}"
+  echo "QOS_BIN_DIR=${BIN_DIR}"
+  echo "QOS_TOPOLOGY=kind"
+  echo "KIND_CLUSTER=${CLUSTER}"
+  echo "KIND=${KIND_BIN}"
+  echo "KIND_NODE_IMAGE=${NODE_IMAGE}"
+  echo "PROMETHEUS_URL=http://127.0.0.1:${PROM_PORT}"
+} > "${STATE}/kind.env"
+cat "${STATE}/kind.env"
+log "kind-up: ${CLUSTER} ready in $((SECONDS - start))s"
