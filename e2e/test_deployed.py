@@ -1,17 +1,18 @@
-"""The product as users install it, deployed for real (issue 12).
+"""The product as users install it, deployed for real (issues 12, 30), on kind.
 
-A cluster from ``hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=1`` with
-``QOS_HOST_QOS_PROFILE=0 QOS_MANIFESTS_DIR=none`` (the host kube-scheduler serves default-scheduler only, no
-host extender, no hack/manifests webhook): real kubelet nodes whose containerd really runs containers. This
-module imports the image built by ``hack/build-image.sh`` into the real nodes, applies config/ through
-``hack/deploy-local.sh`` (config/local = config/default adapted to a registry-less one-host cluster), and checks
+A kind cluster from ``hack/kind-up.sh`` (a control plane and two kind workers labelled node-group service and
+batch; kind built offline here, the official kindest/node elsewhere), into which hack/kind-up.sh loads the image
+built by ``hack/build-image.sh`` and applies config/kind through ``hack/deploy-local.sh`` (config/kind =
+config/default + the Components it shares with config/local). The module deploys again (idempotent) and checks
 what a platform team would: the qos-scheduler Deployment (kube-scheduler + extender sidecar) runs as real
 containers and wins its leases, the apiserver reaches the admission webhook served by a pod, a qos pod is
-gated, released, filtered and bound by the in-cluster extender and really runs, Prometheus scrapes the
-in-cluster extender, the agent DaemonSet is Ready on every real node, and the autoscaler sidecar adds a kwok
-node for a pod no node can hold.
+gated, released, filtered and bound by the in-cluster extender and really runs on a kind worker, Prometheus (in
+the cluster) scrapes the in-cluster extender, the agent DaemonSet is Ready on every worker, and the autoscaler
+sidecar adds a kwok node (faked by the in-cluster kwok) for a pod no node can hold.
 
-Runs in phase 2 of hack/run-live-tests.sh (marker ``deployed``); fails, never skips, without that cluster.
+The fixture also serves the real-node modules (test_migration_real, test_consolidation_real, ...: topology
+``real-nodes``, hack/local-up.sh real:...), which need CRIU on the nodes.
+Runs in phase 3 of hack/run-live-tests.sh (marker ``kind``); fails, never skips, without that cluster.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import yaml
 
 from lab.kube_sync import Kube, KubeError, http_json
 
-pytestmark = [pytest.mark.live, pytest.mark.deployed]
+pytestmark = [pytest.mark.live, pytest.mark.deployed, pytest.mark.kind]
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "kube-qos-system"
@@ -61,15 +62,22 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> str:
 
 @dataclass
 class Product:
+    """The deployed product and where it runs: ``real_nodes`` are the nodes whose containerd really runs
+    containers -- kind's workers (topology ``kind``, hack/kind-up.sh) or hack/real-nodes.sh's kubelets (topology
+    ``real-nodes``, hack/local-up.sh real:...)."""
+
     kube: Kube
     env: dict[str, str]
     state: Path
     bin_dir: Path
     real_nodes: list[str]
     prometheus_url: str
+    topology: str = "real-nodes"
     timings: dict[str, float] = field(default_factory=dict)
 
     def ctr(self, node: str, *args: str) -> str:
+        if self.topology == "kind":  # the node is a container: its containerd answers on its own socket
+            return _run(["docker", "exec", node, "ctr", "-n", "k8s.io", *args], self.env, 60)
         sock = f"/run/qos-local-nodes/{node}/containerd.sock"
         return _run([str(self.bin_dir / "ctr"), "--address", sock, "-n", "k8s.io", *args], self.env, 60)
 
@@ -96,20 +104,29 @@ def product() -> Iterator[Product]:
             "real:service:m1.medium=1 real:batch:m1.large=1"
         )
     state = Path(env["QOS_STATE"])
-    listing = _run([str(ROOT / "hack/real-nodes.sh"), "list"], env, 30)
-    real = [line.split()[0] for line in listing.splitlines() if line.strip()]
-    if len(real) < 2:
-        _fail(f"the deployed e2e needs two real nodes (one per node group); hack/real-nodes.sh list: {listing!r}")
+    topology = env.get("QOS_TOPOLOGY", "real-nodes")
+    kube = Kube(env["KUBECONFIG"])
+    if topology == "kind":
+        # kind's workers (hack/kind-up.sh labels them type=kind); the images are in them already (node image,
+        # `kind load`), and the product was deployed by hack/kind-up.sh: deploying again below is idempotent
+        real = sorted(n["metadata"]["name"] for n in kube.nodes(label_selector="type=kind"))
+        if len(real) < 2:
+            _fail(f"the deployed e2e needs two kind workers (one per node group); type=kind nodes: {real}")
+    else:
+        listing = _run([str(ROOT / "hack/real-nodes.sh"), "list"], env, 30)
+        real = [line.split()[0] for line in listing.splitlines() if line.strip()]
+        if len(real) < 2:
+            _fail(f"the deployed e2e needs two real nodes (one per node group); hack/real-nodes.sh list: {listing!r}")
     images = Path(env.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender"))) / "images"
     tars = [images / t for t in IMAGES]
     absent = [str(t) for t in tars if not t.is_file()]
     if absent:
         _fail(f"images not built: {', '.join(absent)} (run hack/build-image.sh)")
-    kube = Kube(env["KUBECONFIG"])
-    p = Product(kube, env, state, Path(env["QOS_BIN_DIR"]), real, env["PROMETHEUS_URL"].rstrip("/"))
-    t0 = time.monotonic()
-    _run([str(ROOT / "hack/real-nodes.sh"), "import", *map(str, tars)], env, 600)
-    p.timings["image_import_seconds"] = time.monotonic() - t0
+    p = Product(kube, env, state, Path(env["QOS_BIN_DIR"]), real, env["PROMETHEUS_URL"].rstrip("/"), topology)
+    if topology != "kind":
+        t0 = time.monotonic()
+        _run([str(ROOT / "hack/real-nodes.sh"), "import", *map(str, tars)], env, 600)
+        p.timings["image_import_seconds"] = time.monotonic() - t0
     t0 = time.monotonic()
     out = _run([str(ROOT / "hack/deploy-local.sh")], env, 900)
     p.timings["deploy_rollout_seconds"] = time.monotonic() - t0
@@ -318,7 +335,14 @@ def test_prometheus_scrapes_the_in_cluster_extender(product: Product) -> None:
         return rows or None
 
     rows = product.kube.wait(up, "Prometheus target kube-qos-extender-in-cluster up", timeout=60, interval=1.0)
-    assert all(r["metric"].get("node") in product.real_nodes for r in rows), rows
+    # every target is the extender of a running qos-scheduler pod on a node of the product (by pod IP; where the
+    # discovery labels targets with their node, by that too)
+    pods = product.kube.pods(NS, label_selector="app.kubernetes.io/name=qos-scheduler")
+    ips = {p["status"].get("podIP"): p["spec"].get("nodeName") for p in pods if p["status"].get("phase") == "Running"}
+    for r in rows:
+        ip = r["metric"]["instance"].rsplit(":", 1)[0]
+        assert ip in ips and ips[ip] in product.real_nodes, (r["metric"], ips)
+        assert r["metric"].get("node", ips[ip]) == ips[ip], (r["metric"], ips)
     assert product.prom('qos_extender_snapshot_nodes{job="kube-qos-extender-in-cluster"}') or product.prom(
         '{job="kube-qos-extender-in-cluster",__name__=~"qos_extender_.+"}'
     )

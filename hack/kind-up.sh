@@ -81,7 +81,13 @@ done
 
 mkdir -p "${STATE}"
 chmod 700 "${STATE}"
-trap 'rc=$?; if ((rc != 0)); then log "kind-up failed (rc ${rc}): tearing down"; down; fi' EXIT
+on_failure() {
+  log "kind-up failed: logs in ${STATE}.logs, tearing down"
+  rm -rf "${STATE}.logs"
+  [[ -x "${KIND_BIN}" ]] && "${KIND_BIN}" export logs "${STATE}.logs" --name "${CLUSTER}" >/dev/null 2>&1
+  down
+}
+trap 'rc=$?; if ((rc != 0)); then on_failure; fi' EXIT
 
 # ---------------------------------------------------------------- engine, images, node image
 start=${SECONDS}
@@ -215,6 +221,8 @@ trap - EXIT
   echo "QOS_STATE=${STATE}"
   echo "QOS_BIN_DIR=${BIN_DIR}"
   echo "QOS_TOPOLOGY=kind"
+  echo "QOS_OVERLAY=config/kind"
+  echo "QOS_KUBELET_CA=${STATE}/kubelet-ca.crt"
   echo "KIND_CLUSTER=${CLUSTER}"
   echo "KIND=${KIND_BIN}"
   echo "KIND_NODE_IMAGE=${NODE_IMAGE}"

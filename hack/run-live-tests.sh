@@ -7,15 +7,57 @@
 #  2. the product as users install it (marker `deployed`): a cluster whose host kube-scheduler serves only
 #     default-scheduler, with real kubelet nodes (hack/real-nodes.sh), into which e2e/test_deployed.py imports
 #     the image built by hack/build-image.sh and applies config/ (hack/deploy-local.sh); Prometheus scrapes the
-#     real kubelets' /metrics/resource there (e2e/test_colocation_real.py: a batch pod on a real node's slack).
+#     real kubelets' /metrics/resource there (e2e/test_colocation_real.py: a batch pod on a real node's slack):
+#     the tests that need CRIU on the nodes (migration, consolidation, the agents' identity) and the real
+#     kubelets' resource metrics;
+#  3. the product on kind (marker `kind`; hack/kind-up.sh: a kind cluster with two workers, kwok and Prometheus
+#     in it, config/kind applied): e2e/test_deployed.py. The cluster is deleted afterwards (`kind export logs`
+#     into $QOS_KIND_STATE's sibling .logs directory first, on failure), the host sysctls checked as in phase 2.
 # With KUBECONFIG set, that cluster is used as it is for phase 1 only (it must run the extender: e2e needs
 # EXTENDER_URL, EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too). Each cluster lives under its own
-# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 2" selects phases.
+# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 2 3" selects phases.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 PYTEST="${ROOT}/.venv/bin/pytest"
-PHASES="${QOS_LIVE_PHASES:-1 2}"
+PHASES="${QOS_LIVE_PHASES:-1 2 3}"
+SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
+
+check_sysctls() { # <before> <what>: the host got back the sysctls the kubelets changed
+  local now
+  now="$(sysctl "${SYSCTLS[@]}")"
+  [[ "${now}" == "$1" ]] && return 0
+  printf 'host sysctls not restored after %s:\nbefore:\n%s\nafter:\n%s\n' "$2" "$1" "${now}" >&2
+  return 1
+}
+
+run_in_kind() { # <pytest args...>
+  local state="${QOS_KIND_STATE:-/tmp/qos-ci-kind}" cluster="${QOS_KIND_CLUSTER:-qos-ci}" rc=0
+  (
+    export QOS_KIND_STATE="${state}" QOS_KIND_CLUSTER="${cluster}"
+    cleanup() {
+      local rc=$?
+      if ((rc != 0)); then
+        rm -rf "${state}.logs"
+        "${QOS_CACHE:-${HOME}/.cache/kube-qos-extender}/kind/$(sed -n 's/^KIND_VERSION=//p' hack/versions.env)/bin/kind" \
+          export logs "${state}.logs" --name "${cluster}" >/dev/null 2>&1 || true
+        echo "live tests on kind failed: logs kept in ${state}.logs" >&2
+      fi
+      hack/kind-up.sh --down || true
+    }
+    trap cleanup EXIT
+    t0=${SECONDS}
+    out="$(hack/kind-up.sh)" || { echo "kind-up failed" >&2; exit 1; }
+    echo "kind-up: $((SECONDS - t0)) s" >&2
+    while IFS= read -r line; do [[ "${line}" == *=* ]] && export "${line?}"; done <<< "${out}"
+    t1=${SECONDS}
+    prc=0
+    "${PYTEST}" "$@" || prc=$?
+    echo "live tests on kind: $((SECONDS - t1)) s (rc ${prc})" >&2
+    exit "${prc}"
+  ) || rc=$?
+  return "${rc}"
+}
 
 run_in_cluster() { # <state dir> <local-up env+args...> -- <pytest args...>
   local state="$1"
@@ -61,19 +103,22 @@ for phase in ${PHASES}; do
          -m "live and not deployed" tests e2e "$@" || rc=$? ;;
     # The product: no host extender, no hack/manifests webhook, the host scheduler without the qos profile;
     # one real node per node group (containers really run there), kwok nodes for the autoscaler to add.
-    2) host_sysctls="$(sysctl kernel.panic kernel.panic_on_oops vm.overcommit_memory)"
+    2) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
        run_in_cluster "${QOS_DEPLOYED_STATE:-/tmp/qos-ci-deployed}" QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 \
          QOS_MANIFESTS_DIR=none hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=2 -- \
-         -m deployed e2e "$@" || rc=$?
+         -m "deployed and not kind" e2e "$@" || rc=$?
        # local-down must remove everything real nodes made (namespaces, links, cgroups, mounts, processes)
        hack/real-nodes.sh leftovers || rc=1
        # ... and give the host back the sysctls its kubelets changed
-       now_sysctls="$(sysctl kernel.panic kernel.panic_on_oops vm.overcommit_memory)"
-       if [[ "${now_sysctls}" != "${host_sysctls}" ]]; then
-         printf 'host sysctls not restored after the real nodes:\nbefore:\n%s\nafter:\n%s\n' \
-           "${host_sysctls}" "${now_sysctls}" >&2
+       check_sysctls "${host_sysctls}" "the real nodes" || rc=1 ;;
+    3) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
+       run_in_kind -m kind e2e "$@" || rc=$?
+       # --down deletes every container and the network kind made, and restores the host's sysctls
+       if docker ps -a --filter "label=io.x-k8s.kind.cluster=${QOS_KIND_CLUSTER:-qos-ci}" -q | grep -q .; then
+         echo "kind containers left after hack/kind-up.sh --down" >&2
          rc=1
-       fi ;;
+       fi
+       check_sysctls "${host_sysctls}" "kind" || rc=1 ;;
     *) echo "unknown phase ${phase}" >&2; exit 2 ;;
   esac
 done
