@@ -75,6 +75,10 @@ class Product:
     topology: str = "real-nodes"
     timings: dict[str, float] = field(default_factory=dict)
 
+    def on_node(self, node: str) -> list[str]:
+        """The prefix that runs a command in the node's own namespaces (PIDs from ``ctr`` are the node's)."""
+        return ["docker", "exec", node] if self.topology == "kind" else []
+
     def ctr(self, node: str, *args: str) -> str:
         if self.topology == "kind":  # the node is a container: its containerd answers on its own socket
             return _run(["docker", "exec", node, "ctr", "-n", "k8s.io", *args], self.env, 60)

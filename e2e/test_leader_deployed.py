@@ -1,11 +1,12 @@
-"""The deployed autoscaler's two replicas (config/local, real kubelet nodes): the Lease holder's traffic to the API
+"""The deployed autoscaler's two replicas (config/kind, on kind workers): the Lease holder's traffic to the API
 server is dropped inside its pod's network namespace (iptables DROP: every packet lost, sockets open, the stalled
 connection of issue 29), later the next holder's is reset (REJECT tcp-reset: connections refused). The pods are
 not touched otherwise (probes still answer, no restart). Each replica's log lines compared: the terms ("leading"
 until "stopped acting") and the scans of the two pods never overlap, and the leadership moved both times.
 
 The same with two processes behind pausable proxies: tests/test_leader_live.py (phase 1).
-Runs in phase 2 of hack/run-live-tests.sh (markers ``live`` and ``deployed``), on the product fixture.
+Runs in phase 3 of hack/run-live-tests.sh (markers ``live``, ``deployed`` and ``kind``), on the product fixture;
+it runs on the real-node topology as well (the container's PID and namespaces are the node's there).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from e2e.test_deployed import NS, Product, _run, product  # noqa: F401  (the module-scoped product fixture)
 
-pytestmark = [pytest.mark.live, pytest.mark.deployed]
+pytestmark = [pytest.mark.live, pytest.mark.deployed, pytest.mark.kind]
 
 LEASE = "qos-autoscaler"
 APP = "app.kubernetes.io/name=qos-autoscaler"
@@ -47,7 +48,7 @@ def _until(check: Any, what: str, timeout: float) -> Any:
 
 
 def _pid(p: Product, pod: dict[str, Any]) -> int:
-    """The host PID of the pod's autoscaler container (real nodes share the host's PID namespace)."""
+    """The PID of the pod's autoscaler container in its node's PID namespace (the host's, for real nodes)."""
     cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
     for line in p.ctr(pod["spec"]["nodeName"], "tasks", "ls").splitlines()[1:]:
         fields = line.split()
@@ -72,16 +73,17 @@ def _api_addresses(p: Product) -> list[tuple[str, int]]:
 
 
 class Cut:
-    """iptables rules in one pod's network namespace (entered from the host by the container's PID)."""
+    """iptables rules in one pod's network namespace (entered from its node by the container's PID)."""
 
-    def __init__(self, pid: int, addresses: list[tuple[str, int]], target: list[str]) -> None:
-        self.pid, self.rules = (
+    def __init__(self, on_node: list[str], pid: int, addresses: list[tuple[str, int]], target: list[str]) -> None:
+        self.on_node, self.pid, self.rules = (
+            on_node,
             pid,
             [["-p", "tcp", "-d", ip, "--dport", str(port), "-j", *target] for ip, port in addresses],
         )
 
     def _iptables(self, op: str, rule: list[str]) -> subprocess.CompletedProcess[str]:
-        cmd = ["nsenter", f"--net=/proc/{self.pid}/ns/net", "iptables", op, "OUTPUT", *rule]
+        cmd = [*self.on_node, "nsenter", f"--net=/proc/{self.pid}/ns/net", "iptables", op, "OUTPUT", *rule]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
 
     def __enter__(self) -> Cut:
@@ -130,7 +132,7 @@ def test_leader_deployed_partition_never_two_acting(product: Product) -> None:  
 
     # 1. the leader's packets to the API server are dropped (stalled); the other replica takes over
     pods = _pods(p)
-    with Cut(_pid(p, pods[first]), addresses, ["DROP"]):
+    with Cut(p.on_node(pods[first]["spec"]["nodeName"]), _pid(p, pods[first]), addresses, ["DROP"]):
         second = _until(lambda: (h := _holder(p)) != first and h, "the standby to take the Lease", 90)
         time.sleep(5)  # still cut off: the former leader must stay stopped
     time.sleep(10)
@@ -138,7 +140,12 @@ def test_leader_deployed_partition_never_two_acting(product: Product) -> None:  
     assert _holder(p) == second, "the former leader took the Lease back from a healthy holder"
 
     # 2. the new leader's connections are reset and refused; the first takes it back
-    with Cut(_pid(p, _pods(p)[second]), addresses, ["REJECT", "--reject-with", "tcp-reset"]):
+    with Cut(
+        p.on_node(_pods(p)[second]["spec"]["nodeName"]),
+        _pid(p, _pods(p)[second]),
+        addresses,
+        ["REJECT", "--reject-with", "tcp-reset"],
+    ):
         _until(lambda: _holder(p) == first, "the first replica to take the Lease back", 90)
         time.sleep(5)
     time.sleep(10)
