@@ -45,6 +45,7 @@ def product_settings(
         q_hysteresis_seconds=pol.q_hysteresis_seconds,
         overhead_cap=pol.overhead_cap,
         relax_by_importance=pol.relax_by_importance,
+        peer_rescue_only=pol.peer_rescue_only,
         profile=extender.scheduling.profile,
         scaling_cycle_seconds=extender.scheduling.scaling_cycle_seconds,
         enforce_node_groups=extender.node_groups.enforce,

@@ -160,3 +160,113 @@ def test_short_task_meets_its_slo_on_a_full_host() -> None:
     assert qos.availability(short.e, short.p) >= BRONZE.slo
     assert short.preemptions == 0 and reqs["a-long"].preemptions == 0
     assert res.counters.preemptions == 0
+
+
+# ----------------------------------------------------------------------------------- peer_rescue_only
+
+RESCUE = qos.QosPolicy(alpha_seconds=2.0, peer_rescue_only=True)
+
+
+def _running(name: str, runtime: float | None, ran: float, now: float, kind: WorkloadKind = WorkloadKind.BATCH) -> Pod:
+    return Pod(
+        name=name,
+        requests=Resources.request(1000, 2**30),
+        request_id=name,
+        uid=name,
+        class_name="bronze",
+        kind=kind,
+        runtime_seconds=runtime,
+        started_at=now - ran,
+        node_name="n",
+    )
+
+
+def _victim(pod: Pod, now: float) -> qos.Instance:
+    ran = now - (pod.started_at or now)
+    return qos.Instance(pod, ran, 0.0, current_run_seconds=ran, remaining_seconds=pod.remaining_runtime(now))
+
+
+@pytest.mark.parametrize(("waited", "preempts"), [(100.0, False), (110.0, True), (115.0, True)])
+def test_a_batch_peer_preempts_only_when_about_to_miss(waited: float, preempts: bool) -> None:
+    """A 120-s task that waited w has Q = 120 - w - 2 at completion (18, 8, 3 s); it may take a peer's room only
+    once that is below bronze's 10-s safety margin. The paper's rule lets it whenever Q_v > Q_p + h."""
+    now = 10_000.0
+    victim = _victim(_running("v", 7200.0, 600.0, now), now)
+    pending = qos.Instance(_batch_pod("p", 120.0), 0.0, waited, remaining_seconds=120.0)
+    assert qos.instance_q(pending, RESCUE) == pytest.approx(120.0 - waited - 2.0)
+    assert qos.may_preempt(victim, pending, qos.QosPolicy(alpha_seconds=2.0))  # the paper's rule: always here
+    assert qos.may_preempt(victim, pending, RESCUE) is preempts
+
+
+def test_services_keep_the_papers_peer_rule() -> None:
+    """A pending service (measured as it goes) still evens Q out with its peers under ``peer_rescue_only``."""
+    now = 10_000.0
+    victim = _victim(_running("v", None, 600.0, now, WorkloadKind.SERVICE), now)
+    service = Pod("s", Resources.request(1000, 2**30), request_id="s", uid="s", class_name="bronze")
+    pending = qos.Instance(service, 400.0, 300.0)  # Q = 400 - 300 - 2 = 98 >= phi
+    assert qos.instance_q(pending, RESCUE) >= BRONZE.safety_margin_seconds
+    assert qos.may_preempt(victim, pending, RESCUE)
+
+
+def test_rescue_only_leaves_other_classes_alone() -> None:
+    """A silver batch pod that can still wait preempts a bronze one as the paper says (across classes)."""
+    now = 10_000.0
+    victim = _victim(_running("v", 7200.0, 600.0, now), now)
+    silver = Pod(
+        "g",
+        Resources.request(1000, 2**30),
+        request_id="g",
+        uid="g",
+        class_name="silver",
+        kind=WorkloadKind.BATCH,
+        runtime_seconds=600.0,
+    )
+    pending = qos.Instance(silver, 0.0, 5.0, remaining_seconds=600.0)
+    assert qos.instance_q(pending, RESCUE) >= DEFAULT_CLASSES["silver"].safety_margin_seconds
+    assert qos.may_preempt(victim, pending, RESCUE)
+
+
+def _pass(policy: qos.QosPolicy, waited: float) -> decide.Decision:
+    """One controller pass: a full 1-core node running a long task for 600 s, one 120-s peer gated ``waited`` s."""
+    now = 10_000.0
+    long = _running("long", 7200.0, 600.0, now)
+    node = Node("n", Resources(1000, 4 * 2**30, 110), pods=(long,), group=NodeGroup.BATCH)
+    gated = decide.GatedPod(_batch_pod("short", 120.0), "short", gated_since=now - waited)
+    accounts = {
+        "long": Account(
+            e=600.0,
+            p=0.0,
+            state=RequestState.RUNNING,
+            since=now,
+            admitted=now - 600.0,
+            class_name="bronze",
+            run_started=now - 600.0,
+            starts=1,
+        ),
+        "short": Account(
+            e=0.0, p=waited, state=RequestState.PENDING, since=now, admitted=now - waited, class_name="bronze"
+        ),
+    }
+    world = decide.World([node], {"default/long": "long"}, [gated], accounts, now)
+    return decide.decide(world, policy, decide.Settings(host_score="profile"), random.Random(1))
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_controller_pass_preempts_a_peer_only_to_rescue(monkeypatch: pytest.MonkeyPatch, vectorised: bool) -> None:
+    """The pass (vectorised eligibility and the per-node ``qos.feasibility`` walk alike) leaves the long task
+    running while the short one can still make its SLO, and preempts it once the short one is about to miss."""
+    monkeypatch.setattr(decide, "_VECTORISED", vectorised)
+    assert [e.victim_request for e in _pass(qos.QosPolicy(alpha_seconds=2.0), 30.0).evictions] == ["long"]
+    assert _pass(RESCUE, 30.0).evictions == ()  # Q = 120 - 30 - 2 = 88: it can wait
+    rescued = _pass(RESCUE, 115.0)  # Q = 3 < 10
+    assert [e.victim_request for e in rescued.evictions] == ["long"]
+    assert [(r.request, r.node) for r in rescued.releases] == [("short", "n")]
+
+
+def test_product_runs_the_rescue_rule() -> None:
+    """The product's shipped settings (sim `product`, config/ through the settings defaults) turn it on."""
+    from extender.settings.extender import ExtenderConfig
+    from extender.sim.product import ProductSettings
+
+    assert ProductSettings().qos_policy().peer_rescue_only
+    assert ExtenderConfig().policy.peer_rescue_only

@@ -503,6 +503,8 @@ class _Hosts:
             ok &= ~((self.current_run < policy.min_run_quantum_seconds) & ~waived)
         if policy.overhead_cap:
             ok &= ~(same & self.over_cap)
+        if policy.peer_rescue_only and q_p >= p_cls.safety_margin_seconds and qos.judged_at_completion(pending.pod):
+            ok &= ~same
         q_beats = self.q > q_p + np.where(same, policy.q_hysteresis_seconds, 0.0)
         base = self.q >= v_margin
         if not policy.relax_by_importance or q_p >= p_cls.safety_margin_seconds:

@@ -137,6 +137,7 @@ class ExtenderConfig(Settings):
             q_hysteresis_seconds=q.q_hysteresis_seconds,
             overhead_cap=q.overhead_cap,
             relax_by_importance=q.relax_by_importance,
+            peer_rescue_only=q.peer_rescue_only,
         )
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ class ProductSettings:
     q_hysteresis_seconds: float = qos.RECOMMENDED_HYSTERESIS_SECONDS  # qos.q_hysteresis_seconds
     overhead_cap: bool = True  # qos.overhead_cap
     relax_by_importance: bool = True  # qos.relax_by_importance
+    peer_rescue_only: bool = True  # qos.peer_rescue_only
     profile: str = "cost"  # scheduling.profile
     scaling_cycle_seconds: float = 300.0  # scheduling.scaling_cycle_seconds
     enforce_node_groups: bool = True  # node_groups.enforce
@@ -88,4 +89,5 @@ class ProductSettings:
             q_hysteresis_seconds=self.q_hysteresis_seconds,
             overhead_cap=self.overhead_cap,
             relax_by_importance=self.relax_by_importance,
+            peer_rescue_only=self.peer_rescue_only,
         )
