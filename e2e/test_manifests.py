@@ -246,13 +246,16 @@ def test_kind_overlay_renders_without_operator_crds() -> None:
 COMPOSITIONS = {  # test-only overlays: an overlay plus one Component (consolidation needs the kwok provider)
     "local+consolidation": ("local", "autoscaler/consolidation"),
 }
-OVERLAYS = ("agent", "autoscaler", "default", "local", "cluster-autoscaler", *COMPOSITIONS)
+OVERLAYS = ("agent", "autoscaler", "default", "local", "kind", "cluster-autoscaler", *COMPOSITIONS)
 NAMESPACES = {"kube-qos-system", "kube-qos-agent"}
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    out = {name: _render(name) for name in ("base", "agent", "autoscaler", "default", "local", "cluster-autoscaler")}
+    out = {
+        name: _render(name)
+        for name in ("base", "agent", "autoscaler", "default", "local", "kind", "cluster-autoscaler")
+    }
     for name, (base, component) in COMPOSITIONS.items():
         d = tmp_path_factory.mktemp(name.replace("+", "-"))  # kustomize wants relative paths, not absolute
         (d / "kustomization.yaml").write_text(
@@ -297,7 +300,8 @@ def test_new_kustomizations_render(rendered: dict[str, list[dict[str, Any]]], na
         for v in w["spec"]["template"]["spec"]["volumes"]:
             if "configMap" in v:
                 # qos-agent-ca: the agents' CA and the kubelets' serving CA, made by the install like the Secrets
-                assert v["configMap"]["name"] in cms | {"qos-agent-ca"}, (w["metadata"]["name"], v)
+                # qos-kwok-stages: kwok's stages, made by hack/kind-up.sh from the kwok module (config/kind)
+                assert v["configMap"]["name"] in cms | {"qos-agent-ca", "qos-kwok-stages"}, (w["metadata"]["name"], v)
             if "secret" in v:
                 assert v["secret"]["secretName"] in {
                     "qos-extender-tls",
@@ -308,6 +312,7 @@ def test_new_kustomizations_render(rendered: dict[str, list[dict[str, Any]]], na
                     "qos-autoscaler-agent-client",
                     "qos-autoscaler-cloud-provider-tls",  # config/cluster-autoscaler
                     "cluster-autoscaler-externalgrpc-client",  # config/cluster-autoscaler
+                    "qos-extender-metrics-client",  # config/kind's Prometheus
                 }, v
 
 
@@ -580,7 +585,7 @@ def _apply_for_real(docs: list[dict[str, Any]], path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("name", ["default", "local", "cluster-autoscaler", *COMPOSITIONS])
+@pytest.mark.parametrize("name", ["default", "local", "kind", "cluster-autoscaler", *COMPOSITIONS])
 def test_api_server_accepts_the_new_objects(
     rendered: dict[str, list[dict[str, Any]]], name: str, tmp_path: Path
 ) -> None:

@@ -46,6 +46,12 @@ LABEL=qos.kube-qos-extender.io/inputs
 mkdir -p "${WORK_DIR}" "${KIND_DIR}/bin"
 
 sha() { sha256sum | cut -c1-16; }
+# one build at a time (two kind-up runs may start together; the second waits, then finds the images current)
+exec 8> "${KIND_DIR}/.lock"
+if ! flock -n 8; then log "another hack/build-kind-node.sh is running: waiting"; flock 8; fi
+# A host whose root lacks CAP_SYS_RESOURCE (these CI machines) cannot let runc lower OOM scores: detected here,
+# the node's containerd then restricts oom_score_adj (restrict_oom_score_adj, as rootless setups do)
+if (( (16#$(sed -n 's/^CapBnd:[[:space:]]*//p' /proc/self/status) >> 24) & 1 )); then RESTRICT_OOM=false; else RESTRICT_OOM=true; fi
 command -v docker >/dev/null && docker info >/dev/null 2>&1 || {
   log "no docker engine answers: hack/build-image.sh starts one (and builds the project's images)"
   "${HACK_DIR}/build-image.sh" >&2
@@ -235,10 +241,10 @@ build_node() {
   install -m 0644 "${files}"/etc/sysctl.d/* "${dir}/etc/sysctl.d/"
   install -m 0644 "${files}"/etc/systemd/system/*.service "${files}"/etc/systemd/system/*.slice "${dir}/etc/systemd/system/"
   install -m 0644 "${files}"/etc/systemd/system/kubelet.service.d/* "${dir}/etc/systemd/system/kubelet.service.d/"
-  # kind's containerd config, three changes: kubeadm's pause tag; restrict_oom_score_adj (a runtime that may
-  # not lower OOM scores: these machines' root lacks CAP_SYS_RESOURCE; harmless elsewhere); the CNI template
+  # kind's containerd config, up to three changes: kubeadm's pause tag; the CNI template; restrict_oom_score_adj
+  # only where root lacks CAP_SYS_RESOURCE (RESTRICT_OOM, detected above)
   sed -e "s#sandbox_image = .*#sandbox_image = \"${PAUSE_TAG}\"#" \
-      -e 's#restrict_oom_score_adj = false#restrict_oom_score_adj = true#' "${files}/etc/containerd/config.toml" \
+      -e "s#restrict_oom_score_adj = false#restrict_oom_score_adj = ${RESTRICT_OOM}#" "${files}/etc/containerd/config.toml" \
     > "${dir}/etc/containerd/config.toml"
   printf '\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_template = "/etc/containerd/cni-template.json"\n' \
     >> "${dir}/etc/containerd/config.toml"
@@ -308,7 +314,7 @@ for pair in "${IMAGES[@]}"; do ids+="$(docker image inspect -f '{{.Id}}' "${pair
 NODE_INPUTS="$(cat <(printf '%s' "${ids}") <(basename "${ROOTFS_TAR}") <(tar -C "${KIND_SRC}/images/base" -c files | sha) \
   "${HACK_DIR}/kind/default-cni.yaml" "${HACK_DIR}/kind/containerd-cni.json" \
   <(for b in kubelet kubectl kubeadm containerd ctr containerd-shim-runc-v2 runc; do sha256sum < "${BIN_DIR}/${b}"; done) \
-  <(sha256sum < "${KIND_DIR}/bin/crictl") <(declare -f build_node) | sha)"
+  <(sha256sum < "${KIND_DIR}/bin/crictl") <(declare -f build_node) <(echo "${RESTRICT_OOM}") | sha)"
 
 if current "${NODE_IMAGE}" "${NODE_INPUTS}"; then
   log "node image ${NODE_IMAGE} is current (inputs ${NODE_INPUTS})"

@@ -6,8 +6,9 @@
 #
 # Usage: hack/kind-up.sh [GROUP:FLAVOUR=COUNT ...]   real kind workers, default service:m1.medium=1 batch:m1.large=1
 #          (kwok:GROUP:FLAVOUR=COUNT adds COUNT kwok nodes of that group and flavour, faked by the in-cluster kwok)
-#        hack/kind-up.sh --down                    delete the cluster, its port-forward and state, give the host
-#                                                  back the sysctls the kind kubelets changed
+#        hack/kind-up.sh --down [--purge]          delete the cluster, its port-forward and state, give the host
+#                                                  back the sysctls the kind kubelets changed; --purge also removes
+#                                                  the cached images hack/build-kind-node.sh made (rebuilt next run)
 # Environment:
 #   QOS_KIND_CLUSTER=qos-kind     cluster name (two runs with different names and states never collide: the API
 #   QOS_KIND_STATE=/tmp/qos-kind  server port and Prometheus' port-forward port are chosen free at start)
@@ -63,8 +64,18 @@ down() {
   rm -rf "${STATE}"
 }
 
+purge() {
+  local images
+  images="$(docker images --format '{{.Repository}}:{{.Tag}}' | grep -E '^(qos-kind-build/|qos-local/(kind-node|kwok|prometheus):)' || true)"
+  if [[ -n "${images}" ]]; then
+    log "purge: removing ${images//$'\n'/ }"
+    # shellcheck disable=SC2086
+    docker rmi ${images} >/dev/null
+  fi
+}
+
 case "${1:-}" in
-  --down) down; exit 0 ;;
+  --down) down; if [[ "${2:-}" == --purge ]]; then purge; fi; exit 0 ;;
   -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
 esac
 

@@ -308,8 +308,9 @@ def test_kwok_component_is_the_lab_provider_and_drops_what_only_ca_uses() -> Non
         ("Role", "qos-autoscaler-demand"),
         ("RoleBinding", "qos-autoscaler-demand"),
     }
-    local = _load(CONFIG / "local" / "kustomization.yaml")
-    assert local["components"] == ["../autoscaler/kwok"]
+    # the kwok provider and the registry-less Component ../offline: config/local and config/kind, never default
+    for overlay in ("local", "kind"):
+        assert _load(CONFIG / overlay / "kustomization.yaml")["components"] == ["../autoscaler/kwok", "../offline"]
     default = _load(CONFIG / "default" / "kustomization.yaml")
     assert "components" not in default or "../autoscaler/kwok" not in default["components"]
 
