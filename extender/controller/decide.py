@@ -498,12 +498,16 @@ class _Hosts:
         ok = self.alive.copy()
         if threshold is not None:
             ok &= self.priority <= threshold
+        peer_rule = policy.peer_rescue_only and qos.judged_at_completion(pending.pod)  # qos._may_preempt's
+        rescue = peer_rule and q_p < p_cls.safety_margin_seconds
         if policy.min_run_quantum_seconds > 0:
             waived = (p_cls.importance < v_imp) & (p_cls.slo >= 1.0 or q_p + policy.alpha_seconds < 0)
+            if rescue:
+                waived = waived | same
             ok &= ~((self.current_run < policy.min_run_quantum_seconds) & ~waived)
         if policy.overhead_cap:
             ok &= ~(same & self.over_cap)
-        if policy.peer_rescue_only and q_p >= p_cls.safety_margin_seconds and qos.judged_at_completion(pending.pod):
+        if peer_rule and not rescue:
             ok &= ~same
         q_beats = self.q > q_p + np.where(same, policy.q_hysteresis_seconds, 0.0)
         base = self.q >= v_margin

@@ -118,7 +118,10 @@ class QosPolicy:
         for victims; this applies it to the instance asking. Services keep the paper's rule: their availability
         is measured as they go, and evening Q out among peers is what holds each one at sigma (validation 1
         with services held to it too: bronze min 0.4855 instead of 0.4935). Preemption across classes is
-        unchanged.
+        unchanged. A rescue is not held back by ``min_run_quantum_seconds`` (as a violating more important
+        class is not): a task of a few seconds cannot wait two minutes for a peer's run to age, and the
+        hysteresis still asks the victim for ``q_hysteresis_seconds`` more margin than the rescued pod has
+        (first 5,000 Alibaba tasks: bronze SLO met 95.6 -> 97.6 %, preemptions 1,930 -> 2,182).
     """
 
     classes: Mapping[str, ServiceClass] = field(default_factory=_default_classes)
@@ -373,7 +376,8 @@ def may_preempt(victim: Instance, pending: Instance, policy: QosPolicy) -> bool:
          limit blocks, reaching it does not, so a gold instance (cap 0) can be preempted by gold only
          while it has never been preempted.
          Rescue only (ours, ``peer_rescue_only``): same class, Q_pending >= phi_pending and the pending pod
-         is judged at completion (a batch pod with a runtime) -> no.
+         is judged at completion (a batch pod with a runtime) -> no; below phi_pending (a rescue) the
+         quantum of step 1 is waived.
       3. base rule (§3.3.1): Q_victim > Q_pending and Q_victim >= phi_victim (the safety margin).
       4. relaxations (§3.3.1), only when both are below their margins (Q_k < phi_k and Q_j < phi_j):
          (i) pending's class is more important than victim's, or (ii) equally important and
@@ -393,20 +397,20 @@ def _may_preempt(victim: Instance, q_v: float, pending: Instance, q_p: float, po
         return False
     v_cls = policy.cls(victim.pod.class_name)
     p_cls = policy.cls(pending.pod.class_name)
+    # peer_rescue_only: between peers, a batch pod judged at completion preempts only as a rescue (below its
+    # safety margin), and a rescue is not held back by the quantum
+    peer_rule = policy.peer_rescue_only and v_cls.name == p_cls.name and judged_at_completion(pending.pod)
+    rescue = peer_rule and q_p < p_cls.safety_margin_seconds
     if (
         policy.min_run_quantum_seconds > 0
         and victim.current_run_seconds < policy.min_run_quantum_seconds
         and not (p_cls.importance < v_cls.importance and (p_cls.slo >= 1.0 or q_p + policy.alpha_seconds < 0))
+        and not rescue
     ):
         return False  # the quantum damps churn; a more important class that is violating skips it
     if policy.overhead_cap and v_cls.name == p_cls.name and _over_cap(victim, v_cls):
         return False
-    if (
-        policy.peer_rescue_only
-        and v_cls.name == p_cls.name
-        and q_p >= p_cls.safety_margin_seconds
-        and judged_at_completion(pending.pod)
-    ):
+    if peer_rule and not rescue:
         return False  # a peer that can still wait has no claim on its peer's room
     q_beats = q_v > q_p + (policy.q_hysteresis_seconds if v_cls.name == p_cls.name else 0.0)
     if q_v >= v_cls.safety_margin_seconds:
