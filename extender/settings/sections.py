@@ -353,8 +353,8 @@ class QosSettings(Settings):
     peer_rescue_only: bool = True
     """A pending batch pod with a runtime estimate preempts a pod of its own class only when its Q is below its
     class's safety margin (about to miss its SLO), and such a rescue is not held back by min_run_quantum_seconds;
-    false gives paper 002's rule (any peer with a lower Q). Services keep the paper's rule. On Alibaba 2017 the paper's rule bounced long tasks for peers that could still
-    wait (issue 33, extender/sim/README.md)."""
+    false gives paper 002's rule (any peer with a lower Q). Services keep the paper's rule. On Alibaba 2017 the
+    paper's rule bounced long tasks for peers that could still wait (issue 33, extender/sim/README.md)."""
 
 
 class ClassSettings(Settings):
