@@ -120,12 +120,10 @@ if ! probe_privileged; then
   QOS_DOCKERD_EXTRA_ARGS="--add-runtime qos-runc=${wrapper} --default-runtime qos-runc" "${HACK_DIR}/build-image.sh" >&2
   probe_privileged || { cat "${STATE}/probe.err" >&2; die "docker run --privileged still fails with ${wrapper}"; }
 fi
-if [[ -n "${QOS_KIND_NODE_IMAGE:-}" ]]; then
-  NODE_IMAGE="${QOS_KIND_NODE_IMAGE}"
-  [[ -x "${KIND_BIN}" ]] || { mkdir -p "$(dirname "${KIND_BIN}")"; GOBIN="$(dirname "${KIND_BIN}")" go install "sigs.k8s.io/kind@${KIND_VERSION}" >&2; }
-else
-  NODE_IMAGE="$("${HACK_DIR}/build-kind-node.sh" | sed -n 's/^KIND_NODE_IMAGE=//p')"
-fi
+# kind itself and the images config/kind names (kwok, Prometheus) are built here in any case; the node image too,
+# but an official one given in QOS_KIND_NODE_IMAGE is used instead (our images are then `kind load`ed below)
+NODE_IMAGE="$("${HACK_DIR}/build-kind-node.sh" | sed -n 's/^KIND_NODE_IMAGE=//p')"
+NODE_IMAGE="${QOS_KIND_NODE_IMAGE:-${NODE_IMAGE}}"
 [[ -n "${NODE_IMAGE}" ]] || die "no node image"
 log "images ready in $((SECONDS - start))s (node image ${NODE_IMAGE})"
 
@@ -170,9 +168,15 @@ done < <("${K[@]}" get nodes -l type=kind -o jsonpath='{range .items[*]}{.metada
 
 # ---------------------------------------------------------------- images the node image does not hold
 t=${SECONDS}
-"${KIND_BIN}" load image-archive "${QOS_CACHE}/images/kube-qos-extender.tar" --name "${CLUSTER}" >&2
+# into the workers only: our pods never run on the control plane (kwok and Prometheus' images are in the node image)
+WORKERS="$("${K[@]}" get nodes -l type=kind -o jsonpath='{.items[*].metadata.name}')"
+WORKERS="${WORKERS// /,}"
+"${KIND_BIN}" load image-archive "${QOS_CACHE}/images/kube-qos-extender.tar" --name "${CLUSTER}" --nodes "${WORKERS}" >&2
 if [[ -n "${QOS_KIND_NODE_IMAGE:-}" ]]; then  # an official node image: our other images are loaded too
-  for tar in kube-scheduler busybox; do "${KIND_BIN}" load image-archive "${QOS_CACHE}/images/${tar}.tar" --name "${CLUSTER}" >&2; done
+  for tar in kube-scheduler busybox; do
+    "${KIND_BIN}" load image-archive "${QOS_CACHE}/images/${tar}.tar" --name "${CLUSTER}" --nodes "${WORKERS}" >&2
+  done
+  "${KIND_BIN}" load docker-image "qos-local/kwok:${KWOK_VERSION}" qos-local/prometheus:bookworm --name "${CLUSTER}" >&2
 fi
 log "kind load: $((SECONDS - t))s"
 
