@@ -62,10 +62,16 @@ unit: helm tools
 unit: venv criu
 	$(BIN)/pytest -m "not live" tests
 
+# kind and its node image, built offline from our binaries (hack/build-kind-node.sh; cached, rebuilt when an
+# input changes): kind, kubeadm, crictl, coredns, kubeadm's component images, CRIU in the nodes.
+.PHONY: kind-node
+kind-node: tools criu image
+	hack/build-kind-node.sh
+
 # Tests against a real kube-apiserver / kube-scheduler / kwok / Prometheus. Uses $KUBECONFIG when given,
-# else two local clusters one after the other (hack/run-live-tests.sh): the host topology (kwok nodes), then
-# the product deployed for real (real kubelet nodes, the image, config/ applied: e2e/test_deployed.py).
-live: venv tools criu image
+# else local clusters one after the other (hack/run-live-tests.sh): the host topology (kwok nodes), then the
+# product as users install it on kind (hack/kind-up.sh: kind workers, the image, config/kind applied).
+live: venv tools criu image kind-node
 	hack/run-live-tests.sh
 
 e2e: live

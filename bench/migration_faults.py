@@ -93,6 +93,8 @@ class Cluster:
     batch: str
     service: str
     urls: dict[str, str] = field(default_factory=dict)
+    # "real-nodes" (hack/real-nodes.sh's kubelets on this host) or "kind" (hack/kind-up.sh: nodes are containers)
+    topology: str = "real-nodes"
 
     def run(self, *cmd: str, timeout: float = 120, check: bool = True) -> str:
         out = subprocess.run(list(cmd), env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -101,8 +103,23 @@ class Cluster:
         return out.stdout
 
     def ctr(self, node: str, *args: str, check: bool = True) -> str:
+        if self.topology == "kind":
+            return self.run("docker", "exec", node, "ctr", "-n", "k8s.io", *args, check=check)
         sock = f"/run/qos-local-nodes/{node}/containerd.sock"
         return self.run(str(self.bin_dir / "ctr"), "--address", sock, "-n", "k8s.io", *args, check=check)
+
+    def node_up(self, node: str) -> bool:
+        """The node's machine runs (its containerd answers where it should)."""
+        if self.topology == "kind":
+            return self.run("docker", "inspect", "-f", "{{.State.Running}}", node, check=False).strip() == "true"
+        return Path(f"/run/qos-local-nodes/{node}/containerd.sock").exists()
+
+    def restart_kubelet(self, node: str) -> None:
+        """The kubelet stopped and started again (it registers its Node again if that was deleted)."""
+        if self.topology == "kind":
+            self.run("docker", "exec", node, "systemctl", "restart", "kubelet", timeout=120)
+        else:
+            self.run(str(ROOT / "hack/real-nodes.sh"), "restart-kubelet", node, timeout=300)
 
     def kubectl(self, *args: str, timeout: float = 300) -> str:
         return self.run(str(self.bin_dir / "kubectl"), *args, timeout=timeout)
@@ -115,7 +132,7 @@ class Cluster:
 
     def counter_tasks(self, node: str, ns: str) -> list[str]:
         """Running containerd tasks of this namespace's counter containers on ``node``."""
-        if not Path(f"/run/qos-local-nodes/{node}/containerd.sock").exists():
+        if not self.node_up(node):
             return []
         ids = [ln.split()[0] for ln in self.ctr(node, "tasks", "ls").splitlines()[1:] if "RUNNING" in ln]
         out = []
@@ -274,7 +291,7 @@ class Bench:
             time.sleep(1.5)  # the last lines of a source deleted by the commit reach the follower
             source_log = follower.stop()
             if deleted:
-                self.c.run(str(ROOT / "hack/real-nodes.sh"), "restart-kubelet", dest, timeout=300)
+                self.c.restart_kubelet(dest)
                 kube.wait(lambda: _ready(_get(kube, f"/api/v1/nodes/{dest}")) or None, "node Ready", timeout=120)
             result.update(self._check(ns, src_cid, source_log, record, move))
         except Exception as exc:

@@ -30,7 +30,6 @@ from e2e.test_migration_real import _group_nodes
 
 pytestmark = [pytest.mark.live, pytest.mark.deployed]
 
-NODES_ROOT = Path("/var/lib/qos-local-nodes")
 # Every route of the agent (extender/agent/server.py make_app), with a body its handler would accept.
 ROUTES: list[tuple[str, str, Any]] = [
     ("POST", "/v1/migrations", {"workload": {"namespace": "x", "pod": "y"}, "destination": {"url": "https://a:1"}}),
@@ -116,9 +115,8 @@ def _running(p: Product, ns: str, name: str) -> dict[str, Any]:
     return result
 
 
-def _checkpoints(node: str) -> list[str]:
-    d = NODES_ROOT / node / "kubelet" / "checkpoints"
-    return sorted(f.name for f in d.iterdir()) if d.is_dir() else []
+def _checkpoints(p: Product, node: str) -> list[str]:
+    return p.node_ls(node, p.node_dir(node, "kubelet-checkpoints")) or []
 
 
 def _agent_pod(p: Product, node: str) -> str:
@@ -196,7 +194,7 @@ def test_authz_migrations_to_non_agents_and_of_kube_system_or_pods_not_opted_in_
              "namespace kube-system is never migrated", "policy"),
             ((namespace, "plain"), {"url": f"https://{dst_ip}:9443", "node": service}, "has not opted in", "policy"),
         ]  # fmt: skip
-        checkpoints = _checkpoints(batch)
+        checkpoints = _checkpoints(product, batch)
         metrics_before = _call(prom, "GET", f"{src}/metrics")[1]
         for i, ((ns, pod), dest, why, _) in enumerate(cases):
             mid = f"authz-{uuid.uuid4().hex[:8]}-{i}"
@@ -207,7 +205,7 @@ def test_authz_migrations_to_non_agents_and_of_kube_system_or_pods_not_opted_in_
             assert _call(ctl, "GET", f"{src}/v1/migrations/{mid}")[0] == 404
         metrics_after = _call(prom, "GET", f"{src}/metrics")[1]
         # no checkpoint was taken: none in the kubelet's directory, none timed by the agent
-        assert _checkpoints(batch) == checkpoints
+        assert _checkpoints(product, batch) == checkpoints
         count = "qos_extender_checkpoint_seconds_count"
         assert _metric(metrics_after, count) == _metric(metrics_before, count)
         for kind in ("destination", "policy"):
@@ -244,27 +242,28 @@ def test_identity_an_agents_credentials_cannot_checkpoint_or_migrate_on_another_
                               "subjectAltName"], capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert f"CN=qos-agent:{batch}" in subject.replace(" = ", "=") and _ip(product, batch) in subject
     assert _ip(product, service) not in subject
-    kubelet_ca = str(Path(env["QOS_STATE"]) / "certs" / "ca.crt")
+    # the kubelets' serving CA: the local CA on real nodes, the cluster CA on kind (hack/kind-up.sh prints it)
+    kubelet_ca = env.get("QOS_KUBELET_CA") or str(Path(env["QOS_STATE"]) / "certs" / "ca.crt")
     kctx = _ctx(kubelet_ca, str(stolen["kubelet.crt"]), str(stolen["kubelet.key"]))
     kube.create_pod(namespace, _pod("on-batch", batch, {}))
     kube.create_pod(namespace, _pod("on-service", service, {}))
     _running(product, namespace, "on-batch")
     _running(product, namespace, "on-service")
-    before = _checkpoints(service)
+    before = _checkpoints(product, service)
     # the kubelet of the other node asks the API server, which says no to qos-agent:<batch> there
     status, text = _call(kctx, "POST", f"https://{_ip(product, service)}:10250/checkpoint/{namespace}/on-service/c",
                          timeout=60)  # fmt: skip
     assert status == 403 and f"qos-agent:{batch}" in text, (status, text)
-    assert _checkpoints(service) == before
+    assert _checkpoints(product, service) == before
     # ... while on its own node the same credential works (the refusal above is about the node, not the cert)
-    mine = _checkpoints(batch)
+    mine = _checkpoints(product, batch)
     status, text = _call(kctx, "POST", f"https://{_ip(product, batch)}:10250/checkpoint/{namespace}/on-batch/c",
                          timeout=120)  # fmt: skip
     assert status == 200, (status, text)
-    made = sorted(set(_checkpoints(batch)) - set(mine))
+    made = sorted(set(_checkpoints(product, batch)) - set(mine))
     assert made, "the kubelet wrote the checkpoint archive"
     for name in made:
-        (NODES_ROOT / batch / "kubelet" / "checkpoints" / name).unlink(missing_ok=True)
+        product.node_rm(batch, f"{product.node_dir(batch, 'kubelet-checkpoints')}/{name}")
     # the stolen mTLS certificate on the other node's agent: no migration, no probe of its health, no metrics
     actx = _ctx(env["AGENT_CA"], str(stolen["tls.crt"]), str(stolen["tls.key"]))
     other = f"https://{_ip(product, service)}:9443"
@@ -274,4 +273,4 @@ def test_identity_an_agents_credentials_cannot_checkpoint_or_migrate_on_another_
                                   ("GET", "/metrics", None), ("PUT", "/v1/test/faults", {"faults": {}})):  # fmt: skip
         status, text = _call(actx, method, other + path, payload)
         assert status == 403, (method, path, status, text)
-    assert _checkpoints(service) == before
+    assert _checkpoints(product, service) == before

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -63,13 +62,14 @@ GI = 2**30
 
 
 class RealMachineProvider:
-    """The local STAND-IN FOR A CLOUD API for real nodes: ``delete`` deletes the Node object and stops the machine
-    (``hack/real-nodes.sh remove``). It buys nothing: nothing in this test is pending."""
+    """The local STAND-IN FOR A CLOUD API for the product's machines: ``delete`` deletes the Node object and stops
+    the machine (``Product.remove_machine``: kind's node container, or ``hack/real-nodes.sh remove``). It buys
+    nothing: nothing in this test is pending."""
 
     name = "real-nodes"
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
+    def __init__(self, machines_of: Product) -> None:
+        self.product = machines_of
         self.deleted: list[str] = []
 
     async def create(self, request: ProvisionRequest) -> None:
@@ -79,12 +79,7 @@ class RealMachineProvider:
         return None
 
     async def delete(self, node_name: str) -> None:
-        out = await asyncio.to_thread(
-            subprocess.run, [str(ROOT / "hack/real-nodes.sh"), "remove", node_name], env=self.env,
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
-        if out.returncode != 0:
-            raise RuntimeError(f"hack/real-nodes.sh remove {node_name} failed: {out.stderr[-2000:]}")
+        await asyncio.to_thread(self.product.remove_machine, node_name)
         self.deleted.append(node_name)
 
     async def close(self) -> None:
@@ -204,7 +199,7 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
             provisioned_only=False,  # real nodes are not bought by the autoscaler; this test owns them
         )
     )
-    machines = RealMachineProvider(env)
+    machines = RealMachineProvider(product)
 
     async def start() -> RunningAutoscaler:
         running = await start_autoscaler(config, settings, handoff=flow)
@@ -259,10 +254,10 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
 
     # the node is gone: from the API, from the machine
     assert source not in [n["metadata"]["name"] for n in kube.nodes()]
-    listing = subprocess.run([str(ROOT / "hack/real-nodes.sh"), "list"], env=env, capture_output=True, text=True,
-                             timeout=30, check=True).stdout  # fmt: skip
+    listing = product.machines()
     assert source not in listing and dest in listing, listing
-    assert not Path(f"/run/qos-local-nodes/{source}").exists()
+    if product.topology != "kind":
+        assert not Path(f"/run/qos-local-nodes/{source}").exists()
 
     # the counter runs on at the destination from the checkpoint: no reset, gap or repeat after the restore
     moved = kube.get(f"/api/v1/namespaces/{dest_ns}/pods/{dest_name}")

@@ -10,9 +10,10 @@ gated, released, filtered and bound by the in-cluster extender and really runs o
 the cluster) scrapes the in-cluster extender, the agent DaemonSet is Ready on every worker, and the autoscaler
 sidecar adds a kwok node (faked by the in-cluster kwok) for a pod no node can hold.
 
-The fixture also serves the real-node modules (test_migration_real, test_consolidation_real, ...: topology
-``real-nodes``, hack/local-up.sh real:...), which need CRIU on the nodes.
-Runs in phase 3 of hack/run-live-tests.sh (marker ``kind``); fails, never skips, without that cluster.
+The fixture serves every module marked ``deployed`` (migration, consolidation, co-location, the agents' identity,
+leader election) on either topology: ``kind`` (what CI runs: phase 3 of hack/run-live-tests.sh; CRIU is in the
+node image) or ``real-nodes`` (hack/local-up.sh real:..., phase 2 on demand: QOS_LIVE_PHASES=2).
+Fails, never skips, without such a cluster.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import yaml
 
 from lab.kube_sync import Kube, KubeError, http_json
 
-pytestmark = [pytest.mark.live, pytest.mark.deployed, pytest.mark.kind]
+pytestmark = [pytest.mark.live, pytest.mark.deployed]
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = "kube-qos-system"
@@ -78,6 +79,79 @@ class Product:
     def on_node(self, node: str) -> list[str]:
         """The prefix that runs a command in the node's own namespaces (PIDs from ``ctr`` are the node's)."""
         return ["docker", "exec", node] if self.topology == "kind" else []
+
+    def node_dir(self, node: str, what: str) -> str:
+        """Where, as the node sees its files, the kubelet keeps checkpoints (``kubelet-checkpoints``) and the agent
+        its journal and archives (``agent``): config/agent's paths on a kind node, per node under
+        /var/lib/qos-local-nodes on hack/real-nodes.sh's (config/local's subPathExpr)."""
+        if self.topology == "kind":
+            return {"kubelet-checkpoints": "/var/lib/kubelet/checkpoints", "agent": "/var/lib/kube-qos-extender/agent"}[
+                what
+            ]
+        return (
+            f"/var/lib/qos-local-nodes/{node}/"
+            + {"kubelet-checkpoints": "kubelet/checkpoints", "agent": "qos-agent"}[what]
+        )
+
+    def node_ls(self, node: str, path: str) -> list[str] | None:
+        """The names in a directory of the node (None: no such directory)."""
+        if self.topology == "kind":
+            out = subprocess.run(["docker", "exec", node, "ls", "-A", path], capture_output=True, text=True, timeout=30)
+            return sorted(out.stdout.split()) if out.returncode == 0 else None
+        d = Path(path)
+        return sorted(q.name for q in d.iterdir()) if d.is_dir() else None
+
+    def machines(self) -> list[str]:
+        """The machines behind the nodes, as the machine sees them (not the API): kind's node containers of this
+        cluster, or hack/real-nodes.sh's registry."""
+        if self.topology == "kind":
+            label = f"label=io.x-k8s.kind.cluster={self.env['KIND_CLUSTER']}"
+            out = _run(["docker", "ps", "-a", "--filter", label, "--format", "{{.Names}}"], self.env, 30)
+        else:
+            out = _run([str(ROOT / "hack/real-nodes.sh"), "list"], self.env, 30)
+        return sorted(line.split()[0] for line in out.splitlines() if line.strip())
+
+    def remove_machine(self, node: str) -> None:
+        """What a cloud does when the autoscaler deletes an instance: the Node object goes and the machine stops
+        (kind: its container removed; real nodes: hack/real-nodes.sh remove -- kubelet, containerd, netns, files)."""
+        if self.topology == "kind":
+            with contextlib.suppress(KubeError):
+                self.kube.delete_node(node)
+            _run(["docker", "rm", "-f", "-v", node], self.env, 120)
+        else:
+            _run([str(ROOT / "hack/real-nodes.sh"), "remove", node], self.env, 300)
+
+    def ctr_import(self, node: str, tar: Path) -> None:
+        """An image archive of this host into the node's containerd (k8s.io namespace)."""
+        if self.topology == "kind":
+            with tar.open("rb") as f:
+                out = subprocess.run(["docker", "exec", "-i", node, "ctr", "-n", "k8s.io", "images", "import", "-"],
+                                     stdin=f, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+            assert out.returncode == 0, out.stderr[-2000:]
+        else:
+            self.ctr(node, "images", "import", str(tar))
+
+    def restart_containerd(self, node: str, *, restore_via_create: bool) -> None:
+        """The node's containerd restarted with containerd's restore of checkpoints through CreateContainer on or
+        off (``false`` is what containerd 2.2.7+/2.3.4+ default to and 2.4 no longer has), config checked."""
+        want = f"enable_experimental_restore_via_create = {str(restore_via_create).lower()}"
+        if self.topology == "kind":
+            conf = "/etc/containerd/config.toml"
+            sed = f"s#enable_experimental_restore_via_create = .*#{want}#"
+            _run(["docker", "exec", node, "sed", "-i", sed, conf], self.env, 30)
+            _run(["docker", "exec", node, "systemctl", "restart", "containerd"], self.env, 120)
+            toml = _run(["docker", "exec", node, "cat", conf], self.env, 30)
+        else:
+            env = dict(self.env, QOS_NODE_RESTORE_VIA_CREATE=str(restore_via_create).lower())
+            _run([str(ROOT / "hack/real-nodes.sh"), "restart-containerd", node], env, 300)
+            toml = Path(f"/var/lib/qos-local-nodes/{node}/containerd.toml").read_text()
+        assert want in toml, toml
+
+    def node_rm(self, node: str, path: str) -> None:
+        if self.topology == "kind":
+            subprocess.run(["docker", "exec", node, "rm", "-f", path], capture_output=True, timeout=30, check=True)
+        else:
+            Path(path).unlink(missing_ok=True)
 
     def ctr(self, node: str, *args: str) -> str:
         if self.topology == "kind":  # the node is a container: its containerd answers on its own socket

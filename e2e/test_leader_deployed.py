@@ -5,8 +5,8 @@ not touched otherwise (probes still answer, no restart). Each replica's log line
 until "stopped acting") and the scans of the two pods never overlap, and the leadership moved both times.
 
 The same with two processes behind pausable proxies: tests/test_leader_live.py (phase 1).
-Runs in phase 3 of hack/run-live-tests.sh (markers ``live``, ``deployed`` and ``kind``), on the product fixture;
-it runs on the real-node topology as well (the container's PID and namespaces are the node's there).
+Runs in phase 3 of hack/run-live-tests.sh (markers ``live`` and ``deployed``), on the product fixture; it runs on
+the real-node topology as well (the container's PID and namespaces are the node's there).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from e2e.test_deployed import NS, Product, _run, product  # noqa: F401  (the module-scoped product fixture)
 
-pytestmark = [pytest.mark.live, pytest.mark.deployed, pytest.mark.kind]
+pytestmark = [pytest.mark.live, pytest.mark.deployed]
 
 LEASE = "qos-autoscaler"
 APP = "app.kubernetes.io/name=qos-autoscaler"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -42,7 +41,6 @@ from extender.settings.extender import ExtenderConfig, KubernetesConfig
 pytestmark = [pytest.mark.live, pytest.mark.deployed]
 
 GROUP = "qos.kube-qos-extender.io/node-group"
-NODES_ROOT = Path("/var/lib/qos-local-nodes")
 
 
 def _group_nodes(p: Product) -> tuple[str, str]:
@@ -218,9 +216,10 @@ def test_counter_pod_migrates_between_real_nodes_with_its_count(
 
     # archives cleaned up: both agents' archive directories for this migration, the kubelet's checkpoints
     for node, role in ((batch, "source"), (service, "destination")):
-        left = NODES_ROOT / node / "qos-agent" / "archives" / role / mid
-        assert not left.exists(), f"{left} left behind: {sorted(p.name for p in left.iterdir())}"
-    leftovers = sorted((NODES_ROOT / batch / "kubelet" / "checkpoints").glob("checkpoint-*.tar"))
+        left = f"{product.node_dir(node, 'agent')}/archives/{role}/{mid}"
+        assert product.node_ls(node, left) is None, f"{left} left behind on {node}: {product.node_ls(node, left)}"
+    checkpoints = product.node_ls(batch, product.node_dir(batch, "kubelet-checkpoints")) or []
+    leftovers = [n for n in checkpoints if n.startswith("checkpoint-") and n.endswith(".tar")]
     assert not leftovers, leftovers
     # one checkpoint per move (a kubelet checkpoint is whole: no pre-copy); its image stays in the destination's
     # containerd while the pod exists (a container restart restores from it)
@@ -267,7 +266,7 @@ def test_destination_runtime_refuses_the_restore_and_the_source_keeps_running(
     only_here = "localhost:1/qos-local/only-on-batch:1"
     tar = Path(product.env.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender"))) / "images/python.tar"
     assert tar.is_file(), f"{tar} missing: run hack/build-image.sh"
-    product.ctr(batch, "images", "import", str(tar))
+    product.ctr_import(batch, tar)
     product.ctr(batch, "images", "tag", "--force", "docker.io/qos-local/python:3.11-bookworm", only_here)
     product.ctr(batch, "images", "rm", "docker.io/qos-local/python:3.11-bookworm")
     assert only_here not in product.ctr(service, "images", "ls", "-q").split()
@@ -287,8 +286,8 @@ def test_destination_runtime_refuses_the_restore_and_the_source_keeps_running(
     # exactly one copy: the source pod, still the same container, still counting; the destination pod is gone
     _assert_source_kept(product, namespace, src_cid, batch)
     for node, role in ((batch, "source"), (service, "destination")):
-        left = NODES_ROOT / node / "qos-agent" / "archives" / role / mid
-        assert not left.exists(), left
+        left = f"{product.node_dir(node, 'agent')}/archives/{role}/{mid}"
+        assert product.node_ls(node, left) is None, (node, left)
     # the checkpoint image nobody runs was discarded by the destination agent
     image = ((result.get("record") or {}).get("restored_workload") or {}).get("image")
     assert image and "checkpoint image discarded" in result["reason"], result["reason"]
@@ -312,7 +311,7 @@ def test_faults_on_real_pods_end_with_one_copy_and_no_lost_progress(product: Pro
     from bench.migration_faults import Bench, Cluster, set_fault_flag
 
     batch, service = _group_nodes(product)
-    c = Cluster(product.env, product.kube, product.bin_dir, batch, service)
+    c = Cluster(product.env, product.kube, product.bin_dir, batch, service, topology=product.topology)
     set_fault_flag(c, True)
     bench = Bench(c)
     try:
@@ -344,15 +343,9 @@ def test_a_runtime_without_restore_refuses_cleanly_and_nothing_is_evicted(
     the checkpoint image discarded, the source never stopped and still counting, one copy."""
     kube = product.kube
     batch, service = _group_nodes(product)
-    script = str(Path(__file__).resolve().parents[1] / "hack/real-nodes.sh")
 
     def restart_containerd(restore: str) -> None:
-        env = dict(product.env, QOS_NODE_RESTORE_VIA_CREATE=restore)
-        out = subprocess.run([script, "restart-containerd", service], env=env, capture_output=True, text=True,
-                             timeout=300, check=False)  # fmt: skip
-        assert out.returncode == 0, out.stderr[-2000:]
-        toml = (NODES_ROOT / service / "containerd.toml").read_text()
-        assert f"enable_experimental_restore_via_create = {restore}" in toml
+        product.restart_containerd(service, restore_via_create=restore == "true")
         kube.wait(lambda: _ready(kube.get(f"/api/v1/nodes/{service}")) or None, "node Ready", timeout=120)
 
     restart_containerd("false")

@@ -41,6 +41,8 @@ DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
 NODE_PACKAGES=systemd,systemd-sysv,dbus,iptables,nftables,iproute2,conntrack,ethtool,util-linux,mount,kmod,procps
 NODE_PACKAGES+=,libseccomp2,ca-certificates,jq,containernetworking-plugins,socat,ebtables,bash,curl,pigz
+# CRIU's libraries (the binary is hack/build-criu.sh's: bookworm's criu 3.17 fails on kernels >= 6.13)
+NODE_PACKAGES+=,libprotobuf-c1,libnl-3-200,libnet1,libgnutls30,libbsd0,libuuid1
 NODE_IMAGE="qos-local/kind-node:${KUBE_VERSION}"
 LABEL=qos.kube-qos-extender.io/inputs
 mkdir -p "${WORK_DIR}" "${KIND_DIR}/bin"
@@ -64,6 +66,9 @@ for b in kubelet kubectl kube-apiserver kube-controller-manager kube-scheduler k
          containerd-shim-runc-v2 runc; do
   [[ -x "${BIN_DIR}/${b}" ]] || { log "${b} missing: hack/build-tools.sh"; "${HACK_DIR}/build-tools.sh" >&2; break; }
 done
+# CRIU in the nodes: the kubelet's checkpoints and containerd's restores (the node agent's migrations)
+CRIU_BIN="${QOS_CACHE}/criu-${CRIU_VERSION}/criu"
+[[ -x "${CRIU_BIN}" ]] || "${HACK_DIR}/build-criu.sh" --no-check >&2
 
 # ------------------------------------------------------------------------------------------------ binaries
 go_install() { # <name> <package@version>: `go install` of a pinned module version into ${KIND_DIR}/bin
@@ -246,6 +251,10 @@ build_node() {
   sed -e "s#sandbox_image = .*#sandbox_image = \"${PAUSE_TAG}\"#" \
       -e "s#restrict_oom_score_adj = false#restrict_oom_score_adj = ${RESTRICT_OOM}#" "${files}/etc/containerd/config.toml" \
     > "${dir}/etc/containerd/config.toml"
+  # restores of kubelet checkpoint archives through CreateContainer (containerd 2.1-2.3; the node agent's
+  # migrations, as on hack/real-nodes.sh's nodes)
+  sed -i 's#^\[plugins."io.containerd.grpc.v1.cri"\]$#&\n  enable_experimental_restore_via_create = true#' "${dir}/etc/containerd/config.toml"
+  grep -q enable_experimental_restore_via_create "${dir}/etc/containerd/config.toml" || die "kind's containerd config changed: no [plugins.\"io.containerd.grpc.v1.cri\"]"
   printf '\n[plugins."io.containerd.grpc.v1.cri".cni]\n  conf_template = "/etc/containerd/cni-template.json"\n' \
     >> "${dir}/etc/containerd/config.toml"
   grep -q "sandbox_image = \"${PAUSE_TAG}\"" "${dir}/etc/containerd/config.toml" || die "kind's containerd config changed: no sandbox_image"
@@ -265,11 +274,15 @@ build_node() {
   for b in containerd ctr containerd-shim-runc-v2; do install -m 0755 "${BIN_DIR}/${b}" "${dir}/usr/local/bin/"; done
   install -m 0755 "${KIND_DIR}/bin/crictl" "${dir}/usr/local/bin/"
   install -m 0755 "${BIN_DIR}/runc" "${dir}/usr/local/sbin/runc"
+  install -m 0755 "${CRIU_BIN}" "${dir}/usr/local/sbin/criu"
   for b in kubelet kubectl kubeadm; do install -m 0755 "${BIN_DIR}/${b}" "${dir}/usr/bin/"; done
   for b in /usr/lib/cni/*; do [[ -e "${dir}${b}" ]] && ln -sf "${b}" "${dir}/opt/cni/bin/$(basename "${b}")"; done
   # containerd's base OCI spec as kind makes it (+ its mount-product-files hook, without rlimits)
-  "${BIN_DIR}/ctr" oci spec | jq '.hooks.createContainer[.hooks.createContainer | length] |= . + {"path": "/kind/bin/mount-product-files.sh"}' \
-    | jq 'del(.process.rlimits)' > "${dir}/etc/containerd/cri-base.json"
+  "${BIN_DIR}/ctr" oci spec | python3 -c 'import json, sys
+spec = json.load(sys.stdin)
+spec.setdefault("hooks", {}).setdefault("createContainer", []).append({"path": "/kind/bin/mount-product-files.sh"})
+spec["process"].pop("rlimits", None)
+json.dump(spec, sys.stdout, indent=4)' > "${dir}/etc/containerd/cri-base.json"
   echo "${KUBE_VERSION}" > "${dir}/kind/version"
   # the images, into the node's content store: a private containerd on the host whose root is the node's
   local cd="${WORK_DIR}/kind-containerd" sock pid pair
@@ -314,7 +327,7 @@ for pair in "${IMAGES[@]}"; do ids+="$(docker image inspect -f '{{.Id}}' "${pair
 NODE_INPUTS="$(cat <(printf '%s' "${ids}") <(basename "${ROOTFS_TAR}") <(tar -C "${KIND_SRC}/images/base" -c files | sha) \
   "${HACK_DIR}/kind/default-cni.yaml" "${HACK_DIR}/kind/containerd-cni.json" \
   <(for b in kubelet kubectl kubeadm containerd ctr containerd-shim-runc-v2 runc; do sha256sum < "${BIN_DIR}/${b}"; done) \
-  <(sha256sum < "${KIND_DIR}/bin/crictl") <(declare -f build_node) <(echo "${RESTRICT_OOM}") | sha)"
+  <(sha256sum < "${KIND_DIR}/bin/crictl") <(sha256sum < "${CRIU_BIN}") <(declare -f build_node) <(echo "${RESTRICT_OOM}") | sha)"
 
 if current "${NODE_IMAGE}" "${NODE_INPUTS}"; then
   log "node image ${NODE_IMAGE} is current (inputs ${NODE_INPUTS})"

@@ -32,11 +32,11 @@ KUBECTL_BIN="${BIN_DIR}/kubectl"
 KCFG="${STATE}/kubeconfig"
 SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
 
-stop_forward() {
+stop_forward() { # the port-forward's supervisor loop is a process group of its own (setsid)
   local f="${STATE}/port-forward.pid" pid
   [[ -s "${f}" ]] || return 0
   pid="$(cat "${f}")"
-  if grep -q port-forward "/proc/${pid}/cmdline" 2>/dev/null; then kill "${pid}" 2>/dev/null || true; fi
+  if grep -q qos-kind-port-forward "/proc/${pid}/cmdline" 2>/dev/null; then kill -- "-${pid}" 2>/dev/null || true; fi
   rm -f "${f}"
 }
 
@@ -142,9 +142,13 @@ for spec in specs:
         workers.append({"role": "worker", "labels": {"type": "kind",
             "qos.kube-qos-extender.io/node-group": group, "node.kubernetes.io/instance-type": flavour}})
 cfg["nodes"] = [n for n in cfg["nodes"] if n["role"] == "control-plane"] + workers
+# The kubelets serve certificates signed by the cluster CA (serverTLSBootstrap; kind-up approves their CSRs), so
+# the node agents can verify the kubelet they checkpoint through; the checkpoint API is on (ContainerCheckpoint).
+kubelet = "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\nserverTLSBootstrap: true\n"
 if v1:  # kubelet >= 1.35 refuses cgroup v1 unless told (harmless on v2, but only added where needed)
-    cfg.setdefault("kubeadmConfigPatches", []).append(
-        "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\nfailCgroupV1: false\n")
+    kubelet += "failCgroupV1: false\n"
+cfg.setdefault("kubeadmConfigPatches", []).append(kubelet)
+cfg.setdefault("featureGates", {})["ContainerCheckpoint"] = True
 yaml.safe_dump(cfg, open(out, "w"), sort_keys=False)
 PY
 if ! "${KIND_BIN}" get clusters 2>/dev/null | grep -qx "${CLUSTER}"; then
@@ -158,6 +162,21 @@ else
 fi
 export KUBECONFIG="${KCFG}"
 K=("${KUBECTL_BIN}" --kubeconfig "${KCFG}")
+# the kubelets' serving certificates (serverTLSBootstrap): approved here, as a cluster's kubelet-serving CSR
+# approver would (kube-controller-manager signs them with the cluster CA; it approves only client CSRs itself)
+approve_serving() {
+  local want="$1" csrs
+  for _ in $(seq 1 60); do
+    csrs="$("${K[@]}" get csr -o jsonpath='{range .items[?(@.spec.signerName=="kubernetes.io/kubelet-serving")]}{.metadata.name}{" "}{.status.certificate}{"\n"}{end}')"
+    while read -r name cert; do
+      [[ -n "${name}" && -z "${cert}" ]] && "${K[@]}" certificate approve "${name}" >/dev/null
+    done <<< "${csrs}"
+    (( $(grep -c . <<< "${csrs}") >= want )) && return 0
+    sleep 1
+  done
+  die "fewer than ${want} kubelet-serving CSRs after 60 s"
+}
+approve_serving "$("${K[@]}" get nodes --no-headers | grep -c .)"
 
 # the workers' prices, as hack/real-nodes.sh and the kwok provider annotate theirs (config/flavours.yaml)
 while read -r node flavour; do
@@ -206,6 +225,16 @@ print(yaml.safe_dump_all(nodes))
 PY
 done
 
+# the kubelets Prometheus scrapes for /metrics/resource (config/kind/prometheus.yaml, job kubelet-resource)
+"${K[@]}" create namespace kube-qos-system --dry-run=client -o yaml | "${K[@]}" apply --server-side -f - >&2
+"${K[@]}" get nodes -l type=kind -o json | python3 -c '
+import json, sys
+targets = [{"targets": [next(a["address"] for a in n["status"]["addresses"] if a["type"] == "InternalIP") + ":10250"],
+            "labels": {"node": n["metadata"]["name"]}} for n in json.load(sys.stdin)["items"]]
+json.dump(targets, open(sys.argv[1], "w"))' "${STATE}/kubelets.json"
+"${K[@]}" -n kube-qos-system create configmap qos-prometheus-kubelets --from-file=kubelets.json="${STATE}/kubelets.json" \
+  --dry-run=client -o yaml | "${K[@]}" apply --server-side -f - >&2
+
 # ---------------------------------------------------------------- the product
 CA_DIR="${STATE}/certs"
 mkdir -p "${CA_DIR}"
@@ -224,8 +253,10 @@ log "deploy: $((SECONDS - t))s"
 # ---------------------------------------------------------------- Prometheus on 127.0.0.1
 stop_forward
 PROM_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-setsid "${KUBECTL_BIN}" --kubeconfig "${KCFG}" -n kube-qos-system port-forward --address 127.0.0.1 \
-  service/qos-prometheus "${PROM_PORT}:9090" > "${STATE}/port-forward.log" 2>&1 < /dev/null &
+# kubectl port-forward ends with the pod it picked (a restart, a rollout): a loop starts it again
+setsid bash -c 'while :; do "$@"; sleep 1; done' qos-kind-port-forward "${KUBECTL_BIN}" --kubeconfig "${KCFG}" \
+  -n kube-qos-system port-forward --address 127.0.0.1 service/qos-prometheus "${PROM_PORT}:9090" \
+  > "${STATE}/port-forward.log" 2>&1 < /dev/null &
 echo $! > "${STATE}/port-forward.pid"
 for _ in $(seq 1 100); do curl -fsS "http://127.0.0.1:${PROM_PORT}/-/ready" >/dev/null 2>&1 && break; sleep 0.2; done
 curl -fsS "http://127.0.0.1:${PROM_PORT}/-/ready" >/dev/null || die "Prometheus not reachable through the port-forward"
@@ -238,6 +269,8 @@ trap - EXIT
   echo "QOS_TOPOLOGY=kind"
   echo "QOS_OVERLAY=config/kind"
   echo "QOS_KUBELET_CA=${STATE}/kubelet-ca.crt"
+  # the API server as pods reach it (the kubeconfig's 127.0.0.1 address is the host's port mapping)
+  echo "KUBE_APISERVER_URL=https://$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "${CLUSTER}-control-plane"):6443"
   echo "KIND_CLUSTER=${CLUSTER}"
   echo "KIND=${KIND_BIN}"
   echo "KIND_NODE_IMAGE=${NODE_IMAGE}"

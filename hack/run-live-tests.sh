@@ -1,26 +1,24 @@
 #!/usr/bin/env bash
-# Run the tests marked `live` (tests/ and e2e/) against a real control plane, in two clusters one after the
-# other:
+# Run the tests marked `live` (tests/ and e2e/) against real clusters, one after the other:
 #  1. the full local topology (hack/local-up.sh with QOS_WITH_EXTENDER=1: the real extender as a host process,
 #     the marker managedResources, Prometheus scraping it; kwok nodes made by each test): every `live` test
 #     except those marked `deployed`;
-#  2. the product as users install it (marker `deployed`): a cluster whose host kube-scheduler serves only
-#     default-scheduler, with real kubelet nodes (hack/real-nodes.sh), into which e2e/test_deployed.py imports
-#     the image built by hack/build-image.sh and applies config/ (hack/deploy-local.sh); Prometheus scrapes the
-#     real kubelets' /metrics/resource there (e2e/test_colocation_real.py: a batch pod on a real node's slack):
-#     the tests that need CRIU on the nodes (migration, consolidation, the agents' identity) and the real
-#     kubelets' resource metrics;
-#  3. the product on kind (marker `kind`; hack/kind-up.sh: a kind cluster with two workers, kwok and Prometheus
-#     in it, config/kind applied): e2e/test_deployed.py. The cluster is deleted afterwards (`kind export logs`
-#     into $QOS_KIND_STATE's sibling .logs directory first, on failure), the host sysctls checked as in phase 2.
+#  2. (on demand: QOS_LIVE_PHASES=2) the product on this project's own real kubelet nodes (hack/real-nodes.sh:
+#     kubelets + containerd in network namespaces of this host; the host kube-scheduler serves only
+#     default-scheduler): the tests marked `deployed`, config/local applied by hack/deploy-local.sh;
+#  3. the product as users install it, on kind (hack/kind-up.sh: a control plane and three workers, one service
+#     and two batch, CRIU in the node image; kwok and Prometheus in the cluster; config/kind applied): every test
+#     marked `deployed` (test_deployed, migration and its faults, consolidation, co-location, the agents'
+#     identity, leader election). The cluster is deleted afterwards (`kind export logs` into $QOS_KIND_STATE.logs
+#     first, on failure); no kind container may be left and the host must have its sysctls back.
 # With KUBECONFIG set, that cluster is used as it is for phase 1 only (it must run the extender: e2e needs
 # EXTENDER_URL, EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too). Each cluster lives under its own
-# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 2 3" selects phases.
+# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 3" (the default) selects phases.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 PYTEST="${ROOT}/.venv/bin/pytest"
-PHASES="${QOS_LIVE_PHASES:-1 2 3}"
+PHASES="${QOS_LIVE_PHASES:-1 3}"
 SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
 
 check_sysctls() { # <before> <what>: the host got back the sysctls the kubelets changed
@@ -47,7 +45,7 @@ run_in_kind() { # <pytest args...>
     }
     trap cleanup EXIT
     t0=${SECONDS}
-    out="$(hack/kind-up.sh)" || { echo "kind-up failed" >&2; exit 1; }
+    out="$(hack/kind-up.sh service:m1.medium=1 batch:m1.large=2)" || { echo "kind-up failed" >&2; exit 1; }
     echo "kind-up: $((SECONDS - t0)) s" >&2
     while IFS= read -r line; do [[ "${line}" == *=* ]] && export "${line?}"; done <<< "${out}"
     t1=${SECONDS}
@@ -106,13 +104,13 @@ for phase in ${PHASES}; do
     2) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
        run_in_cluster "${QOS_DEPLOYED_STATE:-/tmp/qos-ci-deployed}" QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 \
          QOS_MANIFESTS_DIR=none hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=2 -- \
-         -m "deployed and not kind" e2e "$@" || rc=$?
+         -m deployed e2e "$@" || rc=$?
        # local-down must remove everything real nodes made (namespaces, links, cgroups, mounts, processes)
        hack/real-nodes.sh leftovers || rc=1
        # ... and give the host back the sysctls its kubelets changed
        check_sysctls "${host_sysctls}" "the real nodes" || rc=1 ;;
     3) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
-       run_in_kind -m kind e2e "$@" || rc=$?
+       run_in_kind -m deployed e2e "$@" || rc=$?
        # --down deletes every container and the network kind made, and restores the host's sysctls
        if docker ps -a --filter "label=io.x-k8s.kind.cluster=${QOS_KIND_CLUSTER:-qos-ci}" -q | grep -q .; then
          echo "kind containers left after hack/kind-up.sh --down" >&2
