@@ -23,6 +23,7 @@ from extender.processes import agent as agent_process
 from extender.processes import autoscaler as autoscaler_process
 from extender.processes import issuer as issuer_process
 from extender.processes import serve as serve_process
+from extender.processes import ungate as ungate_process
 from extender.settings import SettingsError
 from extender.settings.extender import ExtenderConfig, deep_merge, parse_config
 
@@ -241,6 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     scaler = sub.add_parser("autoscaler", help="run the autoscaler sidecar (kwok | cluster-autoscaler expander)")
     autoscaler_process.add_autoscaler_arguments(scaler)
     scaler.set_defaults(func=autoscaler_process.run_autoscaler_command)
+
+    ungate = sub.add_parser(
+        "ungate",
+        help="uninstall: delete the ordering webhook, then release every pod our scheduling gate holds",
+    )
+    ungate_process.add_ungate_arguments(ungate)
+    ungate.set_defaults(func=ungate_process.run_ungate_command)
 
     return parser
 

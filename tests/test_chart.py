@@ -16,6 +16,7 @@ import copy
 import os
 import re
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,21 @@ def test_helm_lint_strict(helm: str) -> None:
     for values in ({}, {"autoscaler.mode": "externalgrpc", "colocation.enabled": "true"}, {"agent.enabled": "false"}):
         out = _run([helm, "lint", "--strict", str(CHART), *_sets(values)])
         assert "0 chart(s) failed" in out, out
+
+
+def test_the_packaged_chart_carries_config_files_and_renders_the_same(helm: str, tmp_path: Path) -> None:
+    """`helm package` follows files/' links into config/: the .tgz a user installs holds those files (and not
+    config/'s kustomize plumbing or lab parts, .helmignore) and renders exactly what the chart directory does."""
+    out = _run([helm, "package", str(CHART), "-d", str(tmp_path)])
+    (tgz,) = tmp_path.glob("kube-qos-extender-*.tgz")
+    assert str(tgz) in out
+    with tarfile.open(tgz) as tar:
+        names = set(tar.getnames())
+    assert "kube-qos-extender/files/base/deployment.yaml" in names
+    assert not [n for n in names if n.endswith("kustomization.yaml") or "/kwok/" in n or "/consolidation/" in n]
+    for values in ({}, {"autoscaler.mode": "externalgrpc", "colocation.enabled": "true"}):
+        packaged = _run([helm, "template", "qos", str(tgz), *_sets(values)])
+        assert packaged == _run([helm, "template", "qos", str(CHART), *_sets(values)])
 
 
 # --------------------------------------------------------------------------- the same objects as config/
@@ -292,3 +308,58 @@ def test_bad_values_fail_with_a_clear_message(helm: str, values: dict[str, str],
         [helm, "template", "qos", str(CHART), *_sets(values)], capture_output=True, text=True, timeout=60
     )
     assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------ uninstall releases the gate
+
+
+def test_uninstall_hook_runs_ungate_with_exactly_what_it_calls(helm: str) -> None:
+    """`helm uninstall` first runs `qos-extender ungate` (pre-delete Job): its identity may list and patch pods
+    and delete our webhook configuration, the calls extender/processes/ungate.py makes, and nothing else."""
+    from extender.cli import build_parser
+    from extender.processes import ungate
+
+    docs = render(helm)
+    hooks = {(d["kind"], d["metadata"]["name"]): d for d in docs if HOOK in (d["metadata"].get("annotations") or {})}
+    assert set(hooks) == {("ServiceAccount", "qos-ungate"), ("ClusterRole", "qos-ungate"),
+                          ("ClusterRoleBinding", "qos-ungate"), ("Job", "qos-ungate")}  # fmt: skip
+    for d in hooks.values():
+        assert d["metadata"]["annotations"][HOOK] == "pre-delete"
+    weight = {k: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for k, d in hooks.items()}
+    assert weight[("Job", "qos-ungate")] > max(w for k, w in weight.items() if k[0] != "Job")  # identity first
+    job = hooks[("Job", "qos-ungate")]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.func is ungate.run_ungate_command and args.webhook == ungate.DEFAULT_WEBHOOK and not args.dry_run
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert container["image"] == f"ghcr.io/kube-qos-extender/kube-qos-extender:{app_version}"
+    (webhook,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    assert webhook["metadata"]["name"] == ungate.DEFAULT_WEBHOOK  # the one it deletes is the one installed
+    rules = {
+        (group, resource, verb, tuple(rule.get("resourceNames", ())))
+        for rule in hooks[("ClusterRole", "qos-ungate")]["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert rules == {
+        ("", "pods", "list", ()),
+        ("", "pods", "patch", ()),
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "delete", (ungate.DEFAULT_WEBHOOK,)),
+    }
+    source = Path(ungate.__file__).read_text()
+    calls = set(re.findall(r"\.(list_\w+|patch_\w+|delete_\w+|create_\w+|read_\w+|replace_\w+)\(", source))
+    assert calls == {
+        "list_pod_for_all_namespaces",
+        "list_namespaced_pod",  # --namespace: covered by the cluster-wide list grant
+        "patch_namespaced_pod",
+        "delete_mutating_webhook_configuration",
+    }
+    binding = hooks[("ClusterRoleBinding", "qos-ungate")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "qos-ungate", "namespace": "kube-qos-system"}]
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "qos-ungate"
+
+
+def test_no_hook_without_the_controller_or_when_turned_off(helm: str) -> None:
+    for values in ({"uninstall.ungate": "false"}, {"controller.enabled": "false"}):
+        assert not [d for d in render(helm, values) if HOOK in (d["metadata"].get("annotations") or {})]

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from extender.controller.accounting import ACCOUNT_ANNOTATION, Account, RequestState
 from extender.controller.loop import QosController
 from extender.controller.metrics import ControllerMetrics
+from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.controller.state import TrackingSnapshot
 from extender.settings.extender import ExtenderConfig
 
@@ -312,6 +313,8 @@ async def test_with_nothing_gated_watch_events_do_not_each_start_a_pass(held: tu
     running["spec"].pop("schedulingGates")
     running["spec"]["nodeName"] = "n1"
     running["status"] = {"phase": "Running"}
+    # admitted by our webhook (and released since): a pod without the annotation bypassed admission and gets a PATCH
+    running["metadata"]["annotations"] = {INSTANCE_ANNOTATION: CONFIG.controller.instance}
     snap.replace_pods([running], "1", now=0.0)
     ctl = QosController(client, snap, CONFIG, ControllerMetrics(registry), clock=lambda: 100.0)
     runner = asyncio.create_task(ctl.run())

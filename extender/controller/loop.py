@@ -61,6 +61,7 @@ from extender.controller.patches import (
     route_known,
 )
 from extender.controller.state import PodInfo, TrackingSnapshot
+from extender.core.gates import BYPASS_ANNOTATION, GateView, bypassed_admission
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod
 from extender.core.qos import availability
 from extender.core.slack import node_groups_for
@@ -176,6 +177,10 @@ class QosController:
         self._dirty: set[str] = set()
         self._evicting: dict[str, float] = {}
         self._released: dict[str, tuple[str | None, float]] = {}
+        # pods counted as having bypassed admission in this term (uid -> key) until the watch shows our mark, and
+        # the PATCHes that mark them
+        self._bypass_counted: dict[str, str] = {}
+        self._bypass_tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self.concurrency = self.cfg.release_concurrency  # release PATCHes (and their evictions) in flight
         self._sem = asyncio.Semaphore(self.concurrency)
@@ -296,8 +301,14 @@ class QosController:
         writer = asyncio.create_task(self._writer(), name="controller-writer")
         namespaces = asyncio.create_task(self._namespaces_loop(), name="controller-namespaces")
         rebuild = True
+        me = asyncio.current_task()
         try:
             while True:
+                # Python 3.11's asyncio.wait_for returns the inner result when the wait completes in the same loop
+                # iteration as a cancel(), and the CancelledError is lost: the task stays "cancelling" and this loop
+                # would go on acting after its term ended (seen as a hung stop once a mark's PATCH shifted timing).
+                if me is not None and me.cancelling():
+                    raise asyncio.CancelledError
                 try:
                     await self.reconcile(rebuild=rebuild)
                     rebuild = False
@@ -325,7 +336,7 @@ class QosController:
         finally:
             # No PATCH or eviction may leave a controller that stopped (lost the lease, shutting down): all are
             # cancelled before any is awaited, or a queued release would take a freed slot and send its PATCH.
-            tasks = (writer, namespaces, *self._applying)
+            tasks = (writer, namespaces, *self._applying, *self._bypass_tasks)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -425,6 +436,7 @@ class QosController:
         now = self.clock()
         snap = self.snapshot
         mine = self.mine()
+        self._count_bypassed(mine)
         class_of = {k: snap.pods[k].pod.class_name for k in mine if k in snap.pods}
         obs = observe(
             self.accounts,
@@ -499,6 +511,52 @@ class QosController:
                 },
             )
         return decision
+
+    # ------------------------------------------------------------------------------ admission bypassed
+
+    def _count_bypassed(self, mine: Mapping[str, PodInfo]) -> None:
+        """Count (metric + Warning Event) each pod of this instance that bypassed the ordering webhook
+        (``core.gates.bypassed_admission``), and mark it so that no later pass or term counts it again. Its
+        account is kept like any other pod's (it is in ``mine``); only its Q order was lost."""
+        live = {i.uid for i in mine.values()}
+        for uid in [u for u in self._bypass_counted if u not in live]:
+            del self._bypass_counted[uid]  # the pod is gone (or no longer this instance's)
+        views = [
+            GateView(key, i.gated, i.instance, i.bypass_marked, deleting=i.deleting)
+            for key, i in mine.items()
+            if i.uid not in self._bypass_counted
+        ]
+        for key in bypassed_admission(views):
+            info = mine[key]
+            self._bypass_counted[info.uid] = key
+            task = asyncio.create_task(self._mark_bypassed(key, info.uid), name=f"bypassed {key}")
+            self._bypass_tasks.add(task)
+            task.add_done_callback(self._bypass_tasks.discard)
+
+    async def _mark_bypassed(self, key: str, uid: str) -> None:
+        namespace, name = key.split("/", 1)
+        # metadata.uid: only this incarnation of the pod (a PATCH naming another uid is refused)
+        body = {"metadata": {"uid": uid, "annotations": {BYPASS_ANNOTATION: self.cfg.instance}}}
+        try:
+            await read_json(
+                await self.core.patch_namespaced_pod(
+                    name, namespace, body, _preload_content=False, _request_timeout=self.timeout
+                )
+            )
+        except (ApiError, OSError, TimeoutError) as exc:
+            # not marked: counted by the next pass (a pod that is gone leaves the snapshot and is never counted)
+            self._bypass_counted.pop(uid, None)
+            log.warning("cannot mark a pod that bypassed admission", extra={"pod": key, "error": str(exc)})
+            return
+        self.metrics.admission_bypassed.inc()
+        self._event(
+            key,
+            uid,
+            "QoSAdmissionBypassed",
+            "created without the QoS admission webhook (it did not answer; failurePolicy Ignore): not gated, so "
+            f"scheduled without Q ordering; accounted by controller instance {self.cfg.instance}",
+            "Warning",
+        )
 
     # ------------------------------------------------------------------------------------- re-queue
 

@@ -155,6 +155,12 @@ class ControllerMetrics:
             ["outcome"],
             registry=r,
         )
+        self.admission_bypassed = Counter(
+            "qos_extender_controller_admission_bypassed",
+            "qos-scheduler pods of this instance created without our admission webhook (it did not answer and its "
+            "failurePolicy is Ignore): scheduled without Q ordering, still accounted. Each pod once (annotated).",
+            registry=r,
+        )
         self.leader = Gauge(
             "qos_extender_controller_leader",
             "1 while this replica holds the controller's Lease (or runs without leader election), else 0. "

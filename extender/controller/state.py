@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.controller.patches import INSTANCE_ANNOTATION
+from extender.core.gates import BYPASS_ANNOTATION
 from extender.kube.convert import Problem, is_terminal, parse_timestamp, pod_key
 from extender.kube.snapshot import Snapshot
 from extender.settings.extender import ExtenderConfig
@@ -40,6 +41,7 @@ class PodInfo:
     account_text: str | None = None  # our annotation on a bare pod (its own request)
     instance: str | None = None  # the controller instance whose webhook gated it (annotation), None: not gated
     unschedulable: bool = False  # PodScheduled False, reason Unschedulable: kube-scheduler tried and found no node
+    bypass_marked: bool = False  # counted as having bypassed admission (core.gates.BYPASS_ANNOTATION) already
 
 
 def _pinned(spec: Mapping[str, Any]) -> str | None:
@@ -108,6 +110,7 @@ def pod_info(obj: Mapping[str, Any], gate: str, account_annotation: str) -> PodI
         account_text=annotations.get(account_annotation) if isinstance(annotations, dict) else None,
         instance=_instance(annotations),
         unschedulable=unschedulable,
+        bypass_marked=isinstance(annotations, dict) and BYPASS_ANNOTATION in annotations,
     )
 
 
