@@ -137,7 +137,11 @@ def assert_same(chart: list[dict[str, Any]], kust: list[dict[str, Any]]) -> None
 
 
 def test_helm_lint_strict(helm: str) -> None:
-    for values in ({}, {"autoscaler.mode": "externalgrpc", "colocation.enabled": "true"}, {"agent.enabled": "false"}):
+    for values in (
+        {},
+        {"autoscaler.mode": "externalgrpc", "colocation.enabled": "true", "criticalPriorityQuota.enabled": "true"},
+        {"agent.enabled": "false"},
+    ):
         out = _run([helm, "lint", "--strict", str(CHART), *_sets(values)])
         assert "0 chart(s) failed" in out, out
 
@@ -363,3 +367,24 @@ def test_uninstall_hook_runs_ungate_with_exactly_what_it_calls(helm: str) -> Non
 def test_no_hook_without_the_controller_or_when_turned_off(helm: str) -> None:
     for values in ({"uninstall.ungate": "false"}, {"controller.enabled": "false"}):
         assert not [d for d in render(helm, values) if HOOK in (d["metadata"].get("annotations") or {})]
+
+
+def test_critical_priority_quota_covers_exactly_the_classes_our_pods_use(helm: str) -> None:
+    """Managed clusters that admit system-*-critical pods outside kube-system only under a matching ResourceQuota
+    (issue 31's third silent path): criticalPriorityQuota renders one per namespace whose scope is exactly the
+    priority classes of the pods the chart runs there (a workload moved to another class would be refused)."""
+    assert not [d for d in render(helm) if d["kind"] == "ResourceQuota"]  # off by default: config/default's objects
+    docs = render(helm, {"criticalPriorityQuota.enabled": "true"})
+    used: dict[str, set[str]] = {}
+    for d in docs:
+        if d["kind"] in ("Deployment", "DaemonSet"):
+            cls = d["spec"]["template"]["spec"].get("priorityClassName")
+            if cls and cls.startswith("system-"):
+                used.setdefault(d["metadata"]["namespace"], set()).add(cls)
+    quotas = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "ResourceQuota"}
+    assert set(quotas) == set(used) == {"kube-qos-system", "kube-qos-agent"}
+    for ns, quota in quotas.items():
+        (expr,) = quota["spec"]["scopeSelector"]["matchExpressions"]
+        assert expr["scopeName"] == "PriorityClass" and expr["operator"] == "In"
+        assert set(expr["values"]) == used[ns], ns
+        assert int(quota["spec"]["hard"]["pods"]) >= 1000
