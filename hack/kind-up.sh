@@ -95,7 +95,7 @@ chmod 700 "${STATE}"
 on_failure() {
   log "kind-up failed: logs in ${STATE}.logs, tearing down"
   rm -rf "${STATE}.logs"
-  [[ -x "${KIND_BIN}" ]] && "${KIND_BIN}" export logs "${STATE}.logs" --name "${CLUSTER}" >/dev/null 2>&1
+  if [[ -x "${KIND_BIN}" ]]; then "${KIND_BIN}" export logs "${STATE}.logs" --name "${CLUSTER}" >/dev/null 2>&1 || true; fi
   down
 }
 trap 'rc=$?; if ((rc != 0)); then on_failure; fi' EXIT
