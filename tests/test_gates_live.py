@@ -89,7 +89,8 @@ async def test_a_pod_created_without_admission_is_counted_once_and_accounted() -
         running = await start(_config(kubeconfig, run, "a"))
         ctl = await _eventually(lambda: _controller(running), "the restarted replica to lead again", timeout=10.0)
         await _eventually(lambda: _passes(ctl), "the restarted controller's first pass")
-        await _eventually(lambda: _passes_at_least(ctl, ctl.passes + 2), "two more passes")
+        later = ctl.passes + 2
+        await _eventually(lambda: _passes_at_least(ctl, later), "two more passes")
         assert _bypassed(running) == 0 and f"{run}/bypassed" in ctl.accounts
         assert len(await warned()) == 1
     finally:
