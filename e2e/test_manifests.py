@@ -300,8 +300,10 @@ def test_new_kustomizations_render(rendered: dict[str, list[dict[str, Any]]], na
         for v in w["spec"]["template"]["spec"]["volumes"]:
             if "configMap" in v:
                 # qos-agent-ca: the agents' CA and the kubelets' serving CA, made by the install like the Secrets
-                # qos-kwok-stages: kwok's stages, made by hack/kind-up.sh from the kwok module (config/kind)
-                assert v["configMap"]["name"] in cms | {"qos-agent-ca", "qos-kwok-stages"}, (w["metadata"]["name"], v)
+                # made by hack/kind-up.sh for config/kind: kwok's stages (from the kwok module) and the kubelets
+                # its Prometheus scrapes (from the cluster's nodes)
+                made = {"qos-agent-ca", "qos-kwok-stages", "qos-prometheus-kubelets"}
+                assert v["configMap"]["name"] in cms | made, (w["metadata"]["name"], v)
             if "secret" in v:
                 assert v["secret"]["secretName"] in {
                     "qos-extender-tls",
