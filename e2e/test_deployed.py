@@ -1,7 +1,7 @@
 """The product as users install it, deployed for real (issues 12, 30), on kind.
 
-A kind cluster from ``hack/kind-up.sh`` (a control plane and two kind workers labelled node-group service and
-batch; kind built offline here, the official kindest/node elsewhere), into which hack/kind-up.sh loads the image
+A kind cluster from ``hack/kind-up.sh`` (a control plane and kind workers labelled node-group service and batch:
+one and two in CI; kind built offline here, the official kindest/node elsewhere), into which hack/kind-up.sh loads the image
 built by ``hack/build-image.sh`` and applies config/kind through ``hack/deploy-local.sh`` (config/kind =
 config/default + the Components it shares with config/local). The module deploys again (idempotent) and checks
 what a platform team would: the qos-scheduler Deployment (kube-scheduler + extender sidecar) runs as real
