@@ -1,8 +1,8 @@
 """The product as users install it, deployed for real (issues 12, 30), on kind.
 
 A kind cluster from ``hack/kind-up.sh`` (a control plane and kind workers labelled node-group service and batch:
-one and two in CI; kind built offline here, the official kindest/node elsewhere), into which hack/kind-up.sh loads the image
-built by ``hack/build-image.sh`` and applies config/kind through ``hack/deploy-local.sh`` (config/kind =
+one and two in CI; kind built offline here, the official kindest/node elsewhere), into which hack/kind-up.sh loads
+the image built by ``hack/build-image.sh`` and applies config/kind through ``hack/deploy-local.sh`` (config/kind =
 config/default + the Components it shares with config/local). The module deploys again (idempotent) and checks
 what a platform team would: the qos-scheduler Deployment (kube-scheduler + extender sidecar) runs as real
 containers and wins its leases, the apiserver reaches the admission webhook served by a pod, a qos pod is
