@@ -3,9 +3,9 @@
 # image of KUBE_VERSION holding every image kubeadm asks for. On a machine with a registry none of this is
 # needed: hack/kind-up.sh then uses the official kindest/node (QOS_KIND_NODE_IMAGE=kindest/node:<version>).
 #
-#   binaries   kind (sigs.k8s.io/kind ${KIND_VERSION}), kubeadm (k8s.io/kubernetes, hack/tools), crictl
-#              (sigs.k8s.io/cri-tools ${CRICTL_VERSION}), coredns (github.com/coredns/coredns ${COREDNS_VERSION});
-#              the rest from hack/build-tools.sh (kubelet, kubectl, control plane, etcd, containerd, runc)
+#   binaries   kind (sigs.k8s.io/kind ${KIND_VERSION}), crictl (sigs.k8s.io/cri-tools ${CRICTL_VERSION}), coredns
+#              (github.com/coredns/coredns ${COREDNS_VERSION}); the rest from hack/build-tools.sh (kubeadm,
+#              kubelet, kubectl, control plane, etcd, containerd, runc)
 #   images     registry.k8s.io/{kube-apiserver,kube-controller-manager,kube-scheduler,kube-proxy}:${KUBE_VERSION},
 #              etcd:${KIND_ETCD_TAG} (our etcd under kubeadm's tag), coredns/coredns:${COREDNS_VERSION},
 #              pause:3.10.1 (hack/build-image.sh's) -- a static binary in a minimal rootfs (`docker import`);
@@ -62,7 +62,7 @@ docker info >/dev/null 2>&1 || die "the docker engine does not answer \`docker i
 
 export GOMODCACHE="${QOS_CACHE}/go/mod" GOCACHE="${QOS_CACHE}/go/build" GOTOOLCHAIN=local GOFLAGS="-buildvcs=false"
 export CGO_ENABLED=0
-for b in kubelet kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy etcd containerd ctr \
+for b in kubelet kubectl kubeadm kube-apiserver kube-controller-manager kube-scheduler kube-proxy etcd containerd ctr \
          containerd-shim-runc-v2 runc; do
   [[ -x "${BIN_DIR}/${b}" ]] || { log "${b} missing: hack/build-tools.sh"; "${HACK_DIR}/build-tools.sh" >&2; break; }
 done
@@ -83,22 +83,6 @@ go_install() { # <name> <package@version>: `go install` of a pinned module versi
 go_install kind "sigs.k8s.io/kind@${KIND_VERSION}"
 go_install crictl "sigs.k8s.io/cri-tools/cmd/crictl@${CRICTL_VERSION}"
 go_install coredns "github.com/coredns/coredns@${COREDNS_VERSION}"
-if [[ "${FORCE}" == 1 || ! -x "${BIN_DIR}/kubeadm" || "$(cat "${BIN_DIR}/.kubeadm.version" 2>/dev/null)" != "${KUBE_VERSION}" ]]; then
-  log "kubeadm: building k8s.io/kubernetes/cmd/kubeadm ${KUBE_VERSION} (hack/tools)"
-  start=${SECONDS}
-  minor="${KUBE_VERSION#v1.}"
-  minor="${minor%%.*}"
-  flags="-s -w"
-  for p in "gitVersion=${KUBE_VERSION}" "gitMajor=1" "gitMinor=${minor}" "gitCommit=${KUBE_GIT_COMMIT}" \
-           "gitTreeState=clean" "buildDate=${KUBE_BUILD_DATE}"; do
-    flags+=" -X k8s.io/component-base/version.${p} -X k8s.io/client-go/pkg/version.${p}"
-  done
-  (cd "${HACK_DIR}/tools" && GOFLAGS="-buildvcs=false -mod=readonly" go build -trimpath -tags providerless \
-    -ldflags "${flags}" -o "${BIN_DIR}/.kubeadm.tmp" k8s.io/kubernetes/cmd/kubeadm)
-  mv -f "${BIN_DIR}/.kubeadm.tmp" "${BIN_DIR}/kubeadm"
-  echo "${KUBE_VERSION}" > "${BIN_DIR}/.kubeadm.version"
-  log "kubeadm: built in $((SECONDS - start))s"
-fi
 KIND_SRC="$(cd "${HACK_DIR}/tools" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kind@${KIND_VERSION}" \
   | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
 [[ -d "${KIND_SRC}/images/base/files" ]] || die "kind's base image files not found in ${KIND_SRC}"

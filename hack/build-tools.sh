@@ -4,6 +4,7 @@
 #   kwok                                                           (sigs.k8s.io/kwok, hack/tools/kwok)
 #   etcd                                                           (go.etcd.io/etcd/server/v3, hack/tools/etcd)
 #   kubelet kube-proxy                                             (k8s.io/kubernetes, hack/tools: real nodes)
+#   kubeadm                                                        (k8s.io/kubernetes, hack/tools: kind's nodes)
 #   containerd ctr containerd-shim-runc-v2                         (containerd v2, hack/tools/containerd)
 #   runc                                                           (opencontainers/runc, hack/tools/runc; cgo)
 #   CNI plugins, iptables, libseccomp                              (Debian packages containernetworking-plugins ...)
@@ -199,7 +200,7 @@ total_start=${SECONDS}
 if [[ "${SYNC}" == 1 ]]; then sync_modules; fi
 check_modules
 
-for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
+for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kubeadm; do
   build_go "${TOOLS_DIR}" "${cmd}" "${KUBE_VERSION}" "k8s.io/kubernetes/cmd/${cmd}" \
     -tags providerless -ldflags "$(kube_ldflags)"
 done
