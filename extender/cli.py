@@ -21,6 +21,7 @@ from extender.consolidation.settings import ConsolidationSettings, parse_consoli
 from extender.core.model import InvalidInputError
 from extender.processes import agent as agent_process
 from extender.processes import autoscaler as autoscaler_process
+from extender.processes import certs as certs_process
 from extender.processes import issuer as issuer_process
 from extender.processes import serve as serve_process
 from extender.processes import ungate as ungate_process
@@ -238,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     issuer = sub.add_parser("agent-issuer", help="issue the agents' per-node certificates (CSR approver and signer)")
     issuer_process.add_issuer_arguments(issuer)
     issuer.set_defaults(func=issuer_process.run_issuer_command)
+
+    certs = sub.add_parser(
+        "certs", help="keep the certificates the parts mount: authorities, leaves, webhook caBundle (no port)"
+    )
+    certs_process.add_certs_arguments(certs)
+    certs.set_defaults(func=certs_process.run_certs_command)
 
     scaler = sub.add_parser("autoscaler", help="run the autoscaler sidecar (kwok | cluster-autoscaler expander)")
     autoscaler_process.add_autoscaler_arguments(scaler)

@@ -32,7 +32,7 @@ CONFIG = ROOT / "config"
 
 # kustomize's configMapGenerator names (a content hash is appended to each)
 GENERATED = ("qos-scheduler-config", "qos-extender-config", "qos-grafana-dashboard", "qos-agent-config",
-             "qos-autoscaler-config")  # fmt: skip
+             "qos-autoscaler-config", "qos-certs-config")  # fmt: skip
 _HASHED = re.compile(r"^(" + "|".join(map(re.escape, GENERATED)) + r")-[a-z0-9]{10}$")
 HELM_LABELS = ("app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "helm.sh/chart")
 HOOK = "helm.sh/hook"
@@ -71,8 +71,19 @@ def _sets(values: dict[str, str]) -> list[str]:
     return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
 
 
-def render(helm: str, values: dict[str, str] | None = None, extra: list[str] | None = None) -> list[dict[str, Any]]:
-    text = _run([helm, "template", "qos", str(CHART), *_sets(values or {}), *(extra or [])])
+# what a cluster with prometheus-operator serves: the chart renders each of these kinds only where the cluster has it
+# (`helm install` asks the cluster; `helm template` knows only what --api-versions says)
+MONITORING = tuple(f"monitoring.coreos.com/v1/{kind}" for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule"))
+WITH_MONITORING = [a for api in MONITORING for a in ("--api-versions", api)]
+
+
+def render(
+    helm: str, values: dict[str, str] | None = None, extra: list[str] | None = None, *, apis: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """`helm template` as for a cluster with prometheus-operator's CRDs (config/default's prerequisite), unless
+    ``apis`` says which --api-versions to pass instead."""
+    args = WITH_MONITORING if apis is None else apis
+    text = _run([helm, "template", "qos", str(CHART), *_sets(values or {}), *(extra or []), *args])
     return [d for d in yaml.safe_load_all(text) if d]
 
 
@@ -157,8 +168,8 @@ def test_the_packaged_chart_carries_config_files_and_renders_the_same(helm: str,
     assert "kube-qos-extender/files/base/deployment.yaml" in names
     assert not [n for n in names if n.endswith("kustomization.yaml") or "/kwok/" in n or "/consolidation/" in n]
     for values in ({}, {"autoscaler.mode": "externalgrpc", "colocation.enabled": "true"}):
-        packaged = _run([helm, "template", "qos", str(tgz), *_sets(values)])
-        assert packaged == _run([helm, "template", "qos", str(CHART), *_sets(values)])
+        packaged = _run([helm, "template", "qos", str(tgz), *_sets(values), *WITH_MONITORING])
+        assert packaged == _run([helm, "template", "qos", str(CHART), *_sets(values), *WITH_MONITORING])
 
 
 # --------------------------------------------------------------------------- the same objects as config/
@@ -170,12 +181,14 @@ def test_default_values_render_config_default(helm: str, kubectl: str, tmp_path:
 
 
 def test_scheduler_only_renders_config_base(helm: str, kubectl: str, tmp_path: Path) -> None:
-    values = {"controller.enabled": "false", "agent.enabled": "false", "autoscaler.mode": "off"}
+    values = {"controller.enabled": "false", "agent.enabled": "false", "autoscaler.mode": "off",
+              "certificates.mode": "manual"}  # fmt: skip
     assert_same(render(helm, values), kustomize(kubectl, tmp_path, ["base"]))
 
 
 def test_agent_alone_renders_config_agent(helm: str, kubectl: str, tmp_path: Path) -> None:
-    values = {"scheduler.enabled": "false", "controller.enabled": "false", "autoscaler.mode": "off"}
+    values = {"scheduler.enabled": "false", "controller.enabled": "false", "autoscaler.mode": "off",
+              "certificates.mode": "manual"}  # fmt: skip
     assert_same(render(helm, values), kustomize(kubectl, tmp_path, ["agent"]))
 
 
@@ -183,7 +196,12 @@ def test_externalgrpc_renders_the_cloud_provider_component(helm: str, kubectl: s
     """autoscaler.mode externalgrpc = config/default + config/cluster-autoscaler/cloud-provider (one replica,
     Recreate, port 8086 and its certificate, the Service, the kwok backend's node writes)."""
     got = render(helm, {"autoscaler.mode": "externalgrpc"})
-    assert_same(got, kustomize(kubectl, tmp_path, ["default"], ("cluster-autoscaler/cloud-provider",)))
+    kust = kustomize(kubectl, tmp_path, ["default"], ("cluster-autoscaler/cloud-provider",))
+    # qos-certs also keeps the externalgrpc pair there (test_certificates_cover_every_mounted_secret)
+    assert_same(
+        [d for d in got if d["metadata"]["name"] != "qos-certs-config"],
+        [d for d in kust if not d["metadata"]["name"].startswith("qos-certs-config")],
+    )
 
 
 def test_colocation_adds_the_slack_component_and_turns_slack_on(helm: str, kubectl: str, tmp_path: Path) -> None:
@@ -208,6 +226,18 @@ def test_autoscaler_off_and_monitoring_off_leave_their_objects_out(helm: str) ->
     assert not [d for d in docs if "autoscaler" in d["metadata"]["name"]]
     assert not [d for d in docs if d["metadata"]["name"] == "qos-grafana-dashboard"]
     assert any(d["kind"] == "Deployment" and d["metadata"]["name"] == "qos-scheduler" for d in docs)
+
+
+def test_default_values_on_a_cluster_without_prometheus_operator(helm: str, kubectl: str, tmp_path: Path) -> None:
+    """`helm install` with default values works on a bare cluster: each prometheus-operator kind is rendered only
+    where the cluster serves it (everything else is config/default's); the dashboard ConfigMap needs no CRD."""
+    operator = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+    bare = render(helm, apis=[])
+    assert not {d["kind"] for d in bare} & operator
+    assert_same(bare, [d for d in kustomize(kubectl, tmp_path, ["default"]) if d["kind"] not in operator])
+    assert any(d["metadata"]["name"] == "qos-grafana-dashboard" for d in bare)
+    only_rules = render(helm, apis=["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"])
+    assert {d["kind"] for d in only_rules} & operator == {"PrometheusRule"}
 
 
 # ----------------------------------------------------------------------------------- values that adjust
@@ -277,13 +307,88 @@ def test_a_flavour_change_rolls_the_pods(helm: str, tmp_path: Path) -> None:
 def test_webhook_ca_bundle_replaces_cert_manager_and_pod_cidrs_narrow_admission(helm: str, tmp_path: Path) -> None:
     values = tmp_path / "v.yaml"
     controller = {"webhook": {"caBundle": "Q0EK"}, "admissionPodCIDRs": ["192.168.0.0/16", "10.0.0.0/8"]}
-    values.write_text(yaml.safe_dump({"controller": controller}))
+    values.write_text(yaml.safe_dump({"controller": controller, "certificates": {"mode": "manual"}}))
     docs = render(helm, extra=["-f", str(values)])
     (hook,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     assert "cert-manager.io/inject-ca-from" not in (hook["metadata"].get("annotations") or {})
     assert [w["clientConfig"]["caBundle"] for w in hook["webhooks"]] == ["Q0EK"]
     (pol,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "qos-extender-admission"]
     assert pol["spec"]["ingress"][0]["from"][0]["ipBlock"]["except"] == ["192.168.0.0/16", "10.0.0.0/8"]
+
+
+def test_certificates_self_renders_no_ca_bundle_and_manual_can_name_cert_manager(helm: str) -> None:
+    """Mode self (default) renders the webhook without caBundle or cert-manager annotation: qos-certs injects it,
+    and `helm upgrade` (a three-way merge) never takes back a field the chart does not render. Mode manual with
+    certManagerCertificate hands the injection to cert-manager's cainjector; manual with neither leaves it empty."""
+    (hook,) = [d for d in render(helm) if d["kind"] == "MutatingWebhookConfiguration"]
+    assert not (hook["metadata"].get("annotations") or {})
+    assert all("caBundle" not in w["clientConfig"] for w in hook["webhooks"])
+    values = {"certificates.mode": "manual", "controller.webhook.certManagerCertificate": "kube-qos-system/serving"}
+    docs = render(helm, values)
+    (hook,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
+    assert hook["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "kube-qos-system/serving"}
+    assert not [d for d in docs if d["metadata"]["name"].startswith("qos-certs")]
+
+
+def _mounted_secrets(docs: list[dict[str, Any]]) -> set[str]:
+    """namespace/name of every Secret a rendered pod mounts, service-account tokens left out."""
+    tokens = {
+        f"{d['metadata']['namespace']}/{d['metadata']['name']}"
+        for d in docs
+        if d["kind"] == "Secret" and d.get("type") == "kubernetes.io/service-account-token"
+    }
+    out = set()
+    for d in docs:
+        if d["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for v in d["spec"]["template"]["spec"].get("volumes") or []:
+            if "secret" in v:
+                out.add(f"{d['metadata']['namespace']}/{v['secret']['secretName']}")
+    return out - tokens
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"autoscaler.mode": "externalgrpc"},
+        {"agent.enabled": "false"},
+        {"autoscaler.mode": "off", "controller.enabled": "false"},
+        {"scheduler.enabled": "false", "controller.enabled": "false"},
+        {"scheduler.enabled": "false", "controller.enabled": "false", "autoscaler.mode": "off"},
+    ],
+)
+def test_certificates_cover_every_mounted_secret(helm: str, values: dict[str, str]) -> None:
+    """No Secret by hand: with certificates.mode self, every Secret a rendered pod mounts is one qos-certs keeps
+    (an authority or a leaf), and it keeps nothing no pod mounts; the webhook it injects and the agents' trust
+    ConfigMap are there exactly when their parts are. The keeper's file is loaded by the keeper's own settings."""
+    from extender.certs.settings import CertsConfig
+    from extender.settings import load_settings
+
+    docs = render(helm, values)
+    cm = _configmap(docs, "qos-certs-config")
+    config = load_settings(CertsConfig, yaml.safe_load(cm["certs.yaml"])["certs"], "certs.yaml")
+    kept = {f"{a.namespace}/{a.secret}" for a in config.authorities} | {c.key for c in config.certificates}
+    mounted = _mounted_secrets(docs)
+    # Prometheus mounts the scrape client certificates (its own pods are not ours); the qos CA is signing-only
+    prometheus = {"kube-qos-system/qos-extender-metrics-client", "kube-qos-agent/qos-agent-metrics-client"}
+    assert mounted <= kept, f"mounted but nobody makes them: {sorted(mounted - kept)}"
+    signing_only = {"kube-qos-system/qos-ca", "kube-qos-system/cluster-autoscaler-externalgrpc-client"}
+    assert kept - mounted <= prometheus | signing_only
+    hooks = {d["metadata"]["name"] for d in docs if d["kind"] == "MutatingWebhookConfiguration"}
+    assert {w.name for w in config.webhooks} == hooks
+    agents = any(d["kind"] == "DaemonSet" for d in docs)
+    assert bool(config.trust_configmaps) == agents
+    roles = {(d["metadata"].get("namespace"), d["kind"]) for d in docs if d["metadata"]["name"] == "qos-certs"}
+    assert (("kube-qos-agent", "Role") in roles) == agents
+
+
+def test_leaf_lifetime_comes_from_values(helm: str) -> None:
+    from extender.certs.settings import CertsConfig
+    from extender.settings import load_settings
+
+    cm = _configmap(render(helm, {"certificates.leafLifetimeHours": "24"}), "qos-certs-config")
+    assert load_settings(CertsConfig, yaml.safe_load(cm["certs.yaml"])["certs"], "x").leaf_lifetime_hours == 24.0
 
 
 def test_images_come_from_values(helm: str) -> None:
@@ -305,6 +410,7 @@ def test_images_come_from_values(helm: str) -> None:
         ({"scheduler.enabled": "false"}, "controller.enabled needs scheduler.enabled"),
         ({"controller.enabled": "false", "colocation.enabled": "true"}, "colocation.enabled needs controller.enabled"),
         ({"flavours": "m1.large"}, "flavours must be a list"),
+        ({"certificates.mode": "cert-manager"}, "certificates.mode must be self or manual"),
     ],
 )
 def test_bad_values_fail_with_a_clear_message(helm: str, values: dict[str, str], message: str) -> None:

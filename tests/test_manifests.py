@@ -416,9 +416,20 @@ METHODS: dict[str, set[Rule]] = {
     "read_cluster_role_binding": {("rbac.authorization.k8s.io", "clusterrolebindings", "get")},
     "replace_cluster_role_binding": {("rbac.authorization.k8s.io", "clusterrolebindings", "update")},
     "delete_cluster_role_binding": {("rbac.authorization.k8s.io", "clusterrolebindings", "delete")},
+    # qos-certs (extender/certs/keeper.py): its Secrets, the agents' trust ConfigMap, the webhook's caBundle
+    "read_namespaced_secret": {("", "secrets", "get")},
+    "create_namespaced_secret": {("", "secrets", "create")},
+    "replace_namespaced_secret": {("", "secrets", "update")},
+    "read_namespaced_config_map": {("", "configmaps", "get")},
+    "create_namespaced_config_map": {("", "configmaps", "create")},
+    "replace_namespaced_config_map": {("", "configmaps", "update")},
+    "read_mutating_webhook_configuration": {("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "get")},
+    "replace_mutating_webhook_configuration": {
+        ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "update")
+    },
 }
 _CALL = re.compile(
-    r"(?:\b_core|\b_custom|\b_leases|\bself\.(?:certs|core|rbac)|(?<![\w\"/.-])(?:certs|rbac)|CoreV1Api\([^()]*\))"
+    r"(?:\b_core|\b_custom|\b_leases|\bself\.(?:certs|core|rbac|admission)|(?<![\w\"/.-])(?:certs|rbac)|CoreV1Api\([^()]*\))"
     r"\.(\w+)(\s*\()?"
 )
 
@@ -429,7 +440,8 @@ def api_rules(*files: str) -> set[Rule]:
     for f in files:
         text = (ROOT / f).read_text()
         other = re.findall(r"\b(\w+V\d\w*Api|CustomObjectsApi)\(", text)
-        known = {"CoreV1Api", "CustomObjectsApi", "CoordinationV1Api", "CertificatesV1Api", "RbacAuthorizationV1Api"}
+        known = {"CoreV1Api", "CustomObjectsApi", "CoordinationV1Api", "CertificatesV1Api", "RbacAuthorizationV1Api",
+                 "AdmissionregistrationV1Api"}  # fmt: skip
         assert set(other) <= known, f"{f} uses {other}: extend METHODS and this check"
         if "CustomObjectsApi" in other:  # the custom-object rules above hold for ProvisioningRequests only
             assert re.search(r'GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"', text), (
@@ -626,6 +638,45 @@ def test_every_rule_names_the_calls_that_justify_it() -> None:
                 needed = set().union(*(METHODS[m] for m in named))
                 needed |= {(g, r, "watch") for g, r, v in needed if v == "list" and "reflector" in comment}
                 assert granted == needed, (path, i, granted, needed)
+
+
+CERTS = ROOT / "config" / "certs"
+
+
+def test_certs_rbac_matches_the_code() -> None:
+    """qos-certs' roles grant exactly what the keeper calls (resourceNames aside), and the named Secrets are
+    exactly the ones config/certs/certs.yaml keeps plus the chart's externalgrpc pair."""
+    from extender.certs.settings import CertsConfig
+    from extender.settings import load_settings
+
+    calling = {f for f in _module_files("extender.processes.certs") if _calls_api(f)}
+    assert calling == {"extender/certs/keeper.py"}, calling
+    roles = [d for d in _docs(CERTS / "rbac.yaml") if d["kind"] in ("Role", "ClusterRole")]
+    assert {d["metadata"]["name"] for d in roles} == {"qos-certs"}
+    granted = {
+        (g, r, v)
+        for d in roles
+        for rule in d["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    assert granted == api_rules("extender/certs/keeper.py")
+    config = load_settings(CertsConfig, yaml.safe_load((CERTS / "certs.yaml").read_text())["certs"], "certs.yaml")
+    named: dict[str, set[str]] = {}
+    for d in yaml.safe_load_all((CERTS / "rbac.yaml").read_text()):
+        if d["kind"] == "Role":
+            for rule in d["rules"]:
+                if "secrets" in rule["resources"] and "resourceNames" in rule:
+                    named.setdefault(d["metadata"]["namespace"], set()).update(rule["resourceNames"])
+    kept: dict[str, set[str]] = {}
+    for ns, name in [(a.namespace, a.secret) for a in config.authorities] + [
+        (c.namespace, c.secret) for c in config.certificates
+    ]:
+        kept.setdefault(ns, set()).add(name)
+    extra = {"qos-autoscaler-cloud-provider-tls", "cluster-autoscaler-externalgrpc-client"}  # the chart's externalgrpc
+    assert named["kube-qos-agent"] == kept["kube-qos-agent"]
+    assert named["kube-qos-system"] - extra == kept["kube-qos-system"]
 
 
 AGENT_CALLS = ("extender/agent/identity.py", "extender/agent/server.py")  # CSRs; the pod read before a checkpoint

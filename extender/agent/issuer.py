@@ -36,6 +36,7 @@ from extender.agent.identity import (
 )
 from extender.agent.settings import IssuerConfig
 from extender.kube.client import ApiError, read_json
+from extender.tls import fingerprint
 
 __all__ = ["Issuer"]
 
@@ -55,10 +56,27 @@ class Issuer:
         self.certs = k8s.CertificatesV1Api(api)
         self.core = k8s.CoreV1Api(api)
         self.rbac = k8s.RbacAuthorizationV1Api(api)
-        self.ca_cert = x509.load_pem_x509_certificate(Path(config.ca_cert_file).read_bytes())
-        self.ca_key = serialization.load_pem_private_key(Path(config.ca_key_file).read_bytes(), password=None)
+        self._ca_seen = ""
+        self._load_ca()
         self.agent_user = f"system:serviceaccount:{config.agent_namespace}:{config.agent_service_account}"
         self.decisions: list[tuple[str, bool, str]] = []  # (csr, approved, why): what a pass decided (tests read it)
+
+    def _load_ca(self) -> None:
+        """(Re)read the CA when its files changed: qos-certs rotates the agents' CA in its Secret and the kubelet
+        updates the mount in place, so the next certificate is signed by the successor without a restart. A
+        half-written pair keeps the old CA until the next pass."""
+        paths = (self.config.ca_cert_file, self.config.ca_key_file)
+        seen = fingerprint(paths)
+        if seen == self._ca_seen:
+            return
+        cert = x509.load_pem_x509_certificate(Path(paths[0]).read_bytes())
+        key = serialization.load_pem_private_key(Path(paths[1]).read_bytes(), password=None)
+        if key.public_key() != cert.public_key():
+            if self._ca_seen:
+                log.warning("CA files do not match: the old CA stays", extra={"decision": "kept"})
+                return
+            raise ValueError(f"{paths[1]} is not the key of {paths[0]}")
+        self.ca_cert, self.ca_key, self._ca_seen = cert, key, seen
 
     async def _json(self, coro: Any) -> dict[str, Any]:
         return cast(dict[str, Any], await read_json(await coro))
@@ -74,6 +92,10 @@ class Issuer:
             raise
 
     async def run_once(self) -> None:
+        try:
+            self._load_ca()
+        except (OSError, ValueError) as exc:
+            log.warning("CA reload failed: the old CA stays", extra={"error": str(exc)})
         t = self.config.request_timeout_seconds
         listed = await self._json(
             self.certs.list_certificate_signing_request(_preload_content=False, _request_timeout=t)

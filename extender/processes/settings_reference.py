@@ -16,6 +16,7 @@ def _models() -> dict[str, tuple[type[Settings], str | None]]:
     # imported here: settings sits below the shells in the layers, the generator reads their models
     from extender.agent.settings import AgentConfig, IssuerConfig
     from extender.autoscaler.settings import AutoscalerSettings
+    from extender.certs.settings import CertsConfig
     from extender.consolidation.settings import ConsolidationSettings
     from extender.settings.extender import ExtenderConfig
 
@@ -23,6 +24,7 @@ def _models() -> dict[str, tuple[type[Settings], str | None]]:
         "agent": (AgentConfig, "agent"),
         "agent-issuer": (IssuerConfig, "issuer"),
         "autoscaler": (AutoscalerSettings, "autoscaler"),
+        "certs": (CertsConfig, "certs"),
         "consolidation": (ConsolidationSettings, "consolidation"),
         "extender": (ExtenderConfig, None),
     }

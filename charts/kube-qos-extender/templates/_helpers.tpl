@@ -63,11 +63,17 @@ labels above added. A missing file or a document that is not YAML fails the rend
 {{- end -}}
 {{- end -}}
 
-{{/* Kinds of prometheus-operator and the dashboard ConfigMap, left out when monitoring says so. */}}
+{{/* Kinds of prometheus-operator left out: when monitoring says so, and each one the cluster does not serve (no
+prometheus-operator CRDs: `helm install` with default values works on a bare cluster; `helm template` renders them
+only with `--api-versions monitoring.coreos.com/v1/ServiceMonitor` etc.). */}}
 {{- define "qos.skipKinds" -}}
 {{- $skip := list -}}
-{{- if not .Values.monitoring.serviceMonitors -}}{{- $skip = concat $skip (list "ServiceMonitor" "PodMonitor") -}}{{- end -}}
-{{- if not .Values.monitoring.prometheusRules -}}{{- $skip = append $skip "PrometheusRule" -}}{{- end -}}
+{{- range $kind := list "ServiceMonitor" "PodMonitor" "PrometheusRule" -}}
+{{- $wanted := ternary $.Values.monitoring.prometheusRules $.Values.monitoring.serviceMonitors (eq $kind "PrometheusRule") -}}
+{{- if not (and $wanted ($.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind))) -}}
+{{- $skip = append $skip $kind -}}
+{{- end -}}
+{{- end -}}
 {{- toJson $skip -}}
 {{- end -}}
 
@@ -114,6 +120,12 @@ data:
 {{- end -}}
 {{- if not (has .Values.autoscaler.mode (list "expander" "externalgrpc" "off")) -}}
 {{- fail (printf "autoscaler.mode must be expander, externalgrpc or off, not %v" .Values.autoscaler.mode) -}}
+{{- end -}}
+{{- if not (has .Values.certificates.mode (list "self" "manual")) -}}
+{{- fail (printf "certificates.mode must be self or manual, not %v" .Values.certificates.mode) -}}
+{{- end -}}
+{{- if and (eq .Values.certificates.mode "manual") .Values.controller.webhook.caBundle .Values.controller.webhook.certManagerCertificate -}}
+{{- fail "controller.webhook: set caBundle or certManagerCertificate, not both" -}}
 {{- end -}}
 {{- if not (kindIs "slice" .Values.flavours) -}}
 {{- fail "flavours must be a list of {name, cpu, memory, pods, price_per_hour} (empty: the package's catalogue)" -}}
