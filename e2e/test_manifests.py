@@ -246,7 +246,7 @@ def test_kind_overlay_renders_without_operator_crds() -> None:
 COMPOSITIONS = {  # test-only overlays: an overlay plus one Component (consolidation needs the kwok provider)
     "local+consolidation": ("local", "autoscaler/consolidation"),
 }
-OVERLAYS = ("agent", "autoscaler", "default", "local", "kind", "cluster-autoscaler", *COMPOSITIONS)
+OVERLAYS = ("agent", "autoscaler", "certs", "default", "local", "kind", "cluster-autoscaler", *COMPOSITIONS)
 NAMESPACES = {"kube-qos-system", "kube-qos-agent"}
 
 
@@ -254,7 +254,7 @@ NAMESPACES = {"kube-qos-system", "kube-qos-agent"}
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     out = {
         name: _render(name)
-        for name in ("base", "agent", "autoscaler", "default", "local", "kind", "cluster-autoscaler")
+        for name in ("base", "agent", "autoscaler", "certs", "default", "local", "kind", "cluster-autoscaler")
     }
     for name, (base, component) in COMPOSITIONS.items():
         d = tmp_path_factory.mktemp(name.replace("+", "-"))  # kustomize wants relative paths, not absolute
@@ -318,10 +318,10 @@ def test_new_kustomizations_render(rendered: dict[str, list[dict[str, Any]]], na
                 }, v
 
 
-def test_default_is_base_controller_agent_and_autoscaler(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_default_is_base_controller_agent_autoscaler_and_certs(rendered: dict[str, list[dict[str, Any]]]) -> None:
     default = {(k, ns, n.rsplit("-", 1)[0] if k == "ConfigMap" else n) for k, ns, n in map(_key, rendered["default"])}
     parts: set[tuple[str, str | None, str]] = set()
-    for name in ("base", "agent", "autoscaler"):
+    for name in ("base", "agent", "autoscaler", "certs"):
         parts |= {(k, ns, n.rsplit("-", 1)[0] if k == "ConfigMap" else n) for k, ns, n in map(_key, rendered[name])}
     controller = {
         (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
