@@ -14,6 +14,10 @@
 #   QOS_KIND_STATE=/tmp/qos-kind  server port and Prometheus' port-forward port are chosen free at start)
 #   QOS_KIND_NODE_IMAGE           the node image; default: built here offline (hack/build-kind-node.sh). With a
 #                                 registry, set it to the official kindest/node:<KUBE_VERSION> and nothing is built
+#   QOS_KIND_DEPLOY=config        config: the product from config/kind, kwok and Prometheus in the cluster (above);
+#                                 none: the cluster and our images in its workers only, nothing of ours deployed
+#                                 (no namespace, kwok or Prometheus; kwok: specs refused): what `helm install`
+#                                 starts from (e2e/test_helm_install.py, phase 4 of hack/run-live-tests.sh)
 # Machine quirks, detected, never assumed: a docker engine whose root lacks capabilities fails `--privileged`
 # ("unable to apply caps"): if the engine is the one hack/build-image.sh started, it is restarted with
 # hack/kind/runc-caps.py as its default runtime; cgroup v1 hosts get the kubelet's failCgroupV1: false.
@@ -25,6 +29,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CLUSTER="${QOS_KIND_CLUSTER:-qos-kind}"
+DEPLOY="${QOS_KIND_DEPLOY:-config}"
 STATE="${QOS_KIND_STATE:-/tmp/qos-kind}"
 DOCKERD_DIR="${QOS_CACHE}/dockerd"
 KIND_BIN="${QOS_CACHE}/kind/${KIND_VERSION}/bin/kind"
@@ -79,6 +84,7 @@ case "${1:-}" in
   -h|--help) awk 'NR > 1 && /^#/ {print; next} NR > 1 {exit}' "$0"; exit 0 ;;
 esac
 
+[[ "${DEPLOY}" == config || "${DEPLOY}" == none ]] || die "QOS_KIND_DEPLOY must be config or none, not ${DEPLOY}"
 REAL=() KWOK=()
 if (($# == 0)); then set -- service:m1.medium=1 batch:m1.large=1; fi
 for spec in "$@"; do
@@ -89,6 +95,7 @@ for spec in "$@"; do
   if [[ -n "${BASH_REMATCH[1]}" ]]; then KWOK+=("${BASH_REMATCH[2]} ${flavour} ${BASH_REMATCH[4]}")
   else REAL+=("${BASH_REMATCH[2]} ${flavour} ${BASH_REMATCH[4]}"); fi
 done
+if [[ "${DEPLOY}" == none ]] && ((${#KWOK[@]})); then die "kwok: nodes need kwok in the cluster: not with QOS_KIND_DEPLOY=none"; fi
 
 mkdir -p "${STATE}"
 chmod 700 "${STATE}"
@@ -199,6 +206,26 @@ if [[ -n "${QOS_KIND_NODE_IMAGE:-}" ]]; then  # an official node image: our othe
 fi
 log "kind load: $((SECONDS - t))s"
 
+# the API server as pods reach it (the kubeconfig's 127.0.0.1 address is the host's port mapping)
+APISERVER_URL="https://$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "${CLUSTER}-control-plane"):6443"
+if [[ "${DEPLOY}" == none ]]; then  # the cluster as a user's: nothing of ours in it
+  trap - EXIT
+  {
+    echo "KUBECONFIG=${KCFG}"
+    echo "QOS_STATE=${STATE}"
+    echo "QOS_BIN_DIR=${BIN_DIR}"
+    echo "QOS_TOPOLOGY=kind"
+    echo "QOS_KIND_DEPLOY=none"
+    echo "KUBE_APISERVER_URL=${APISERVER_URL}"
+    echo "KIND_CLUSTER=${CLUSTER}"
+    echo "KIND=${KIND_BIN}"
+    echo "KIND_NODE_IMAGE=${NODE_IMAGE}"
+  } > "${STATE}/kind.env"
+  cat "${STATE}/kind.env"
+  log "kind-up: ${CLUSTER} ready in $((SECONDS - start))s (nothing deployed)"
+  exit 0
+fi
+
 # ---------------------------------------------------------------- kwok nodes, kwok's stages
 "${K[@]}" -n kube-system create configmap qos-kwok-stages \
   --from-file=stages.yaml="${SHARE_DIR}/kwok-stages-${KWOK_VERSION}.yaml" --dry-run=client -o yaml \
@@ -269,8 +296,7 @@ trap - EXIT
   echo "QOS_TOPOLOGY=kind"
   echo "QOS_OVERLAY=config/kind"
   echo "QOS_KUBELET_CA=${STATE}/kubelet-ca.crt"
-  # the API server as pods reach it (the kubeconfig's 127.0.0.1 address is the host's port mapping)
-  echo "KUBE_APISERVER_URL=https://$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "${CLUSTER}-control-plane"):6443"
+  echo "KUBE_APISERVER_URL=${APISERVER_URL}"
   echo "KIND_CLUSTER=${CLUSTER}"
   echo "KIND=${KIND_BIN}"
   echo "KIND_NODE_IMAGE=${NODE_IMAGE}"

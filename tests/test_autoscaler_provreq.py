@@ -278,3 +278,52 @@ def test_planned_nodes_keep_room_for_daemonsets_and_the_reserve() -> None:
     d2 = ca_loop(expander=none).step(s2, now=100.0)
     assert all(r.requests.cpu_milli <= r.flavour.capacity.cpu_milli - 300 for r in d2.provision)
     assert sum(len(r.pods) for r in d2.provision) == 2
+
+
+async def test_without_the_provisioning_request_api_nothing_is_requested_and_the_log_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The default install on a cluster without cluster-autoscaler (no ProvisioningRequest CRD: the API answers 404):
+    the sidecar keeps running, requests nothing (never listed), and logs why with the fix -- once per reason and
+    again every LIST_FAILED_LOG_SECONDS, not at every scan -- and that it recovered once the CRD is there."""
+    from extender.autoscaler.providers import provisioning_request as pr
+    from extender.kube.client import ApiError
+
+    now = [1000.0]
+    answers: list[Any] = [ApiError(404, "Not Found", "404 page not found\n")]
+
+    class Custom:
+        async def list_namespaced_custom_object(self, *args: Any, **kw: Any) -> Any:
+            answer = answers[0]
+            if isinstance(answer, Exception):
+                raise answer
+
+            class Response:
+                status = 200
+
+                async def read(self) -> bytes:
+                    return orjson.dumps(answer)
+
+                def release(self) -> None:
+                    pass
+
+            return Response()
+
+    provider = pr.ProvisioningRequestProvider(object(), "kube-qos-system", clock=lambda: now[0])
+    provider._custom = Custom()
+    caplog.set_level("INFO", logger=pr.log.name)
+
+    def said(text: str) -> list[str]:
+        return [str(getattr(r, "error", r.getMessage())) for r in caplog.records if text in r.getMessage()]
+
+    for _ in range(5):  # five scans, 30 s apart
+        assert await provider.sync() == [] and not provider.listed
+        now[0] += 30
+    (why,) = said("not listed")
+    assert "cluster-autoscaler >= 1.35" in why and "autoscaler.mode=off" in why and "provisioningrequests" in why
+    now[0] += pr.LIST_FAILED_LOG_SECONDS
+    await provider.sync()
+    assert len(said("not listed")) == 2  # still failing: said again after a while
+    answers[0] = {"items": []}
+    assert await provider.sync() == [] and provider.listed
+    assert said("listed again")

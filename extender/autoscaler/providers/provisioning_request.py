@@ -58,6 +58,7 @@ GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"
 BEST_EFFORT_ATOMIC = "best-effort-atomic-scale-up.autoscaling.x-k8s.io"
 CONSUME_ANNOTATION = "autoscaling.x-k8s.io/consume-provisioning-request"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+LIST_FAILED_LOG_SECONDS = 600.0  # a LIST failing for the same reason is logged again after this long
 MANAGED_BY = "qos-autoscaler"
 # JSON on each request: what it was bought for, so a restarted sidecar adopts it instead of buying again
 PLAN_ANNOTATION = "qos.kube-qos-extender.io/plan"
@@ -189,6 +190,8 @@ class ProvisioningRequestProvider:
         self.not_created: list[str] = []  # ledger names whose request never reached CA: planned again, not counted
         self.listed = False  # our open requests were listed once (a restarted sidecar adopts them before buying)
         self._withdrawn: set[str] = set()  # requests we gave up whose delete failed: retried, never adopted
+        self._list_error: str | None = None  # why the last LIST failed (None: it did not), and when it was logged
+        self._list_logged_at = -math.inf
 
     # ------------------------------------------------------------------------------------------ writes
 
@@ -380,9 +383,12 @@ class ProvisioningRequestProvider:
                 )
             )  # fmt: skip
         except Exception as exc:
-            log.warning("provisioning requests not listed", extra={"error": str(exc)})
+            self._list_failed(exc)
             return []
         now = self._clock()
+        if self._list_error is not None:
+            log.info("provisioning requests listed again", extra={"decision": {"after": self._list_error}})
+            self._list_error = None
         self.listed = True
         for gone in list(self._withdrawn):
             if await self._delete_request(gone):
@@ -469,11 +475,40 @@ class ProvisioningRequestProvider:
             namespace, pod = key.split("/", 1)
             self._events.emit(Notice("Pod", namespace, pod, "", reason, message, True))
 
+    def _list_failed(self, exc: Exception) -> None:
+        """Until our requests are listed once, nothing is requested (a restart must not buy twice): say why, with
+        the fix when the API does not serve ProvisioningRequests (no cluster-autoscaler, or one without the CRD: the
+        default install on a bare cluster). Logged when the reason changes and every LIST_FAILED_LOG_SECONDS while
+        it lasts, not at every scan."""
+        why = _list_error(exc)
+        now = self._clock()
+        if why == self._list_error and now - self._list_logged_at < LIST_FAILED_LOG_SECONDS:
+            return
+        self._list_error, self._list_logged_at = why, now
+        log.warning(
+            "provisioning requests not listed: no capacity is requested from cluster-autoscaler until they are",
+            extra={"error": why},
+        )
+
     def cost_per_hour(self) -> float:
         return math.fsum(t.price_per_hour * len(t.nodes) for t in self.requests.values())
 
     async def close(self) -> None:
         """Requests stay: CA keeps buying for them, a restarted sidecar adopts them (PLAN_ANNOTATION)."""
+
+
+def _list_error(exc: Exception) -> str:
+    """Why listing our requests failed, with the likely fix when the API does not serve them."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, ApiError) and exc.status == 404:
+        return (
+            f"{text} (the API serves no {PLURAL}.{GROUP}/{VERSION}: cluster-autoscaler >= 1.35 and its "
+            'ProvisioningRequest CRD are not installed, README.md "cluster-autoscaler"; without a cluster-autoscaler '
+            "set the chart's autoscaler.mode=off)"
+        )
+    if isinstance(exc, ApiError) and exc.status == 403:
+        return f"{text} (RBAC: Role qos-autoscaler-demand in the sidecar's namespace grants list)"
+    return text
 
 
 def _create_error(exc: Exception) -> str:
