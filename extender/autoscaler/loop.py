@@ -415,8 +415,12 @@ class AutoscalerLoop:
 
     @staticmethod
     def _accepts(snap: AutoscalerSnapshot) -> Callable[[Node, NodeGroup], bool]:
-        """Which nodes take which group's pods: the node-group labels, as the extender's filter reads them."""
-        return lambda node, group: snap.accepts(node.name, group)
+        """Which nodes take which group's pods: the node-group labels, as the extender's filter reads them, and
+        no node kept from ordinary pods by a taint (``core.taints.withholds``: kind's control plane, unlabelled,
+        had its room counted as batch capacity, so nothing was bought for batch pods that kube-scheduler could
+        never put there). The plan does not read pods' tolerations: a pod that tolerates such a taint may be
+        bought a node it did not need, which goes again after ``idle_seconds`` empty."""
+        return lambda node, group: snap.accepts(node.name, group) and not snap.withheld(node.name)
 
     def _attempt_key(self, pod: Pod) -> str:
         return pod.uid or pod.key

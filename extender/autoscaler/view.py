@@ -15,6 +15,7 @@ from typing import Any
 
 from extender.core.autoscale_scan import group_of
 from extender.core.model import Node, NodeGroup, Pod
+from extender.core.taints import withholds
 from extender.kube.convert import Problem, pod_key
 from extender.kube.snapshot import Snapshot
 from extender.settings.extender import ExtenderConfig
@@ -112,6 +113,11 @@ class AutoscalerSnapshot(Snapshot):
     def accepts(self, node: str, group: NodeGroup) -> bool:
         entry = self.nodes.get(node)
         return entry is not None and group in entry.accepts
+
+    def withheld(self, node: str) -> bool:
+        """Whether a taint keeps ordinary pods off the node (``core.taints.withholds``)."""
+        entry = self.nodes.get(node)
+        return entry is not None and withholds(entry.taints)
 
     def unschedulable_pods(
         self,

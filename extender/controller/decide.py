@@ -51,7 +51,8 @@ class GatedPod:
     request: str
     gated_since: float
     node_selector: Mapping[str, str] = field(default_factory=dict)
-    eligible_nodes: frozenset[str] | None = None  # the nodes of its node group (None: any node)
+    # the nodes it may be pinned to: its node group's, less those with a taint it does not tolerate (None: any node)
+    eligible_nodes: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,8 @@ from extender.core.gates import BYPASS_ANNOTATION, GateView, bypassed_admission
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod
 from extender.core.qos import availability
 from extender.core.slack import node_groups_for
+from extender.core.taints import Toleration
+from extender.core.taints import blocking as taints_blocking
 from extender.kube.client import ApiError, read_json
 from extender.kube.convert import PodProblems, parse_timestamp
 from extender.kube.events import KubeEventSink
@@ -403,16 +405,23 @@ class QosController:
         if self.enforce_groups:
             for group in NodeGroup:
                 by_group[group] = frozenset(n for n, e in snap.nodes.items() if group in e.accepts)
-        # One union per distinct group set and pass (a pod's eligible nodes depend on nothing else): a fresh
-        # union per gated pod copied every node name thousands of times per pass.
-        unions: dict[frozenset[NodeGroup], frozenset[str]] = {}
+        # kube-scheduler's TaintToleration filter, which runs before the extender ever sees a node: a pod pinned to
+        # a node whose NoSchedule/NoExecute taint it does not tolerate is never bound (kind's control plane took
+        # every batch pod, issue 31: extender.core.taints).
+        tainted = {n: e.taints for n, e in snap.nodes.items() if e.taints}
+        # One set per distinct (groups, tolerations) and pass (a pod's eligible nodes depend on nothing else): a
+        # fresh union per gated pod copied every node name thousands of times per pass.
+        unions: dict[tuple[frozenset[NodeGroup], tuple[Toleration, ...]], frozenset[str] | None] = {}
 
-        def eligible(groups: frozenset[NodeGroup]) -> frozenset[str] | None:
-            if not by_group:
+        def eligible(groups: frozenset[NodeGroup], tolerations: tuple[Toleration, ...]) -> frozenset[str] | None:
+            if not by_group and not tainted:
                 return None
-            found = unions.get(groups)
-            if found is None:
-                found = unions[groups] = frozenset().union(*(by_group[g] for g in groups))
+            key = (groups, tolerations if tainted else ())
+            if key in unions:
+                return unions[key]
+            found = frozenset().union(*(by_group[g] for g in groups)) if by_group else frozenset(snap.nodes)
+            barred = {n for n, taints in tainted.items() if taints_blocking(taints, tolerations) is not None}
+            unions[key] = found = found - barred if barred else found
             return found
 
         gated = [
@@ -422,7 +431,7 @@ class QosController:
                 now if info.created is None else info.created,
                 info.node_selector,
                 # core.slack.node_groups_for, as the filter verb: a co-located batch pod may use service nodes
-                eligible(node_groups_for(p.kind, p.requests)),
+                eligible(node_groups_for(p.kind, p.requests), info.tolerations),
             )
             for key, info in qos.items()
             if info.gated and not info.deleting and key not in self._released and key in snap.pods

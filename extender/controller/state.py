@@ -14,7 +14,8 @@ from typing import Any
 
 from extender.controller.patches import INSTANCE_ANNOTATION
 from extender.core.gates import BYPASS_ANNOTATION
-from extender.kube.convert import Problem, is_terminal, parse_timestamp, pod_key
+from extender.core.taints import Toleration
+from extender.kube.convert import Problem, is_terminal, parse_timestamp, pod_key, tolerations_of
 from extender.kube.snapshot import Snapshot
 from extender.settings.extender import ExtenderConfig
 
@@ -42,6 +43,7 @@ class PodInfo:
     instance: str | None = None  # the controller instance whose webhook gated it (annotation), None: not gated
     unschedulable: bool = False  # PodScheduled False, reason Unschedulable: kube-scheduler tried and found no node
     bypass_marked: bool = False  # counted as having bypassed admission (core.gates.BYPASS_ANNOTATION) already
+    tolerations: tuple[Toleration, ...] = ()  # spec.tolerations: the tainted nodes it may still be pinned to
 
 
 def _pinned(spec: Mapping[str, Any]) -> str | None:
@@ -111,6 +113,7 @@ def pod_info(obj: Mapping[str, Any], gate: str, account_annotation: str) -> PodI
         instance=_instance(annotations),
         unschedulable=unschedulable,
         bypass_marked=isinstance(annotations, dict) and BYPASS_ANNOTATION in annotations,
+        tolerations=tolerations_of(obj),
     )
 
 

@@ -32,6 +32,7 @@ from extender.core.model import (
     memory_bytes,
     parse_quantity,
 )
+from extender.core.taints import Taint, Toleration
 from extender.settings.sections import NodeGroupsConfig, PodDefaults
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "pod_key",
     "pod_requests",
     "pod_settings",
+    "taints_of",
+    "tolerations_of",
 ]
 
 CLASS_KEY = ANNOTATION_PREFIX + "class"
@@ -484,3 +487,30 @@ def node_from_k8s(obj: Mapping[str, Any], groups: NodeGroupsConfig, managed: Seq
         unschedulable=unschedulable,
         created_at=parse_timestamp(meta.get("creationTimestamp")),
     )
+
+
+def _fields(items: object, names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The string fields ``names`` of each object in a list (absent or not a string: ""); anything that is not a
+    list of objects gives nothing (the API server validated these fields: only a broken test fixture lacks
+    them)."""
+    if not isinstance(items, list):
+        return []
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            out.append(tuple(v if isinstance(v := item.get(n), str) else "" for n in names))
+    return out
+
+
+def taints_of(node: Mapping[str, Any]) -> tuple[Taint, ...]:
+    """A Node dict's ``spec.taints``."""
+    spec = node.get("spec")
+    raw = spec.get("taints") if isinstance(spec, dict) else None
+    return tuple(Taint(k, v, e) for k, v, e in _fields(raw, ("key", "value", "effect")))
+
+
+def tolerations_of(pod: Mapping[str, Any]) -> tuple[Toleration, ...]:
+    """A Pod dict's ``spec.tolerations`` (tolerationSeconds does not matter to placement)."""
+    spec = pod.get("spec")
+    raw = spec.get("tolerations") if isinstance(spec, dict) else None
+    return tuple(Toleration(k, o, v, e) for k, o, v, e in _fields(raw, ("key", "operator", "value", "effect")))

@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources
 from extender.core.slack import with_batch_resources
+from extender.core.taints import Taint
 from extender.kube.convert import (
     Problem,
     is_terminal,
@@ -38,6 +39,7 @@ from extender.kube.convert import (
     parse_timestamp,
     pod_from_k8s,
     pod_key,
+    taints_of,
 )
 from extender.settings.sections import SnapshotSettings
 
@@ -301,6 +303,9 @@ class RequestPods:
 class NodeEntry:
     node: Node  # without pods: the snapshot keeps them per node name
     accepts: frozenset[NodeGroup]
+    # spec.taints: kube-scheduler applies them before the verbs see a node, but the QoS controller and the
+    # autoscaler choose among the snapshot's nodes themselves (extender.core.taints)
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(slots=True)
@@ -400,7 +405,7 @@ class Snapshot:
             self.nodes.pop(name, None)  # a node we cannot read is a node we cannot offer
             self.table.remove(name)
             return
-        entry = NodeEntry(node, node_group_of(node.labels, self.config.node_groups))
+        entry = NodeEntry(node, node_group_of(node.labels, self.config.node_groups), taints_of(obj))
         self.nodes[name] = entry
         self.table.set_node(name, entry)
         self._dirty.add(name)
