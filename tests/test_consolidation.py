@@ -289,6 +289,40 @@ def test_destination_manifest_copies_the_spec_unbound_without_admission_fields_o
     assert a.requests == b.requests and a.kind is b.kind
 
 
+def test_destination_manifest_drops_the_controllers_pin_to_the_source_node_only() -> None:
+    """A pod the QoS controller released is pinned to its node (required affinity, matchFields metadata.name In
+    [node]); kept in the destination pod, the destination's kubelet rejected it (NodeAffinity: the pod Failed) and
+    every move of such a pod rolled back (found by ``make demo`` on kind, issue 31). The user's own terms stay."""
+    pin = {"key": "metadata.name", "operator": "In", "values": ["a"]}
+    zone = {"key": "zone", "operator": "In", "values": ["z1"]}
+
+    def moved(terms: list[dict[str, Any]]) -> dict[str, Any]:
+        src = {
+            "metadata": {"name": "job", "namespace": "ns"},
+            "spec": {
+                "nodeName": "a",
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": terms}}},
+                "containers": [{"name": "c"}],
+            },
+        }  # fmt: skip
+        before = copy.deepcopy(src)
+        spec: dict[str, Any] = policy.destination_manifest(src, "job-mv", scheduler_name="s", migration="m")["spec"]
+        assert src == before
+        return spec
+
+    assert "affinity" not in moved([{"matchFields": [pin]}])  # ours alone: the affinity goes
+    spec = moved([{"matchExpressions": [zone], "matchFields": [pin]}])
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchExpressions": [zone]}]
+    }
+    other = {"key": "metadata.name", "operator": "In", "values": ["b"]}  # a user's own pin to another node stays
+    spec = moved([{"matchFields": [other]}])
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [other]}]
+    }
+
+
 def test_agent_url_from_annotation_else_internal_ip() -> None:
     n: dict[str, Any] = {"metadata": {"annotations": {policy.AGENT_URL_ANNOTATION: "https://127.0.0.5:9443/"}}}
     assert policy.agent_url(n, port=1) == "https://127.0.0.5:9443"

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 from extender.autoscaler.handoff import Consolidation
+from extender.controller.patches import unpin
 from extender.core import reschedule
 from extender.core.migration import (
     DO_NOT_DISRUPT,
@@ -309,11 +310,17 @@ def destination_manifest(
 ) -> dict[str, Any]:
     """The destination pod: the source's spec and metadata under a new name, not bound (our binder binds it),
     ``schedulerName`` = one no scheduler serves (so no scheduler races our Binding), without what the API
-    server or its admission set (uid, nodeName, service-account token volume, computed priority) and without
-    the source's progress (the agent's restore writes the checkpointed one). ``checkpoint_image``
-    (kubelet backend): every container's image, pulled never (the destination agent imported it)."""
+    server or its admission set (uid, nodeName, service-account token volume, computed priority) or the QoS
+    controller's pin to the source node, and without the source's progress (the agent's restore writes the
+    checkpointed one). ``checkpoint_image`` (kubelet backend): every container's image, pulled never (the
+    destination agent imported it)."""
     meta = _meta(source)
     spec = copy.deepcopy(dict(source.get("spec") or {}))
+    source_node = spec.get("nodeName")
+    if isinstance(source_node, str) and source_node:
+        # the QoS controller pinned the source to its node (required affinity on metadata.name): kept, the
+        # destination's kubelet rejects the pod (NodeAffinity) and every move of a pod it released rolled back
+        unpin(spec, source_node)
     for field in ("nodeName", "schedulingGates"):
         spec.pop(field, None)
     if spec.get("priorityClassName"):

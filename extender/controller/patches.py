@@ -20,6 +20,7 @@ __all__ = [
     "release_patch",
     "requeue_action",
     "requeue_copy",
+    "unpin",
 ]
 
 # The controller instance that gated a pod and owns its ordering (controller.instance); also the namespace label
@@ -210,11 +211,15 @@ def requeue_copy(pod: Mapping[str, Any], gate: str, node: str) -> dict[str, Any]
     if not any(g.get("name") == gate for g in gates):
         gates.append({"name": gate})
     spec["schedulingGates"] = gates
-    _unpin(spec, node)
+    unpin(spec, node)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def _unpin(spec: dict[str, Any], node: str) -> None:
+def unpin(spec: dict[str, Any], node: str) -> None:
+    """Take the pin to ``node`` that ``release_patch`` added out of ``spec``'s required node affinity, in place (a
+    term left empty was ours alone and goes; the user's own requirements stay as written). Used when the pod is
+    made again elsewhere: re-queued, or its migration's destination pod (which the kubelet of another node would
+    reject by NodeAffinity while the pin to its source stays)."""
     pin = pin_term(node)
     affinity = spec.get("affinity")
     node_aff = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
