@@ -71,7 +71,7 @@ kind-node: tools criu image
 # Tests against a real kube-apiserver / kube-scheduler / kwok / Prometheus. Uses $KUBECONFIG when given,
 # else local clusters one after the other (hack/run-live-tests.sh): the host topology (kwok nodes), then the
 # product as users install it on kind (hack/kind-up.sh: kind workers, the image, config/kind applied).
-live: venv tools criu image kind-node
+live: venv tools criu image kind-node helm
 	hack/run-live-tests.sh
 
 e2e: live

@@ -11,14 +11,17 @@
 #     marked `deployed` (test_deployed, migration and its faults, consolidation, co-location, the agents'
 #     identity, leader election). The cluster is deleted afterwards (`kind export logs` into $QOS_KIND_STATE.logs
 #     first, on failure); no kind container may be left and the host must have its sysctls back.
+#  4. the install a user runs: a kind cluster with one worker and nothing of ours (QOS_KIND_DEPLOY=none), then
+#     README.md's "Install on your cluster" commands, `helm install` to `helm uninstall` (marker `helm`:
+#     e2e/test_helm_install.py). Same clean-up checks as 3.
 # With KUBECONFIG set, that cluster is used as it is for phase 1 only (it must run the extender: e2e needs
 # EXTENDER_URL, EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too). Each cluster lives under its own
-# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 3" (the default) selects phases.
+# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 3 4" (the default) selects phases.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 PYTEST="${ROOT}/.venv/bin/pytest"
-PHASES="${QOS_LIVE_PHASES:-1 3}"
+PHASES="${QOS_LIVE_PHASES:-1 3 4}"
 SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
 
 check_sysctls() { # <before> <what>: the host got back the sysctls the kubelets changed
@@ -29,10 +32,13 @@ check_sysctls() { # <before> <what>: the host got back the sysctls the kubelets 
   return 1
 }
 
-run_in_kind() { # <pytest args...>
-  local state="${QOS_KIND_STATE:-/tmp/qos-ci-kind}" cluster="${QOS_KIND_CLUSTER:-qos-ci}" rc=0
+run_in_kind() { # <state> <cluster> <deploy: config|none> <kind-up specs...> -- <pytest args...>
+  local state="$1" cluster="$2" deploy="$3" rc=0 specs=()
+  shift 3
+  while (($#)) && [[ "$1" != -- ]]; do specs+=("$1"); shift; done
+  shift
   (
-    export QOS_KIND_STATE="${state}" QOS_KIND_CLUSTER="${cluster}"
+    export QOS_KIND_STATE="${state}" QOS_KIND_CLUSTER="${cluster}" QOS_KIND_DEPLOY="${deploy}"
     cleanup() {
       local rc=$?
       if ((rc != 0)); then
@@ -45,7 +51,7 @@ run_in_kind() { # <pytest args...>
     }
     trap cleanup EXIT
     t0=${SECONDS}
-    out="$(hack/kind-up.sh service:m1.medium=1 batch:m1.large=2)" || { echo "kind-up failed" >&2; exit 1; }
+    out="$(hack/kind-up.sh "${specs[@]}")" || { echo "kind-up failed" >&2; exit 1; }
     echo "kind-up: $((SECONDS - t0)) s" >&2
     while IFS= read -r line; do [[ "${line}" == *=* ]] && export "${line?}"; done <<< "${out}"
     t1=${SECONDS}
@@ -98,7 +104,7 @@ for phase in ${PHASES}; do
   case "${phase}" in
     # No kwok nodes: every test creates (and deletes) its own, and the autoscaler test needs an empty cluster.
     1) run_in_cluster "${QOS_STATE:-/tmp/qos-ci}" QOS_WITH_EXTENDER=1 hack/local-up.sh -- \
-         -m "live and not deployed" tests e2e "$@" || rc=$? ;;
+         -m "live and not deployed and not helm" tests e2e "$@" || rc=$? ;;
     # The product: no host extender, no hack/manifests webhook, the host scheduler without the qos profile;
     # one real node per node group (containers really run there), kwok nodes for the autoscaler to add.
     2) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
@@ -109,10 +115,18 @@ for phase in ${PHASES}; do
        hack/real-nodes.sh leftovers || rc=1
        # ... and give the host back the sysctls its kubelets changed
        check_sysctls "${host_sysctls}" "the real nodes" || rc=1 ;;
-    3) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
-       run_in_kind -m deployed e2e "$@" || rc=$?
+    3|4) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
+       if [[ "${phase}" == 3 ]]; then
+         cluster="${QOS_KIND_CLUSTER:-qos-ci}"
+         run_in_kind "${QOS_KIND_STATE:-/tmp/qos-ci-kind}" "${cluster}" config service:m1.medium=1 batch:m1.large=2 \
+           -- -m deployed e2e "$@" || rc=$?
+       else
+         cluster="${QOS_HELM_KIND_CLUSTER:-qos-ci-helm}"
+         run_in_kind "${QOS_HELM_KIND_STATE:-/tmp/qos-ci-helm}" "${cluster}" none service:m1.medium=1 \
+           -- -m helm e2e "$@" || rc=$?
+       fi
        # --down deletes every container and the network kind made, and restores the host's sysctls
-       if docker ps -a --filter "label=io.x-k8s.kind.cluster=${QOS_KIND_CLUSTER:-qos-ci}" -q | grep -q .; then
+       if docker ps -a --filter "label=io.x-k8s.kind.cluster=${cluster}" -q | grep -q .; then
          echo "kind containers left after hack/kind-up.sh --down" >&2
          rc=1
        fi
