@@ -174,6 +174,10 @@ def test_install_upgrade_uninstall_as_the_readme_says(env: dict[str, str], names
                 f"Secret {ns}/{meta['name']} ({s['type']}) was not made by qos-certs"
             )
     assert {"qos-ca", "qos-extender-tls", "qos-extender-metrics-client", "qos-autoscaler-expander-tls"} <= made, made
+    # qos-certs did all of it with its own least-privilege identity: no step failed, no Event was refused
+    certs_log = sh(env, "kubectl -n kube-qos-system logs deploy/qos-certs")
+    problems = [ln for ln in certs_log.splitlines() if '"level":"warning"' in ln or '"level":"error"' in ln]
+    assert problems == [], problems
     tls = kj(env, "-n kube-qos-system get secret qos-extender-tls")
     hook = kj(env, f"get mutatingwebhookconfiguration {WEBHOOK}")
     assert [w["clientConfig"].get("caBundle") for w in hook["webhooks"]] == [tls["data"]["ca.crt"]]
