@@ -41,6 +41,7 @@ from extender.settings.sections import (
     ClassSettings,
     ColocateConfig,
     ControllerConfig,
+    DisruptionSettings,
     KubernetesConfig,
     LabelSelector,
     LeaderElectionConfig,
@@ -112,6 +113,7 @@ class ExtenderConfig(Settings):
     logging: LoggingConfig = LoggingConfig()
     controller: ControllerConfig = ControllerConfig()
     slack: SlackConfig = SlackConfig()
+    disruption: DisruptionSettings = DisruptionSettings()
 
     _policy: tuple[object, object, QosPolicy] | None = PrivateAttr(None)
 

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from extender.core.characterise import CharacteriseConfig
+from extender.core.disruption import Budget, DisruptionKind, Window
 from extender.core.model import (
     DEFAULT_CLASSES,
     Flavour,
@@ -52,6 +53,9 @@ __all__ = [
     "ClassSettings",
     "ColocateConfig",
     "ControllerConfig",
+    "DisruptionBudget",
+    "DisruptionSettings",
+    "DisruptionWindow",
     "FlavourField",
     "KubernetesConfig",
     "LabelSelector",
@@ -724,6 +728,89 @@ class SlackConfig(Settings):
 
 
 # ---------------------------------------------------------------------------------------------- the file
+
+
+_WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+class DisruptionWindow(Settings):
+    """A daily UTC window in which a budget applies (Karpenter's schedule + duration, kept small)."""
+
+    start: str = Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")
+    """Start, HH:MM in UTC."""
+    duration_seconds: float = Field(gt=0, le=7 * 86400, allow_inf_nan=False)
+    """How long the window stays open from each start (may run past midnight)."""
+    weekdays: tuple[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"], ...] = ()
+    """The days (UTC) a window starts on; empty: every day."""
+
+    def to_core(self) -> Window:
+        hours, minutes = self.start.split(":")
+        return Window(
+            int(hours) * 60 + int(minutes), self.duration_seconds, frozenset(_WEEKDAYS.index(d) for d in self.weekdays)
+        )
+
+
+class DisruptionBudget(Settings):
+    """At most max_nodes nodes and max_pods pods of a node group in motion at once by the kinds covered (each
+    shell counts what it has in motion: nodes it is emptying, pods it is migrating or evicting)."""
+
+    name: NonEmpty
+    """Named in the Events, logs and metrics of what it held."""
+    group: Literal["batch", "service"] | None = None
+    """The node group it caps; null: each group, counted apart."""
+    kinds: tuple[Literal["migration", "preemption", "consolidation", "slack-eviction"], ...] = ()
+    """The disruptions it covers; empty: all (migration, preemption, consolidation, slack-eviction)."""
+    max_nodes: int | None = Field(None, ge=0)
+    """Distinct nodes in motion at once; 0: none (e.g. inside a window); null: no cap."""
+    max_pods: int | None = Field(None, ge=0)
+    """Pods in motion at once; null: no cap."""
+    windows: tuple[DisruptionWindow, ...] = ()
+    """When the budget applies; empty: always. Outside its windows a budget caps nothing."""
+
+    def to_core(self) -> Budget:
+        return Budget(
+            self.name,
+            self.group,
+            frozenset(DisruptionKind(k) for k in self.kinds),
+            self.max_nodes,
+            self.max_pods,
+            tuple(w.to_core() for w in self.windows),
+        )
+
+
+class DisruptionSettings(Settings):
+    """Guard rails for every disruption the product makes (issue 32 part 4): QoS preemptions (the QoS
+    controller), slack evictions (the idle-capacity controller), node consolidations and their migrations (the
+    autoscaler's consolidation flow, which reads this section from the extender file it is given)."""
+
+    budgets: tuple[DisruptionBudget, ...] = ()
+    """Disruption budgets; empty (default): nothing capped beyond each component's own pace. A disruption waits
+    while a budget that applies now would be exceeded (Event QosDisruptionWaiting naming the budget, metric
+    decision="waited")."""
+    dry_run: bool = False
+    """Report each preemption, eviction, consolidation and migration that would be made (Event
+    QosDisruptionDryRun on the pod or node, metric qos_extender_<component>_disruptions_total{kind,
+    decision="dry_run"} of the controller, slack or consolidation) and make none: no cordon, no checkpoint, no
+    eviction, no gate released for a preemption."""
+    honour_pdbs_for_migrations: bool = True
+    """A migration deletes its source pod: before it starts, ask the API (an Eviction with dryRun=All) whether the
+    pod's PodDisruptionBudgets allow that, and wait while they do not."""
+    pdb_wait_seconds: NonNegSeconds = 300.0
+    """How long a migration waits for its PodDisruptionBudget; then its node's consolidation is aborted."""
+    report_interval_seconds: NonNegSeconds = 300.0
+    """A dry-run report or a wait is said (Event) at most once per disruption in this period."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> DisruptionSettings:
+        names = [b.name for b in self.budgets]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"budget names must be unique: {', '.join(dup)}")
+        return self
+
+    @property
+    def core_budgets(self) -> tuple[Budget, ...]:
+        return tuple(b.to_core() for b in self.budgets)
 
 
 class LoggingConfig(Settings):
