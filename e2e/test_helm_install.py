@@ -27,12 +27,14 @@ import shlex
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from e2e.conftest import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 GATE = "qos.kube-qos-extender.io/ordering"
@@ -86,17 +88,6 @@ def sh(env: dict[str, str], cmd: str, timeout: float = 900) -> str:
 
 def kj(env: dict[str, str], args: str) -> Any:
     return json.loads(sh(env, f"kubectl {args} -o json"))
-
-
-def eventually(what: str, check: Callable[[], Any], timeout: float = 180, every: float = 2) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last})")
 
 
 def qos_pod(name: str, cpu: str) -> dict[str, Any]:
@@ -221,4 +212,4 @@ def test_install_upgrade_uninstall_as_the_readme_says(env: dict[str, str], names
         live = {n["metadata"]["name"] for n in kj(env, "get namespaces")["items"]}
         return names + [f"namespace/{n}" for n in OURS if n in live]
 
-    eventually("nothing of ours left", lambda: not leftovers() or None, timeout=180)
+    eventually(lambda: not leftovers() or None, "nothing of ours left", 180)

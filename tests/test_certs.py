@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.certs import pki
+from extender import pki
 from extender.certs.keeper import service_names
 from extender.certs.settings import CertsConfig
 from extender.cli import main

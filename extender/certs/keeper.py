@@ -22,7 +22,7 @@ from typing import Any, cast
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from extender.certs import pki
+from extender import pki
 from extender.certs.settings import AuthoritySettings, CertificateSettings, CertsConfig, TrustConfigMap, WebhookSettings
 from extender.core.certs import LeafAction, LeafSpec, authority_decision, leaf_action, trust_bundle
 from extender.kube.client import ApiError, read_json

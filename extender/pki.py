@@ -1,4 +1,6 @@
-"""Key and certificate making, and reading certificates back as ``CertFacts`` (the ``cryptography`` package).
+"""Key and certificate making, and reading certificates back as ``CertFacts`` (the ``cryptography`` package):
+shared by the certificate keeper (extender.certs) and the agents' identity issuer (extender.agent.identity), so
+both sign leaves with the same key usages.
 
 P-256 keys everywhere: every verifier here (Python's ssl, Go's crypto/tls in kube-apiserver and
 cluster-autoscaler, Prometheus) speaks ECDSA, and a key is made in microseconds where RSA-2048 takes tens of
@@ -21,10 +23,26 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from extender.core.certs import CertFacts
 
-__all__ = ["facts", "fingerprint", "issue_leaf", "load_bundle", "new_authority", "pem_of"]
+__all__ = ["facts", "fingerprint", "issue_leaf", "key_usage", "load_bundle", "new_authority", "pem_of"]
 
 SKEW = dt.timedelta(minutes=1)
 _USAGE_OIDS = {"server": ExtendedKeyUsageOID.SERVER_AUTH, "client": ExtendedKeyUsageOID.CLIENT_AUTH}
+
+
+def key_usage(authority: bool, *, key_encipherment: bool = False) -> x509.KeyUsage:
+    """An authority signs certificates (and CRLs) only; a leaf signs handshakes only (key_encipherment for RSA
+    key exchange, which only the agents' CSR keys of other types might need)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_encipherment=key_encipherment,
+        content_commitment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=authority,
+        crl_sign=authority,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -53,17 +71,7 @@ def new_authority(common_name: str, *, now: dt.datetime, hours: float) -> tuple[
     """A self-signed CA (PEM certificate, PEM key) that may sign leaves only (path length 0)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    usage = x509.KeyUsage(
-        digital_signature=True,
-        key_encipherment=False,
-        content_commitment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=True,
-        crl_sign=True,
-        encipher_only=False,
-        decipher_only=False,
-    )
+    usage = key_usage(authority=True)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -96,17 +104,7 @@ def issue_leaf(
     key = ec.generate_private_key(ec.SECP256R1())
     attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations]
     attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-    usage = x509.KeyUsage(
-        digital_signature=True,
-        key_encipherment=False,
-        content_commitment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=False,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
+    usage = key_usage(authority=False)
     builder = (
         x509.CertificateBuilder()
         .subject_name(x509.Name(attrs))
