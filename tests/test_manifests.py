@@ -385,6 +385,7 @@ METHODS: dict[str, set[Rule]] = {
     "delete_namespaced_pod": {("", "pods", "delete")},
     "patch_namespaced_pod": {("", "pods", "patch")},
     "create_namespaced_pod_binding": {("", "pods/binding", "create")},
+    "create_namespaced_pod_eviction": {("", "pods/eviction", "create")},
     "create_namespaced_event": {("", "events", "create")},
     "create_namespaced_pod_template": {("", "podtemplates", "create")},
     "delete_namespaced_pod_template": {("", "podtemplates", "delete")},
@@ -799,8 +800,9 @@ def test_the_controller_role_grants_its_pod_calls_and_the_local_copy_is_the_same
     client-certificate user) grants the same. A copy that lagged once left a re-queue refused with 403 in CI."""
     text = (ROOT / "extender" / "controller" / "loop.py").read_text()
     called = set(re.findall(r"self\.core\.(\w+)\(", text))
-    pods = set().union(*(METHODS[m] for m in called if m in METHODS))
+    pods = {rule for rule in set().union(*(METHODS[m] for m in called if m in METHODS)) if rule[1] == "pods"}
     assert {v for _, r, v in pods if r == "pods"} == {"get", "delete", "create", "patch"}
+    assert "create_namespaced_pod_eviction" in called  # QoS preemption: pods/eviction, granted below the pods rule
     granted = role_rules(CONFIG / "controller" / "clusterrole.yaml", "qos-extender-controller")
     assert {rule for rule in granted if rule[1] == "pods"} == pods | {("", "pods", "list"), ("", "pods", "watch")}
     local = role_rules(ROOT / "hack" / "manifests" / "qos-controller-rbac.yaml", "qos-extender-controller")

@@ -47,6 +47,7 @@ from extender.consolidation import policy
 from extender.consolidation.metrics import ConsolidationMetrics
 from extender.consolidation.policy import MoveVerdict, NodeOutcome
 from extender.consolidation.settings import ConsolidationSettings
+from extender.core.disruption import Action, Disruption, DisruptionKind, Verdict, decide
 from extender.core.migration import agent_identity
 from extender.core.model import WorkloadKind
 from extender.core.reschedule import MigrationPlan
@@ -54,6 +55,7 @@ from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs, BindError
 from extender.kube.client import ApiError, read_json
 from extender.settings.extender import ConfigError, ExtenderConfig
+from extender.settings.sections import DisruptionSettings
 
 __all__ = ["AutoscalerRuntime", "ConsolidationFlow"]
 
@@ -94,8 +96,12 @@ class ConsolidationFlow:
         *,
         clock: Callable[[], float] = time.time,
         token: Callable[[], str] = lambda: secrets.token_hex(3),
+        disruption: DisruptionSettings | None = None,
     ) -> None:
         self.s = settings
+        # the guard rails (budgets, dry-run, PDBs): the extender file's `disruption:` section (start() takes the
+        # running autoscaler's unless one is given here)
+        self.disruption = disruption
         self._clock = clock
         self._token = token
         self.latest: Consolidation | None = None
@@ -110,6 +116,11 @@ class ConsolidationFlow:
         self._running: AutoscalerRuntime | None = None
         self._client: AgentClient | None = None
         self._events: Any = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._motion_nodes: set[str] = set()  # nodes being emptied (not dry-run): in motion for the budgets
+        self._moving: dict[str, Disruption] = {}  # pod key -> its migration in flight
+        self._reported: dict[str, float] = {}  # dry-run: node -> until when it is not reported again
+        self._said: dict[tuple[str, str, str], float] = {}  # (reason, kind, object) -> until when not said again
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -125,6 +136,8 @@ class ConsolidationFlow:
                 "provisioning_requests (the emptied node is left to CA's scale-down)"
             )
         self._running = running
+        if self.disruption is None:
+            self.disruption = running.config.disruption
         self.metrics = ConsolidationMetrics(running.metrics.registry)
         self.attach(running.api_client, running.config.bind, events=running.events)
         self._task = asyncio.create_task(self._run(), name="consolidation")
@@ -140,10 +153,14 @@ class ConsolidationFlow:
 
     async def stop_term(self) -> None:
         """The term ended: cancel the loop and the consolidation in flight; a former leader writes nothing more."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._cancel()
+
+    async def _cancel(self) -> None:
+        for task in [self._task, *self._tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def attach(self, api_client: Any, bind: Any, *, events: Any = None) -> None:
         """The API client, binder settings (``ExtenderConfig.bind``), Events sink and agent client ``move_pod``
@@ -155,10 +172,7 @@ class ConsolidationFlow:
         self._client = AgentClient(tls, timeout_seconds=self.s.migration_timeout_seconds)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._cancel()
         if self._client is not None:
             await self._client.close()
 
@@ -203,18 +217,84 @@ class ConsolidationFlow:
             )
             if c is None or c.at <= self._done_at or not quiet:
                 continue  # a hand-off from before the last consolidation ended is stale: wait for a new scan
+            self._start_plans(c, now)
+
+    @property
+    def guard(self) -> DisruptionSettings:
+        if self.disruption is None:
+            self.disruption = DisruptionSettings()
+        return self.disruption
+
+    def _group(self, node: str) -> str:
+        entry = self.r.snapshot.nodes.get(node) if self._running is not None else None
+        group = entry.node.group if entry is not None else None
+        return group.value if group is not None else "none"
+
+    def _in_motion(self) -> list[Disruption]:
+        nodes = [Disruption(DisruptionKind.CONSOLIDATION, n, self._group(n)) for n in sorted(self._motion_nodes)]
+        return nodes + list(self._moving.values())
+
+    def _start_plans(self, c: Consolidation, now: float) -> None:
+        """Start as many of the hand-off's plans as ``concurrent_nodes`` and the disruption budgets allow (the
+        worst-utilised first: when a budget holds one, none after it overtakes it); in dry-run each is only
+        looked at and reported."""
+        self._reported = {n: t for n, t in self._reported.items() if t > now}
+        while len(self.busy) < self.s.concurrent_nodes:
             plan = policy.select_plan(
-                c, busy=frozenset(self.busy), left_alone=self.left_alone, owned=self._owned(), now=now
+                c,
+                busy=frozenset(self.busy),
+                left_alone={**self.left_alone, **self._reported},
+                owned=self._owned(),
+                now=now,
             )
             if plan is None:
-                continue
-            try:
-                outcome = await self.consolidate(plan)
-            except Exception:  # a bug must not stop the flow; consolidate() already uncordoned
-                log.exception("consolidation failed", extra={"node": plan.source})
+                return
+            d = Disruption(DisruptionKind.CONSOLIDATION, plan.source, self._group(plan.source))
+            verdict = decide(self.guard.core_budgets, self._in_motion(), [d], now, dry_run=self.guard.dry_run)[0]
+            if verdict.action is Action.WAIT:
+                self._waiting(verdict, "Node", "", plan.source)
+                return
+            dry = verdict.action is Action.REPORT
+            if dry:
+                self._reported[plan.source] = now + max(self.guard.report_interval_seconds, 1.0)
             else:
-                self.outcomes.append(outcome)
-            self._done_at = self._clock()
+                self._motion_nodes.add(plan.source)
+            self.busy.add(plan.source)
+            task = asyncio.create_task(self._consolidate_task(plan, dry), name=f"consolidation {plan.source}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _consolidate_task(self, plan: MigrationPlan, dry_run: bool) -> None:
+        try:
+            outcome = await self.consolidate(plan, dry_run=dry_run)
+        except Exception:  # a bug must not stop the flow; consolidate() already uncordoned
+            log.exception("consolidation failed", extra={"node": plan.source})
+        else:
+            self.outcomes.append(outcome)
+        finally:
+            self.busy.discard(plan.source)
+            self._motion_nodes.discard(plan.source)
+            if not dry_run:
+                self._done_at = self._clock()
+            self._wake.set()
+
+    def _once(self, reason: str, kind: str, obj: str) -> bool:
+        """Say this (an Event) now? Once per ``report_interval_seconds`` per reason and object."""
+        now = self._clock()
+        key = (reason, kind, obj)
+        if self._said.get(key, -math.inf) > now:
+            return False
+        self._said = {k: t for k, t in self._said.items() if t > now}
+        self._said[key] = now + self.guard.report_interval_seconds
+        return True
+
+    def _waiting(self, verdict: Verdict, kind: str, namespace: str, name: str) -> None:
+        d = verdict.disruption
+        self.metrics.disruptions.labels(d.kind.value, "waited").inc()
+        obj = f"{namespace}/{name}" if namespace else name
+        if self._once("QosDisruptionWaiting", kind, obj):
+            what = f"{d.kind.value} of {d.pod or d.node}"
+            self._say(kind, namespace, name, "", "QosDisruptionWaiting", f"{what} waits: {verdict.reason}", False)
 
     # ------------------------------------------------------------------------------------------ one node
 
@@ -243,8 +323,10 @@ class ConsolidationFlow:
         body = policy.cordon_patch(plan_id)
         await read_json(await self._core.patch_node(node, body, _preload_content=False))
 
-    async def consolidate(self, plan: MigrationPlan) -> NodeOutcome:
-        """Empty ``plan.source`` through the agents and delete it, or leave it uncordoned with an Event."""
+    async def consolidate(self, plan: MigrationPlan, *, dry_run: bool = False) -> NodeOutcome:
+        """Empty ``plan.source`` through the agents and delete it, or leave it uncordoned with an Event. In dry-run
+        only read: the node and pods are checked as for a real start, then each move it would make is reported
+        (Event ``QosDisruptionDryRun`` on the node and on each pod, metric) and nothing changes."""
         source = plan.source
         plan_id = policy.plan_id(source, self._token())
         try:
@@ -270,6 +352,8 @@ class ConsolidationFlow:
             self.left_alone[source] = self._clock() + self.s.left_alone_seconds
             self._say("Node", "", source, "", "ConsolidationSkipped", why, True)
             return NodeOutcome(source, plan_id, False, why)
+        if dry_run:
+            return self._dry_run_report(plan, plan_id)
         self.busy.add(source)
         self.metrics.in_progress.inc()
         moves: list[Mapping[str, Any]] = []
@@ -285,7 +369,13 @@ class ConsolidationFlow:
                 raise _Abort(why)
             by_key = {policy.object_key(p): p for p in live}
             for i, (key, dest) in enumerate(plan.moves, start=1):
-                move = await self.move_pod(policy.migration_id(plan_id, i), by_key[key], source, dest)
+                migration = Disruption(DisruptionKind.MIGRATION, source, self._group(source), key)
+                await self._within_budget(migration)
+                self._moving[key] = migration
+                try:
+                    move = await self.move_pod(policy.migration_id(plan_id, i), by_key[key], source, dest)
+                finally:
+                    self._moving.pop(key, None)
                 moves.append(move)
                 if move["verdict"] is not MoveVerdict.COMMIT:
                     raise _Abort(f"moving {key} to {dest}: {move['outcome']}: {move['reason']}")
@@ -328,6 +418,72 @@ class ConsolidationFlow:
             self.busy.discard(source)
             self.metrics.in_progress.dec()
 
+    def _dry_run_report(self, plan: MigrationPlan, plan_id: str) -> NodeOutcome:
+        source = plan.source
+        summary = ", ".join(f"{k} -> {d}" for k, d in plan.moves)
+        self.metrics.disruptions.labels(DisruptionKind.CONSOLIDATION.value, "dry_run").inc()
+        self.metrics.plans.labels("dry_run").inc()
+        self._say("Node", "", source, "", "QosDisruptionDryRun",
+                  f"dry-run: would cordon and empty this node by {len(plan.moves)} migration(s) ({summary}); "
+                  "nothing changed", False)  # fmt: skip
+        for key, dest in plan.moves:
+            ns, name = key.split("/", 1)
+            self.metrics.disruptions.labels(DisruptionKind.MIGRATION.value, "dry_run").inc()
+            self._say("Pod", ns, name, "", "QosDisruptionDryRun",
+                      f"dry-run: would migrate from {source} to {dest} (consolidation of {source}); nothing changed",
+                      False)  # fmt: skip
+        return NodeOutcome(source, plan_id, False, f"dry-run: would move {summary}")
+
+    async def _within_budget(self, d: Disruption) -> None:
+        """Wait until the budgets let this migration go (another node's move may hold a pod budget); give up
+        (abort the plan) after ``pdb_wait_seconds``."""
+        deadline = time.monotonic() + self.guard.pdb_wait_seconds
+        while True:
+            others = [m for m in self._in_motion() if m != d]
+            verdict = decide(self.guard.core_budgets, others, [d], self._clock())[0]
+            if verdict.action is not Action.WAIT:
+                return
+            ns, name = (d.pod or "/").split("/", 1)
+            self._waiting(verdict, "Pod", ns, name)
+            if time.monotonic() >= deadline:
+                raise _Abort(f"migration of {d.pod} held for {self.guard.pdb_wait_seconds:.0f}s: {verdict.reason}")
+            await asyncio.sleep(1.0)
+
+    async def _pdb_allows(self, ns: str, name: str, uid: str) -> str | None:
+        """Would the API evict this pod now (its PodDisruptionBudgets)? An Eviction with dryRun=All: None when it
+        would, else why not (HTTP 429: a PDB allows no disruption now)."""
+        body: Any = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": ns},
+            "deleteOptions": {"dryRun": ["All"], **({"preconditions": {"uid": uid}} if uid else {})},
+        }
+        try:
+            await read_json(
+                await self._core.create_namespaced_pod_eviction(name, ns, body, dry_run="All", _preload_content=False)
+            )
+        except ApiError as exc:
+            if exc.status == 429:
+                return f"a PodDisruptionBudget allows no disruption of {ns}/{name} now ({exc})"
+            raise
+        return None
+
+    async def _wait_for_pdb(self, ns: str, name: str, uid: str) -> None:
+        """A migration deletes its source pod: wait while its PDBs forbid that, up to ``pdb_wait_seconds``."""
+        if not self.guard.honour_pdbs_for_migrations:
+            return
+        deadline = time.monotonic() + self.guard.pdb_wait_seconds
+        while True:
+            why = await self._pdb_allows(ns, name, uid)
+            if why is None:
+                return
+            self.metrics.disruptions.labels(DisruptionKind.MIGRATION.value, "pdb").inc()
+            if self._once("QosDisruptionWaiting", "Pod", f"{ns}/{name}"):
+                self._say("Pod", ns, name, uid, "QosDisruptionWaiting", f"migration waits: {why}", False)
+            if time.monotonic() >= deadline:
+                raise _Refused(f"{why}; waited {self.guard.pdb_wait_seconds:.0f}s")
+            await asyncio.sleep(min(5.0, max(self.guard.pdb_wait_seconds / 10, 0.2)))
+
     # ------------------------------------------------------------------------------------------ one pod
 
     async def move_pod(self, mid: str, src: dict[str, Any], source: str, dest: str) -> dict[str, Any]:
@@ -342,6 +498,7 @@ class ConsolidationFlow:
         created = False
         checkpoint_image = False  # kubelet backend: the destination node holds a checkpoint image of this move
         try:
+            await self._wait_for_pdb(ns, name, uid)
             urls = {n: policy.agent_url(await self._node(n) or {}, port=self.s.agent_port, scheme=self.s.agent_scheme)
                     for n in (source, dest)}  # fmt: skip
             missing = [n for n, u in urls.items() if u is None]

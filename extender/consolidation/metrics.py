@@ -59,6 +59,14 @@ class ConsolidationMetrics:
             ["result"],
             registry=r,
         )
+        self.disruptions = Counter(
+            _P + "disruptions",
+            "Consolidations and migrations not made as asked by the disruption guard rails, by kind (consolidation, "
+            "migration) and decision: dry_run (reported, nothing changed), waited (a budget held it), pdb (a "
+            "PodDisruptionBudget held the migration).",
+            ["kind", "decision"],
+            registry=r,
+        )
         self.in_progress = Gauge(_P + "in_progress", "Nodes being consolidated now (cordoned by the flow).", registry=r)
 
     def observe_move(self, outcome: str, record: Mapping[str, Any] | None, seconds: float) -> None:

@@ -53,6 +53,9 @@ class ConsolidationSettings(Settings):
     false under cluster-autoscaler, whose nodes carry no such label."""
     batch_queue_quiet_seconds: float | None = Field(None, ge=0, allow_inf_nan=False)
     """Extra quiet-queue gate checked right before a node is started; null: the autoscaler's value."""
+    concurrent_nodes: int = Field(1, ge=1, le=100)
+    """Nodes emptied at once (each one pod move at a time), within the disruption budgets of the extender file's
+    `disruption:` section (kinds consolidation and migration), which may hold some of them back."""
 
     @model_validator(mode="after")
     def _mtls_when_enabled(self) -> ConsolidationSettings:
