@@ -236,6 +236,20 @@ def test_batch_waits_for_the_cycle_unless_burst() -> None:
 # ------------------------------------------------------------------------------------------- bad input
 
 
+def test_planned_nodes_keep_room_for_the_daemonset_pods_every_node_carries() -> None:
+    """Bought by the sidecar itself (kwok provider) a node carries the DaemonSet pods too: a pod of exactly a small
+    flavour's memory does not fit one beside them (on kind: a t3.xsmall bought three times for a 1 GiB pod and
+    its route DaemonSet's 16 MiB, then ScaleUpGaveUp, issue 31). The plan leaves the most DaemonSet requests any
+    node carries; the node requested is the catalogue's flavour, whole."""
+    exact = pod("exact", "1", "4Gi")  # SMALL's memory exactly
+    assert [r.flavour.name for r in loop().step(snap([], [exact]), now=0.0).provision] == [SMALL.name]
+    ds = pod("routes-x", "5m", "16Mi", node="n1", unschedulable=False)
+    ds["metadata"]["ownerReferences"] = [{"kind": "DaemonSet", "name": "routes", "uid": "d1", "controller": True}]
+    busy = pod("busy", "8", "16Gi", node="n1", unschedulable=False)  # n1 (a LARGE) is full
+    d = loop().step(snap([node("n1", LARGE, "service", owned=False)], [exact, ds, busy]), now=0.0)
+    assert [r.flavour for r in d.provision] == [HIMEM], "the next cheapest flavour holding 4 GiB + 16 MiB, whole"
+
+
 def test_pod_larger_than_every_flavour_gets_one_event_and_never_a_node() -> None:
     s = snap([], [pod("huge", "64", "1Gi"), pod("ok", "1", "1Gi")])
     lp = loop()

@@ -367,16 +367,20 @@ class AutoscalerLoop:
             d.arrived.append((entry.node_name, lag))
 
     def _scan_settings(self, views: list[Node]) -> autoscale_scan.ScanSettings:
-        """Handing demand to CA, a planned node must fit CA's node template: the catalogue less the DaemonSet pods
-        the nodes we see carry (the most on any node) and the configured reserve (CA's template system pods)."""
-        provreq = self.s.expander.provreq
-        if not self.hands_demand or provreq is None:
-            return self.scan_settings
+        """A planned node must hold its pods beside the DaemonSet pods it will carry: the catalogue less the most
+        any node we see carries (bought by the kwok provider too: on kind a t3.xsmall bought for a 1 GiB pod was
+        16 MiB short, the route DaemonSet's, three times over until ScaleUpGaveUp, issue 31). Handing demand to CA,
+        also less the configured reserve (CA's node template's system pods)."""
         daemons = [Resources.total(p.requests for p in v.pods if _is_daemon(p)) for v in views]
-        worst = Resources(
+        reserve = Resources(
             max((r.cpu_milli for r in daemons), default=0), max((r.memory_bytes for r in daemons), default=0), 0
         )
-        flavours = autoscale.with_headroom(self.scan_settings.flavours, worst + provreq.node_reserve.resources())
+        provreq = self.s.expander.provreq
+        if self.hands_demand and provreq is not None:
+            reserve = reserve + provreq.node_reserve.resources()
+        if reserve == Resources():
+            return self.scan_settings
+        flavours = autoscale.with_headroom(self.scan_settings.flavours, reserve)
         return dataclasses.replace(self.scan_settings, flavours=flavours)
 
     def _fulfilled(self, d: Decisions, snap: AutoscalerSnapshot, now: float) -> None:
@@ -471,7 +475,10 @@ class AutoscalerLoop:
             name = f"{self.s.node_name_prefix}-{group.value}-{_slug(flavour.name)}-{self._suffix()}"
             self.state.provisioned(group, autoscale.Provisioning(name, flavour, d.now, keys))
             requests = Resources.total(snap.pods[k].pod.requests for k in keys if k in snap.pods)
-            d.provision.append(ProvisionRequest(name, flavour, group, self._labels(group, flavour), keys, requests))
+            # the machine is the catalogue's flavour; the plan (and the ledger's room on a booting node) saw it less
+            # the DaemonSet headroom (_scan_settings)
+            machine = self.by_name.get(flavour.name, flavour)
+            d.provision.append(ProvisionRequest(name, machine, group, self._labels(group, machine), keys, requests))
             counted = []
             via = " from cluster-autoscaler (ProvisioningRequest)" if self.hands_demand else ""
             for key in keys:
