@@ -32,7 +32,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from extender.core.characterise import (
     model_to_document,
     recluster_model,
 )
+from extender.core.disruption import Action, Disruption, DisruptionKind, decide, unlimited
 from extender.core.model import (
     DEFAULT_CLASSES,
     InvalidInputError,
@@ -89,7 +90,7 @@ from extender.kube.usage import (
     pod_usage,
     service_profiles,
 )
-from extender.settings.sections import NodeGroupsConfig, PodDefaults, SlackConfig
+from extender.settings.sections import DisruptionSettings, NodeGroupsConfig, PodDefaults, SlackConfig
 
 __all__ = [
     "BATCH_CPU",
@@ -364,6 +365,8 @@ class SlackParams:
     evict: bool = True
     miss_tolerance: float = 0.05
     stale_seconds: float = 1800.0
+    guard: DisruptionSettings = field(default_factory=DisruptionSettings)
+    """The extender's disruption guard rails (budgets, dry-run) for the evictions."""
 
     def __post_init__(self) -> None:
         if self.classify_seconds < self.config.observation_seconds:
@@ -431,6 +434,13 @@ class SlackMetrics:
             ["result"],
             registry=r,
         )
+        self.disruptions = Counter(
+            "qos_extender_slack_disruptions",
+            "Slack evictions not made as asked by the disruption guard rails, by kind (slack-eviction) and decision: "
+            "dry_run (reported, nothing evicted), waited (a budget held it).",
+            ["kind", "decision"],
+            registry=r,
+        )
         self.withdrawn = Gauge(
             "qos_extender_slack_withdrawn",
             "1 while slack is withdrawn: some service's usage (or every node's) unread for longer than stale_seconds.",
@@ -494,6 +504,8 @@ class SlackController:
         self.metrics = metrics if metrics is not None else SlackMetrics()
         self._component = event_component
         self.evicted: list[str] = []  # every pod this controller evicted, in order (tests, logs)
+        self._evicting: dict[str, tuple[Disruption, float]] = {}  # evicted, in motion until the pod is gone
+        self._said: dict[tuple[str, str], float] = {}  # (reason, pod) -> until when an Event is not said again
         # The staleness clocks run on the instant reading (``PrometheusUsage.current``), the one the safety check
         # needs, not on the range query: a range over the classify window still returns samples for an hour
         # after the scrapes stopped, and the profiles alone cannot tell a service grew under its batch tenants.
@@ -706,7 +718,14 @@ class SlackController:
             )
             if not self.settings.evict:
                 continue
+            running = {p.key for n in cluster.nodes for p in n.pods}
+            now_wall = self._clock()
+            self._evicting = {k: v for k, v in self._evicting.items() if k in running and v[1] > now_wall}
+            group = node.group.value if node.group is not None else "none"
             for key in victims:
+                d = Disruption(DisruptionKind.SLACK_EVICTION, node.name, group, key)
+                if not await self._guarded(d, cluster.uids.get(key, ""), now_wall):
+                    continue
                 demand = Amount.total(t.demand for t in tenants)
                 why = (
                     f"the services lending on {node.name} ({', '.join(sorted(lent))}) use more than predicted: "
@@ -718,9 +737,39 @@ class SlackController:
                 self.metrics.evictions.labels(result).inc()
                 if result == "evicted":
                     self.evicted.append(key)
+                    self._evicting[key] = (d, now_wall + 120.0)
                     await self._event(
                         key, cluster.uids.get(key, ""), node.name, cluster.node_uids.get(node.name, ""), why
                     )
+
+    async def _guarded(self, d: Disruption, uid: str, now: float) -> bool:
+        """May this eviction be made now (``core.disruption.decide`` on the extender's budgets and what this
+        controller is evicting)? A held or dry-run eviction is counted, logged and said once per
+        ``report_interval_seconds`` (Event on the pod)."""
+        g = self.settings.guard
+        budgets = g.core_budgets
+        if not g.dry_run and unlimited(budgets):
+            return True
+        motion = [m for m, _ in self._evicting.values()]
+        verdict = decide(budgets, motion, [d], now, dry_run=g.dry_run)[0]
+        if verdict.action is Action.GO:
+            return True
+        assert d.pod is not None
+        dry = verdict.action is Action.REPORT
+        decision, reason = ("dry_run", "QosDisruptionDryRun") if dry else ("waited", "QosDisruptionWaiting")
+        self.metrics.disruptions.labels(d.kind.value, decision).inc()
+        message = (
+            f"dry-run: would evict from {d.node} (the real slack no longer holds it); nothing changed"
+            if dry
+            else f"slack eviction from {d.node} waits: {verdict.reason}"
+        )
+        log.info("slack eviction guarded", extra={"pod": d.pod, "decision": {"action": verdict.action.value,
+                                                                             "reason": verdict.reason}})  # fmt: skip
+        if self._said.get((reason, d.pod), float("-inf")) <= now:
+            self._said = {k: t for k, t in self._said.items() if t > now}
+            self._said[(reason, d.pod)] = now + g.report_interval_seconds
+            await self._event(d.pod, uid, d.node, "", message, reason=reason, warning=False, on_node=False)
+        return False
 
     async def _evict(self, key: str, uid: str) -> str:
         namespace, name = key.split("/", 1)
@@ -747,24 +796,35 @@ class SlackController:
         log.info("batch pod evicted", extra={"pod": key})
         return "evicted"
 
-    async def _event(self, key: str, uid: str, node: str, node_uid: str, message: str) -> None:
+    async def _event(
+        self,
+        key: str,
+        uid: str,
+        node: str,
+        node_uid: str,
+        message: str,
+        *,
+        reason: str = EVICTION_REASON,
+        warning: bool = True,
+        on_node: bool = True,
+    ) -> None:
         """A Warning Event on the evicted pod and one on its node (best effort: logged when refused)."""
         if self._component is None:
             return
         namespace, name = key.split("/", 1)
         stamp = datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        for ns, obj in (
-            (namespace, {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": uid}),
-            ("default", {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}),
-        ):
+        objects = [(namespace, {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": uid})]
+        if on_node:
+            objects.append(("default", {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}))
+        for ns, obj in objects:
             event = {
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": {"generateName": f"{obj['name']}.", "namespace": ns},
                 "involvedObject": obj,
-                "reason": EVICTION_REASON,
+                "reason": reason,
                 "message": message[:1024],
-                "type": "Warning",
+                "type": "Warning" if warning else "Normal",
                 "source": {"component": self._component},
                 "reportingComponent": self._component,
                 "reportingInstance": socket.gethostname(),
@@ -823,6 +883,7 @@ async def run_slack_controller(
     metrics: SlackMetrics | None = None,
     event_component: str | None = "qos-extender",
     stop: asyncio.Event | None = None,
+    disruption: DisruptionSettings | None = None,
 ) -> None:
     """The publisher as a long-running task of ``serve``: load or fit the model (retried every refresh while
     there is none), then refresh every ``refresh_seconds`` until ``stop`` is set or the task is cancelled.
@@ -836,8 +897,11 @@ async def run_slack_controller(
     metrics = metrics if metrics is not None else SlackMetrics()
     async with aiohttp.ClientSession() as session:
         reader = PrometheusUsage(cfg.prometheus_url, session, rate_window=cfg.rate_window)
+        params = settings_from_config(cfg, classes, defaults)
+        if disruption is not None:
+            params = replace(params, guard=disruption)
         ctl = SlackController(
-            settings_from_config(cfg, classes, defaults),
+            params,
             k8s.CoreV1Api(api_client),
             reader,
             metrics=metrics,

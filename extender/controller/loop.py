@@ -61,6 +61,7 @@ from extender.controller.patches import (
     route_known,
 )
 from extender.controller.state import PodInfo, TrackingSnapshot
+from extender.core import disruption as guard_rails
 from extender.core.gates import BYPASS_ANNOTATION, GateView, bypassed_admission
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod
 from extender.core.qos import availability
@@ -143,6 +144,8 @@ class QosController:
     ) -> None:
         self.cfg = config.controller
         self.policy = config.policy
+        self.guard = config.disruption  # budgets and dry-run for the QoS preemptions (issue 32 part 4)
+        self._guard_said: dict[tuple[str, str], float] = {}  # (reason, pod) -> until when not said again
         self.snapshot = snapshot
         self.metrics = metrics
         self.events = events
@@ -498,7 +501,10 @@ class QosController:
         # in flight from now on: counted on its node, never decided again, until the watch shows it ungated or
         # its PATCH is refused (then the next pass decides it anew).
         in_flight = self.clock() + _IN_FLIGHT_SECONDS
+        held = self._guard_preemptions(decision.releases, by_pod)
         for rel in decision.releases:
+            if rel.pod in held:
+                continue  # its victims wait for a budget (or dry-run): not released, the next pass decides again
             self._released[rel.pod] = (rel.node, in_flight)
             task = asyncio.create_task(self._apply(rel, by_pod.get(rel.pod, []), now), name=f"release {rel.pod}")
             self._applying.add(task)
@@ -520,6 +526,62 @@ class QosController:
                 },
             )
         return decision
+
+    # ------------------------------------------------------------------------------ guard rails
+
+    def _guard_preemptions(self, releases: Any, by_pod: Mapping[str, list[Evict]]) -> set[str]:
+        """The releases whose preemptions the disruption guard rails hold back (``core.disruption.decide``): a
+        budget with no room for its victims (Event QosDisruptionWaiting on the pending pod, naming the budget), or
+        dry-run (Event QosDisruptionDryRun on each victim it would evict). Nothing held without budgets and
+        dry-run: today's behaviour."""
+        budgets = self.guard.core_budgets
+        if not self.guard.dry_run and guard_rails.unlimited(budgets):
+            return set()
+        now = self.clock()
+        self._guard_said = {k: t for k, t in self._guard_said.items() if t > now}
+        motion = [self._disruption(v, self._node_of(v)) for v in self._evicting if self._node_of(v)]
+        held: set[str] = set()
+        for rel in releases:
+            victims = by_pod.get(rel.pod, [])
+            if not victims:
+                continue
+            candidates = [self._disruption(ev.victim, ev.node) for ev in victims]
+            verdicts = guard_rails.decide(budgets, motion, candidates, now, dry_run=self.guard.dry_run)
+            if all(v.action is guard_rails.Action.GO for v in verdicts):
+                motion.extend(candidates)
+                continue
+            held.add(rel.pod)
+            for ev, v in zip(victims, verdicts, strict=True):
+                if v.action is guard_rails.Action.REPORT:
+                    self.metrics.disruptions.labels("preemption", "dry_run").inc()
+                    self._say_once(ev.victim, ev.victim_uid, "QosDisruptionDryRun",
+                                   f"dry-run: would evict for {ev.for_pod} on {ev.node}: Q_victim={ev.q_victim:.1f}s, "
+                                   f"Q_pending={ev.q_pending:.1f}s ({ev.reason}); nothing changed", now)  # fmt: skip
+                elif v.action is guard_rails.Action.WAIT:
+                    self.metrics.disruptions.labels("preemption", "waited").inc()
+                    self._say_once(ev.for_pod, "", "QosDisruptionWaiting",
+                                   f"preempting {ev.victim} on {ev.node} waits: {v.reason}", now)  # fmt: skip
+            log.info("preemption guarded", extra={"pod": rel.pod, "decision": {
+                "victims": [ev.victim for ev in victims], "verdicts": [v.action.value for v in verdicts],
+                "reasons": sorted({v.reason for v in verdicts if v.action is not guard_rails.Action.GO})}})  # fmt: skip
+        return held
+
+    def _node_of(self, key: str) -> str | None:
+        entry = self.snapshot.pods.get(key)
+        return entry.pod.node_name if entry is not None else None
+
+    def _disruption(self, victim: str, node: str | None) -> guard_rails.Disruption:
+        entry = self.snapshot.nodes.get(node) if node else None
+        group = entry.node.group if entry is not None else None
+        return guard_rails.Disruption(
+            guard_rails.DisruptionKind.PREEMPTION, node or "", group.value if group is not None else "none", victim
+        )
+
+    def _say_once(self, pod: str, uid: str, reason: str, message: str, now: float) -> None:
+        if (reason, pod) in self._guard_said:
+            return
+        self._guard_said[(reason, pod)] = now + self.guard.report_interval_seconds
+        self._event(pod, uid, reason, message)
 
     # ------------------------------------------------------------------------------ admission bypassed
 

@@ -100,6 +100,13 @@ class ControllerMetrics:
             ["reason"],
             registry=r,
         )
+        self.disruptions = Counter(
+            "qos_extender_controller_disruptions",
+            "QoS preemptions not made as asked by the disruption guard rails, by kind (preemption) and decision: "
+            "dry_run (reported, nothing evicted, the pod not released), waited (a budget held it).",
+            ["kind", "decision"],
+            registry=r,
+        )
         self.eviction_failures = Counter(
             "qos_extender_controller_eviction_failures",
             "Evictions refused (pdb: 429 from a PodDisruptionBudget; error: anything else); the pod waits.",

@@ -35,6 +35,7 @@ def slack_term(
             metrics=metrics,
             event_component=config.kubernetes.event_component if config.kubernetes.events else None,
             stop=stop,
+            disruption=config.disruption,
         )
 
     return publish
