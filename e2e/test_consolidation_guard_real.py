@@ -15,6 +15,10 @@ same round), a third node would do the same with more machines. The flow may run
    ``QosDisruptionWaiting`` naming the budget); only once A's consolidation has ended does B's start (its two
    counters migrate to A). The two consolidations never overlap.
 
+And a PodDisruptionBudget holds a migration as it holds an eviction: a counter covered by a PDB that allows no
+disruption is not moved (the flow asked with an Eviction dryRun=All, waited, gave up: nothing checkpointed, the
+source untouched); the PDB deleted, the same move goes.
+
 "Removing" a node here is the local stand-in for a cloud returning the machine to the pool: the stand-in records
 the deletion and uncordons the node, so the cluster is left as it was found (the counters run on A).
 
@@ -27,19 +31,20 @@ import asyncio
 import itertools
 import json
 import time
+import uuid
 from typing import Any
 
 import pytest
 
 from e2e.test_consolidation_real import Background, _events, _non_daemon_pods, background  # noqa: F401
 from e2e.test_deployed import Product, _ready, namespace, product  # noqa: F401  (fixtures)
-from e2e.test_migration_real import GROUP, _cid, _counter
+from e2e.test_migration_real import GROUP, _cid, _counter, flow  # noqa: F401  (fixture)
 from extender.autoscaler.handoff import Consolidation
 from extender.autoscaler.loop import ProvisionRequest
 from extender.autoscaler.settings import AutoscalerSettings, MetricsSettings
 from extender.consolidation import policy
 from extender.consolidation.flow import ConsolidationFlow
-from extender.consolidation.policy import NodeOutcome
+from extender.consolidation.policy import MoveVerdict, NodeOutcome
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
 from extender.core.model import Flavour, Resources
 from extender.core.reschedule import MigrationPlan
@@ -153,7 +158,7 @@ def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_
         metrics=MetricsSettings(port=0),
     )
     dry = load_settings(DisruptionSettings, {"dry_run": True, "budgets": [BUDGET], "report_interval_seconds": 600.0})
-    flow = TimedFlow(
+    timed = TimedFlow(
         ConsolidationSettings(
             enabled=True,
             agent=AgentEndpoint(
@@ -174,14 +179,14 @@ def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_
     async def start() -> RunningAutoscaler:
         running = await start_autoscaler(config, settings)
         running.provider = machines
-        await flow.start(running)
+        await timed.start(running)
         return running
 
     async def feed(stop: asyncio.Event) -> None:
         """The hand-offs: every 0.5 s the plans of the nodes not yet emptied, as the autoscaler's scan would."""
         while not stop.is_set():
             done = {n for n, _ in machines.deleted}
-            flow.handoff(await asyncio.to_thread(_plans, product, order, done))
+            timed.handoff(await asyncio.to_thread(_plans, product, order, done))
             await asyncio.sleep(0.5)
 
     running: RunningAutoscaler = background.run(start())
@@ -211,14 +216,14 @@ def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_
         assert sorted(x["metadata"]["name"] for x in kube.pods(namespace)) == ["counter-a", "counter-b"]
         for name, cid in cids.items():
             assert _cid(kube.get(f"/api/v1/namespaces/{namespace}/pods/{name}")) == cid, f"dry-run touched {name}"
-        assert not machines.deleted and all(s[3] for s in flow.spans), flow.spans
-        m = flow.metrics.disruptions
+        assert not machines.deleted and all(s[3] for s in timed.spans), timed.spans
+        m = timed.metrics.disruptions
         assert m.labels("migration", "dry_run")._value.get() == 2, "each move reported once"
         assert m.labels("consolidation", "dry_run")._value.get() == 2
 
         # ---- 2. for real, a budget of one node in motion: A, then B, never both
-        flow.disruption = load_settings(DisruptionSettings, {"budgets": [BUDGET], "pdb_wait_seconds": 60.0})
-        flow._reported.clear()  # the dry-run's "reported, not again for a while" is no longer a reason to wait
+        timed.disruption = load_settings(DisruptionSettings, {"budgets": [BUDGET], "pdb_wait_seconds": 60.0})
+        timed._reported.clear()  # the dry-run's "reported, not again for a while" is no longer a reason to wait
         t1 = time.monotonic()
 
         def both_done() -> bool | None:
@@ -227,16 +232,16 @@ def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_
         try:
             kube.wait(both_done, "both nodes emptied one after the other", timeout=300, interval=0.5)
         except Exception:
-            outcomes = [o.__dict__ if hasattr(o, "__dict__") else repr(o) for o in flow.outcomes]
+            outcomes = [o.__dict__ if hasattr(o, "__dict__") else repr(o) for o in timed.outcomes]
             raise AssertionError(json.dumps(outcomes, default=str)[-4000:]) from None
         timings["both_emptied_seconds"] = round(time.monotonic() - t1, 3)
     finally:
         background.loop.call_soon_threadsafe(stop_feeding.set)
         feeder.result(30)
-        background.run(flow.stop())
+        background.run(timed.stop())
         background.run(running.stop())
 
-    real = sorted((s for s in flow.spans if not s[3]), key=lambda s: s[1])
+    real = sorted((s for s in timed.spans if not s[3]), key=lambda s: s[1])
     for (n1, _, end, _), (n2, begin, _, _) in itertools.pairwise(real):
         assert end <= begin, f"{n2} started at {begin} before {n1} ended at {end}: two nodes in motion ({real})"
     assert [n for n, _ in machines.deleted] == [a, b]
@@ -244,8 +249,8 @@ def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_
     b0, b1 = next((s[1], s[2]) for s in reversed(real) if s[0] == b)
     waits = [e for e in _events(product, "default", b) if e["reason"] == "QosDisruptionWaiting"]
     assert waits and "one-node" in waits[0]["message"], waits
-    assert flow.metrics.disruptions.labels("consolidation", "waited")._value.get() >= 1
-    moves = [m for o in flow.outcomes if o.removed for m in o.moves]
+    assert timed.metrics.disruptions.labels("consolidation", "waited")._value.get() >= 1
+    moves = [m for o in timed.outcomes if o.removed for m in o.moves]
     assert [m["outcome"] for m in moves] == ["succeeded"] * 3, moves
     # both counters run on A with their counts (three checkpoint migrations: counter-a twice)
     left = {x["metadata"]["name"]: x for x in kube.pods(namespace)}
@@ -266,3 +271,49 @@ def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_
     product.timings.update({f"guard_{k}": v for k, v in timings.items()})
     report = {"a": a, "b": b, **timings, "moves_seconds": [m["seconds"] for m in moves]}
     print("\ndisruption guard rails on real nodes:", json.dumps(report))
+
+
+def test_a_pod_disruption_budget_holds_a_migration_until_it_allows_it(
+    product: Product,  # noqa: F811
+    namespace: str,  # noqa: F811
+    flow: ConsolidationFlow,  # noqa: F811
+) -> None:
+    kube = product.kube
+    groups = {n: kube.get(f"/api/v1/nodes/{n}")["metadata"]["labels"].get(GROUP) for n in product.real_nodes}
+    batch_nodes = sorted(n for n, g in groups.items() if g == "batch")
+    assert len(batch_nodes) >= 2, f"needs two real batch nodes, got {groups}"
+    source, dest = batch_nodes[0], batch_nodes[1]
+    pod = _counter("guarded", source)
+    pod["metadata"]["labels"] = {"app": "guarded"}
+    kube.create_pod(namespace, pod)
+    path = f"/api/v1/namespaces/{namespace}/pods/guarded"
+    src = kube.wait(lambda: x if _ready(x := kube.get(path)) else None, "the counter Running", timeout=120)
+    src_cid = _cid(src)
+    pdbs = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets"
+    kube.create(pdbs, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep"},
+                       "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}})  # fmt: skip
+    kube.wait(lambda: kube.get(f"{pdbs}/keep").get("status", {}).get("expectedPods") == 1 or None,
+              "the PDB observed by the disruption controller", timeout=60, interval=0.5)  # fmt: skip
+    loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
+    flow.disruption = load_settings(DisruptionSettings, {"pdb_wait_seconds": 3.0})
+
+    t0 = time.monotonic()
+    held = loop.run_until_complete(flow.move_pod(f"guarded-{uuid.uuid4().hex[:8]}", kube.get(path), source, dest))
+    held_seconds = time.monotonic() - t0
+    assert held["outcome"] == "refused" and "PodDisruptionBudget" in held["reason"], held
+    assert held["verdict"] is MoveVerdict.ROLL_BACK and held.get("record") is None, "nothing was checkpointed"
+    assert [x["metadata"]["name"] for x in kube.pods(namespace)] == ["guarded"], "no destination pod"
+    assert _cid(kube.get(path)) == src_cid, "the source is untouched"
+    assert flow.metrics.disruptions.labels("migration", "pdb")._value.get() >= 1
+
+    kube.request("DELETE", f"{pdbs}/keep", ok=(200, 202, 404))
+    t1 = time.monotonic()
+    moved = loop.run_until_complete(flow.move_pod(f"guarded-{uuid.uuid4().hex[:8]}", kube.get(path), source, dest))
+    moved_seconds = time.monotonic() - t1
+    assert moved["verdict"] is MoveVerdict.COMMIT, moved
+    dest_ns, dest_name = moved["destination_pod"].split("/")
+    assert kube.get(f"/api/v1/namespaces/{dest_ns}/pods/{dest_name}")["spec"]["nodeName"] == dest
+    product.timings.update({"guard_pdb_held_seconds": round(held_seconds, 3),
+                            "guard_pdb_released_move_seconds": round(moved_seconds, 3)})  # fmt: skip
+    report = {"held_seconds": round(held_seconds, 3), "move_after_pdb_deleted_seconds": round(moved_seconds, 3)}
+    print("\nPDB held a migration:", json.dumps(report))
