@@ -151,6 +151,14 @@ class Kube:
         items: list[dict[str, Any]] = self.get("/api/v1/nodes", **params)["items"]
         return items
 
+    def log(self, namespace: str, pod: str, *, timestamps: bool = False) -> str:
+        """A pod's container log as text (the log endpoint answers text/plain, not JSON)."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{pod}/log" + ("?timestamps=true" if timestamps else "")
+        resp = self.http.request("GET", self.server + path, headers={**self.headers, "Accept": "*/*"})
+        if resp.status != 200:
+            raise KubeError(resp.status, resp.data.decode(errors="replace")[:500])
+        return str(resp.data.decode(errors="replace"))
+
     def events(self, namespace: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.get(f"/api/v1/namespaces/{namespace}/events")["items"]
         return items

@@ -115,10 +115,10 @@ def test_product_config_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_demo_simulator_part_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """`make demo`'s second half (the simulator comparison) runs to the end: it built its own argparse Namespace
-    and died on a missing option after the cluster part had run (issue 31)."""
+    """`make demo`'s last part (the simulator's comparison of the whole product with k8s) runs to the end: it built
+    its own argparse Namespace and died on a missing option after the cluster part had run (issue 31)."""
     from lab.demo import main as demo
 
     assert demo(["--simulate-only"]) == 0
     out = capsys.readouterr().out
-    assert "htas vs k8s: cost" in out and "qos-paper" in out
+    assert "product vs k8s: cost" in out
