@@ -118,6 +118,13 @@ def _plans(p: Product, order: list[str], done: set[str]) -> Consolidation:
     return Consolidation(time.time(), tuple(order), tuple(plans))
 
 
+def _leave_no_pods(p: Product, ns: str) -> None:
+    """Delete this test's pods and wait until they are gone: the next test looks for batch nodes free of pods."""
+    for x in p.kube.pods(ns):
+        p.kube.delete_pod(ns, x["metadata"]["name"])
+    p.kube.wait(lambda: not p.kube.pods(ns) or None, "the test's pods gone", timeout=120, interval=0.5)
+
+
 def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_moves_nothing(
     product: Product,  # noqa: F811
     namespace: str,  # noqa: F811
@@ -271,6 +278,7 @@ def test_a_budget_of_one_node_holds_two_candidates_to_one_at_a_time_and_dry_run_
     product.timings.update({f"guard_{k}": v for k, v in timings.items()})
     report = {"a": a, "b": b, **timings, "moves_seconds": [m["seconds"] for m in moves]}
     print("\ndisruption guard rails on real nodes:", json.dumps(report))
+    _leave_no_pods(product, namespace)
 
 
 def test_a_pod_disruption_budget_holds_a_migration_until_it_allows_it(
@@ -317,3 +325,4 @@ def test_a_pod_disruption_budget_holds_a_migration_until_it_allows_it(
                             "guard_pdb_released_move_seconds": round(moved_seconds, 3)})  # fmt: skip
     report = {"held_seconds": round(held_seconds, 3), "move_after_pdb_deleted_seconds": round(moved_seconds, 3)}
     print("\nPDB held a migration:", json.dumps(report))
+    _leave_no_pods(product, namespace)
