@@ -95,6 +95,8 @@ def test_dry_run_releases_no_pod_that_needs_a_victim_and_reports_each_victim() -
     ]
     assert "would evict for ns/p1 on n1" in events.said[0].message and events.said[0].uid == "uid-ns/v1"
     assert ctl.metrics.disruptions.labels("preemption", "dry_run")._value.get() == 2
+    ctl._guard_preemptions(RELEASES, BY_POD)  # the next pass: the same victims, not reported or counted again
+    assert len(events.said) == 2 and ctl.metrics.disruptions.labels("preemption", "dry_run")._value.get() == 2
 
 
 class _Core:
@@ -147,4 +149,4 @@ async def test_a_pod_budget_holds_a_second_slack_eviction_and_dry_run_evicts_non
     assert not await ctl._guarded(_slack_d("ns/b1"), "u1", 1000.0)
     assert not await ctl._guarded(_slack_d("ns/b1"), "u1", 1001.0)  # reported once per interval
     assert [(e["reason"], e["involvedObject"]["name"]) for e in core.events] == [("QosDisruptionDryRun", "b1")]
-    assert ctl.metrics.disruptions.labels("slack-eviction", "dry_run")._value.get() == 2
+    assert ctl.metrics.disruptions.labels("slack-eviction", "dry_run")._value.get() == 1  # once per report

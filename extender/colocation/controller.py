@@ -437,7 +437,8 @@ class SlackMetrics:
         self.disruptions = Counter(
             "qos_extender_slack_disruptions",
             "Slack evictions not made as asked by the disruption guard rails, by kind (slack-eviction) and decision: "
-            "dry_run (reported, nothing evicted), waited (a budget held it).",
+            "dry_run (each reported once per report interval, nothing evicted), waited (a refresh a budget held "
+            "it in).",
             ["kind", "decision"],
             registry=r,
         )
@@ -756,8 +757,10 @@ class SlackController:
             return True
         assert d.pod is not None
         dry = verdict.action is Action.REPORT
-        decision, reason = ("dry_run", "QosDisruptionDryRun") if dry else ("waited", "QosDisruptionWaiting")
-        self.metrics.disruptions.labels(d.kind.value, decision).inc()
+        reason = "QosDisruptionDryRun" if dry else "QosDisruptionWaiting"
+        said = self._said.get((reason, d.pod), float("-inf")) > now
+        if not dry or not said:  # a dry-run report counts once per report interval, as it is said
+            self.metrics.disruptions.labels(d.kind.value, "dry_run" if dry else "waited").inc()
         message = (
             f"dry-run: would evict from {d.node} (the real slack no longer holds it); nothing changed"
             if dry
@@ -765,7 +768,7 @@ class SlackController:
         )
         log.info("slack eviction guarded", extra={"pod": d.pod, "decision": {"action": verdict.action.value,
                                                                              "reason": verdict.reason}})  # fmt: skip
-        if self._said.get((reason, d.pod), float("-inf")) <= now:
+        if not said:
             self._said = {k: t for k, t in self._said.items() if t > now}
             self._said[(reason, d.pod)] = now + g.report_interval_seconds
             await self._event(d.pod, uid, d.node, "", message, reason=reason, warning=False, on_node=False)

@@ -552,8 +552,7 @@ class QosController:
                 continue
             held.add(rel.pod)
             for ev, v in zip(victims, verdicts, strict=True):
-                if v.action is guard_rails.Action.REPORT:
-                    self.metrics.disruptions.labels("preemption", "dry_run").inc()
+                if v.action is guard_rails.Action.REPORT:  # counted once per report, as said
                     self._say_once(ev.victim, ev.victim_uid, "QosDisruptionDryRun",
                                    f"dry-run: would evict for {ev.for_pod} on {ev.node}: Q_victim={ev.q_victim:.1f}s, "
                                    f"Q_pending={ev.q_pending:.1f}s ({ev.reason}); nothing changed", now)  # fmt: skip
@@ -581,6 +580,8 @@ class QosController:
         if (reason, pod) in self._guard_said:
             return
         self._guard_said[(reason, pod)] = now + self.guard.report_interval_seconds
+        if reason == "QosDisruptionDryRun":
+            self.metrics.disruptions.labels("preemption", "dry_run").inc()
         self._event(pod, uid, reason, message)
 
     # ------------------------------------------------------------------------------ admission bypassed

@@ -103,7 +103,8 @@ class ControllerMetrics:
         self.disruptions = Counter(
             "qos_extender_controller_disruptions",
             "QoS preemptions not made as asked by the disruption guard rails, by kind (preemption) and decision: "
-            "dry_run (reported, nothing evicted, the pod not released), waited (a budget held it).",
+            "dry_run (each victim reported, once per report interval; nothing evicted, the pod not released), waited "
+            "(a pass a budget held it in).",
             ["kind", "decision"],
             registry=r,
         )
