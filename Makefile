@@ -78,7 +78,11 @@ e2e: live
 
 test: lint typecheck unit live
 
-demo: venv
+# The README's first command (lab/demo.py): the product on a kind cluster of its own (hack/kind-up.sh; cluster
+# qos-demo, state /tmp/qos-demo-kind), a workload larger than its workers, a migration, the report and its plot
+# under /tmp/qos-demo-kind.report; the cluster is removed at the end, also on failure; exit non-zero when a step
+# did not show what it should. Needs what kind-up runs (kind-node: tools, criu, image), all cached for `make test`.
+demo: venv kind-node
 	$(BIN)/python -m lab.demo
 
 clean:

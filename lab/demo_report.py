@@ -26,6 +26,7 @@ __all__ = [
     "Migration",
     "NodeRow",
     "PodRow",
+    "Preemption",
     "Purchase",
     "Report",
     "VerbRow",
@@ -48,6 +49,9 @@ CLASSES = ("gold", "silver", "bronze")
 # the controller's QoSReleased Event (extender/controller/loop.py): "... pinned to NODE: Q=-2.6s after 0.6s"
 _RELEASED = re.compile(r"(?:pinned to (?P<node>\S+): )?Q=(?P<q>-?[\d.]+|-?inf)s after (?P<waited>[\d.]+)s")
 _TICK = re.compile(r"^(\S+) tick (\d+)$")
+NAME_LABEL = "qos-demo/name"  # lab/demo.py's label on every pod of the workload: its name in the demo
+_SCHED_PREEMPTED = re.compile(r"Preempted by pod (?P<uid>\S+) on node (?P<node>\S+)")
+_QOS_PREEMPTED = re.compile(r"evicted for (?:\S+/)?(?P<pod>\S+) on (?P<node>\S+?):")
 
 
 def rfc3339(stamp: str) -> float:
@@ -78,6 +82,7 @@ def parse_release(message: str) -> tuple[float, float, str | None] | None:
 @dataclass(frozen=True)
 class PodRow:
     name: str
+    label: str  # the demo's name for it (a Deployment's pods have generated names)
     cls: str
     kind: str
     cpu_m: int
@@ -115,6 +120,15 @@ class Purchase:
     price: float
     after: float | None  # seconds after the workload was submitted
     pods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Preemption:
+    victim: str  # the demo's name of the evicted pod
+    by: str  # the demo's name of the pod it made room for ("?" when not known)
+    node: str
+    who: str  # kube-scheduler (priority preemption) or the QoS controller (same priority, by Q)
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -187,6 +201,8 @@ class Report:
     verbs: list[VerbRow]
     classes: list[ClassRow]
     migration: Migration | None
+    preemptions: list[Preemption] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # demo names with no pod Running at the end
     releases_by_reason: dict[str, float] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     simulator: str | None = None
@@ -284,6 +300,9 @@ def build_report(
     nodes: Sequence[Mapping[str, Any]],
     events: Sequence[Mapping[str, Any]],
     running_at: Mapping[str, float],
+    names: Mapping[str, str] | None = None,
+    uids: Mapping[str, str] | None = None,
+    expected: Sequence[str] = (),
     verbs: Sequence[VerbRow] = (),
     class_metrics: Mapping[str, Mapping[str, float]] | None = None,
     slo: Mapping[str, float] | None = None,
@@ -294,7 +313,15 @@ def build_report(
     """The report from the demo's observations. ``workload``: the demo's pods as the API has them at the end (a
     migrated pod under its destination name); ``all_pods``: every pod of the cluster (what fills the nodes);
     ``events``: the demo namespace's Events; ``running_at``: pod name -> seconds after ``t0`` it was first seen
-    Running; ``class_metrics``: class -> {fulfilment, availability} from the controller's metrics."""
+    Running; ``names`` / ``uids``: pod name -> demo name and uid -> pod name of every pod seen during the run
+    (preempted ones are gone by the end); ``expected``: the demo names that must each have a Running pod;
+    ``class_metrics``: class -> {fulfilment, availability} from the controller's metrics."""
+    names = dict(names or {})
+    uids = dict(uids or {})
+    for p in workload:
+        meta = _meta(p)
+        label = (meta.get("labels") or {}).get(NAME_LABEL)
+        names.setdefault(str(meta.get("name")), str(label or meta.get("name")))
     released: dict[str, tuple[float, float, str | None, float]] = {}
     for e in events:
         if e.get("reason") != "QoSReleased":
@@ -319,6 +346,7 @@ def build_report(
         rows.append(
             PodRow(
                 name=name,
+                label=names.get(name, name),
                 cls=str(ann.get(PREFIX + "class", "-")),
                 kind=str(ann.get(PREFIX + "kind", "service")),
                 cpu_m=cpu,
@@ -339,7 +367,7 @@ def build_report(
     on_node: dict[str, list[str]] = defaultdict(list)
     for r in rows:
         if r.node:
-            on_node[r.node].append(r.name)
+            on_node[r.node].append(_label(r))
     node_rows = sorted(
         (_node_row(n, all_pods, on_node.get(str(_meta(n).get("name")), [])) for n in nodes),
         key=lambda n: (n.type == "control-plane", n.bought, n.group, n.name),
@@ -370,9 +398,28 @@ def build_report(
                 availability=m.get("availability"),
             )
         )
+    preemptions: list[Preemption] = []
+    for e in events:
+        victim = str((e.get("involvedObject") or {}).get("name", ""))
+        message = str(e.get("message", ""))
+        if e.get("reason") == "Preempted" and (hit := _SCHED_PREEMPTED.search(message)):
+            by = uids.get(hit.group("uid"))
+            preemptions.append(
+                Preemption(names.get(victim, victim), names.get(by, by) if by else "a pod outside the demo",
+                           hit.group("node"), "kube-scheduler (priority)")
+            )  # fmt: skip
+        elif e.get("reason") == "QoSPreempted" and (hit := _QOS_PREEMPTED.search(message)):
+            by = hit.group("pod")
+            detail = message.split(": ", 1)[-1]
+            preemptions.append(
+                Preemption(names.get(victim, victim), names.get(by, by), hit.group("node"), "QoS controller", detail)
+            )
+    running = {r.label for r in rows if r.phase == "Running"}
     return Report(
         t0=t0,
         pods=rows,
+        preemptions=preemptions,
+        missing=sorted(set(expected) - running),
         nodes=node_rows,
         purchases=purchases,
         verbs=list(verbs),
@@ -389,9 +436,9 @@ def build_report(
 def failures(report: Report) -> list[str]:
     """What the demo set out to show and did not: `make demo` fails on any (CI runs it)."""
     out: list[str] = []
-    pending = [p.name for p in report.pods if p.phase != "Running"]
+    pending = sorted({p.label for p in report.pods if p.phase != "Running"} | set(report.missing))
     if pending:
-        out.append(f"pods not Running at the end: {', '.join(sorted(pending))}")
+        out.append(f"pods not Running at the end: {', '.join(pending)}")
     if not report.purchases:
         out.append("the autoscaler bought no node for the pods that did not fit")
     elif len({p.flavour for p in report.purchases}) < 2:
@@ -428,7 +475,7 @@ def _s(value: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def _label(p: PodRow) -> str:
-    return f"{p.migrated_from}*" if p.migrated_from else p.name
+    return f"{p.label}*" if p.migrated_from else p.label
 
 
 def render(report: Report) -> list[str]:
@@ -455,6 +502,10 @@ def render(report: Report) -> list[str]:
     if report.releases_by_reason:
         reasons = ", ".join(f"{k} {v:.0f}" for k, v in sorted(report.releases_by_reason.items()))
         say(f"releases by reason: {reasons}")
+    for x in report.preemptions:
+        say(f"preempted: {x.victim} on {x.node} for {x.by}, by {x.who}{' (' + x.detail + ')' if x.detail else ''}")
+    if report.preemptions:
+        say("(a preempted service's ReplicaSet makes a new pod: gated again, ordered, bought for if nothing fits)")
     say("")
     say("== placement by node group and flavour (cpu requested by every pod / allocatable)")
     say(f"{'node':<32} {'type':<13} {'group':<8} {'flavour':<10} {'$/h':>7} {'cpu':>10}  demo pods")

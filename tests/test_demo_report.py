@@ -65,14 +65,16 @@ def test_ticks_with_kubelet_nanosecond_timestamps() -> None:
 # ---------------------------------------------------------------------------------------------- fixtures
 
 
-def pod(name: str, cls: str, kind: str, node: str | None, cpu: str = "500m", **ann: str) -> dict[str, Any]:
+def pod(
+    name: str, cls: str, kind: str, node: str | None, cpu: str = "500m", label: str | None = None, **ann: str
+) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
             "namespace": "qos-demo",
             "creationTimestamp": stamp(0),
             "annotations": {P + "class": cls, P + "kind": kind, **ann},
-            "labels": {"app.kubernetes.io/part-of": "qos-demo"},
+            "labels": {"app.kubernetes.io/part-of": "qos-demo", "qos-demo/name": label or name},
         },
         "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {"requests": {"cpu": cpu}}}]},
         "status": {"phase": "Running" if node else "Pending"},
@@ -127,7 +129,7 @@ def report(**kw: Any) -> Report:
         pod("web-bronze-0", "bronze", "service", "bought-svc-a"),
         pod("web-bronze-1", "bronze", "service", "bought-svc-b"),
         pod("batch-silver-0", "silver", "batch", "w2", **{P + "runtime-seconds": "900"}),
-        pod("counter-mv-1", "gold", "batch", "w3", "100m", **{P + "migrated-from": "qos-demo/counter"}),
+        pod("counter-mv-1", "gold", "batch", "w3", "100m", "counter", **{P + "migrated-from": "qos-demo/counter"}),
     ]
     control_plane = {"metadata": {"name": "cp", "labels": {"node-role.kubernetes.io/control-plane": ""}}}
     nodes = [
@@ -230,6 +232,44 @@ def test_no_purchase_one_flavour_pending_pods_and_inverted_order_fail() -> None:
     assert any("gold waited longer than bronze" in p for p in failures(inverted))
 
 
+def test_preemptions_and_lost_pods_are_reported() -> None:
+    """A service preempted by kube-scheduler (priority) or by the controller (Q) is named with the demo's names
+    (the victim's pod is gone by the end: the demo remembers every pod it saw); a demo name with no pod Running
+    at the end fails the run even though no pod of it is left to be not Running."""
+    events = [
+        {"reason": "Preempted", "involvedObject": {"name": "web-bronze-0-abc"},
+         "message": "Preempted by pod 1234-uid on node w1"},
+        {"reason": "QoSPreempted", "involvedObject": {"name": "batch-bronze-1"},
+         "message": "evicted for qos-demo/batch-bronze-0 on w2: Q_victim=900.0s, Q_pending=10.0s (base rule of "
+                    "paper 002 §3.3.1)"},
+    ]  # fmt: skip
+    r = report(
+        events=events,
+        names={"web-bronze-0-abc": "web-bronze-0", "web-silver-0-xyz": "web-silver-0"},
+        uids={"1234-uid": "web-silver-0-xyz"},
+        expected=["web-gold-0", "web-bronze-9"],
+    )
+    assert [(x.victim, x.by, x.node, x.who.split()[0]) for x in r.preemptions] == [
+        ("web-bronze-0", "web-silver-0", "w1", "kube-scheduler"),
+        ("batch-bronze-1", "batch-bronze-0", "w2", "QoS"),
+    ]
+    assert r.preemptions[1].detail.startswith("Q_victim=900.0s")
+    text = "\n".join(render(r))
+    assert "preempted: web-bronze-0 on w1 for web-silver-0, by kube-scheduler (priority)" in text
+    assert r.missing == ["web-bronze-9"]
+    assert any("not Running at the end: web-bronze-9" in p for p in failures(r))
+
+
+def test_services_are_deployments_of_their_pod() -> None:
+    svc = next(p for p in demo.sample_workload() if p["metadata"]["name"] == "web-gold-0")
+    d = demo.as_deployment(svc)
+    assert d["kind"] == "Deployment" and d["metadata"]["name"] == "web-gold-0" and d["spec"]["replicas"] == 1
+    template = d["spec"]["template"]
+    assert "name" not in template["metadata"] and template["spec"] == svc["spec"]
+    assert d["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert template["metadata"]["labels"][demo.NAME_LABEL] == "web-gold-0"
+
+
 def test_progress_kept_needs_the_restored_count_to_go_on_by_one() -> None:
     assert migration().progress_kept and migration().first_restored_tick == 11
     assert not migration(committed=None).progress_kept
@@ -312,6 +352,26 @@ def test_the_bronze_services_left_over_are_bought_as_two_flavours() -> None:
     flavours = with_headroom(ExtenderConfig().flavours, Resources(55, 112 * 2**20, 0))
     plan = plan_pods(core, flavours, AutoscalerSettings().weights)
     assert len({f.name for f, _ in plan.nodes}) >= 2, plan.nodes
+
+
+def test_no_set_of_leftover_pods_fills_a_flavour_to_its_daemonsets_room() -> None:
+    """The QoS controller fills a new node before its DaemonSet pods arrive; on kind the route DaemonSet's pod
+    (system-node-critical) then preempted a bronze batch pod that two of a kind had packed a t3.xsmall with
+    (a bare pod: lost). So no set of the pods left for bought nodes fits a flavour without leaving it the room
+    of the DaemonSets (55m, 112 MiB), whatever the controller packs together."""
+    from itertools import combinations
+
+    left = [p for p in demo.sample_workload() if "bronze" in p["metadata"]["name"]]
+    for kind in ("service", "batch"):
+        pods = [p for p in left if p["metadata"]["annotations"][P + "kind"] == kind]
+        sizes = [(_cpu(p), memory_bytes(p["spec"]["containers"][0]["resources"]["requests"]["memory"])) for p in pods]
+        for flavour in ExtenderConfig().flavours:
+            cap = flavour.capacity
+            for n in range(1, len(sizes) + 1):
+                for group in combinations(sizes, n):
+                    cpu, mem = sum(c for c, _ in group), sum(m for _, m in group)
+                    if cpu <= cap.cpu_milli and mem <= cap.memory_bytes:
+                        assert cap.cpu_milli - cpu >= 55 and cap.memory_bytes - mem >= 112 * 2**20, (kind, flavour)
 
 
 def test_filler_leaves_exactly_the_room() -> None:
