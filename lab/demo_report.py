@@ -491,7 +491,8 @@ def render(report: Report) -> list[str]:
         )
     say("")
     say("== per class: gate wait (controller Events), submission -> Running (demo), SLO (controller metrics:")
-    say("   availability = time running / time since submission, so the seconds to start count against it)")
+    say("   availability so far = time running / time since submission: a minute into the run, the wait for room")
+    say("   or for a bought node weighs heavily; the SLO is judged over a request's whole life)")
     head = ("class", "SLO", "pods", "gated mean/max s", "Running mean s", "avail", "at SLO")
     say(f"{head[0]:<7} {head[1]:>4} {head[2]:>4} {head[3]:>17} {head[4]:>15} {head[5]:>6} {head[6]:>7}")
     for c in report.classes:
