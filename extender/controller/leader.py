@@ -140,7 +140,9 @@ def call_budget(renewed_at: float | None, now: float, renew_deadline: float) -> 
     (it has no authority to lose, but a hung call must not stop it from contending)."""
     if renewed_at is None:
         return renew_deadline
-    return max(0.0, renewed_at + renew_deadline - now)
+    # from the same elapsed time as may_act, so rounding cannot give "may act" with a budget of 0 (hypothesis
+    # found renewed_at=1.1e-16, now=1.0, deadline=1.0: 1.0 + 1.1e-16 rounds to 1.0)
+    return max(0.0, renew_deadline - (now - renewed_at))
 
 
 # ----------------------------------------------------------------------------------------------- the elector
