@@ -110,7 +110,7 @@ def gated_then_bound(env: dict[str, str], ns: str, name: str) -> None:
     """Created through our webhook (the gate is only ever added at admission) and then bound by qos-scheduler."""
     sh(env, f"kubectl -n {ns} apply -f - <<'EOF'\n{json.dumps(qos_pod(name, '100m'))}\nEOF")
     pod = eventually(
-        f"pod {name} bound", lambda: (p := kj(env, f"-n {ns} get pod {name}"))["spec"].get("nodeName") and p
+        lambda: (p := kj(env, f"-n {ns} get pod {name}"))["spec"].get("nodeName") and p, f"pod {name} bound", 180
     )
     ann = pod["metadata"].get("annotations") or {}
     assert "qos.kube-qos-extender.io/controller" in ann, f"not admitted by our webhook: {ann}"
