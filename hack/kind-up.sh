@@ -46,13 +46,23 @@ stop_forward() { # the port-forward's supervisor loop is a process group of its 
 }
 
 # The kubelets of privileged kind nodes write non-namespaced sysctls on the host (protectKernelDefaults false):
-# saved before the first cluster, restored after the last.
-save_sysctls() { [[ -s "${STATE}/host-sysctls" ]] || sysctl "${SYSCTLS[@]}" > "${STATE}/host-sysctls"; }
-restore_sysctls() {
-  [[ -s "${STATE}/host-sysctls" ]] || return 0
+# saved before the first cluster, restored after the last. One record for the host, not one per state dir: a
+# cluster started while another runs would otherwise save the values kind already changed, and restore those.
+HOST_SYSCTLS="${QOS_CACHE}/kind/host-sysctls"
+kind_running() { docker ps -a --filter label=io.x-k8s.kind.cluster -q 2>/dev/null | grep -q .; }
+save_sysctls() {
+  [[ -s "${HOST_SYSCTLS}" ]] && return 0
+  if kind_running; then log "kind containers exist and no host sysctls were saved: they will not be restored"; return 0; fi
+  mkdir -p "$(dirname "${HOST_SYSCTLS}")"
+  sysctl "${SYSCTLS[@]}" > "${HOST_SYSCTLS}"
+}
+restore_sysctls() { # only once no kind container is left
+  [[ -s "${HOST_SYSCTLS}" ]] || return 0
+  kind_running && return 0
   local key _eq value
   while read -r key _eq value; do sysctl -q -w "${key}=${value}" >/dev/null || log "could not restore ${key}=${value}"; done \
-    < "${STATE}/host-sysctls"
+    < "${HOST_SYSCTLS}"
+  rm -f "${HOST_SYSCTLS}"
 }
 
 down() {
@@ -62,9 +72,7 @@ down() {
     "${KIND_BIN}" delete cluster --name "${CLUSTER}" >&2 || log "kind delete cluster ${CLUSTER} failed"
   fi
   # what kind leaves: its network once no cluster uses it (node images stay cached for the next run)
-  if ! docker ps -a --filter label=io.x-k8s.kind.cluster -q 2>/dev/null | grep -q .; then
-    docker network rm kind >/dev/null 2>&1 || true
-  fi
+  if ! kind_running; then docker network rm kind >/dev/null 2>&1 || true; fi
   restore_sysctls
   rm -rf "${STATE}"
 }
