@@ -1,13 +1,17 @@
 """Graceful stop for the long-running shells (serve, autoscaler, agent): SIGTERM (kubelet) and SIGINT (a
-terminal) set one Event, so each shell runs its own cleanup in ``finally`` instead of dying mid-write."""
+terminal) set one Event, so each shell runs its own cleanup in ``finally`` instead of dying mid-write; and the
+periodic pass those shells share (the agents' issuer, the certificate keeper, the slack refresh), which the
+same Event ends at once instead of after a sleep."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
+from collections.abc import Awaitable, Callable
 
-__all__ = ["stop_event"]
+__all__ = ["every", "stop_event"]
 
 
 def stop_event() -> asyncio.Event:
@@ -18,3 +22,26 @@ def stop_event() -> asyncio.Event:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+async def every(
+    interval_seconds: float,
+    step: Callable[[], Awaitable[object]],
+    stop: asyncio.Event,
+    *,
+    log: logging.Logger,
+    failed: str,
+    traceback: bool = False,
+) -> None:
+    """Run ``step`` now and then every interval until ``stop`` is set. A failing step (the API unreachable) is
+    logged as ``failed`` on ``log`` and tried again next time: never fatal to the process."""
+    while not stop.is_set():
+        try:
+            await step()
+        except Exception as exc:
+            if traceback:
+                log.exception(failed, extra={"error": repr(exc)})
+            else:
+                log.warning(failed, extra={"error": str(exc)})
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_seconds)

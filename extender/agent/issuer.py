@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime as dt
 import logging
 from pathlib import Path
@@ -36,6 +35,7 @@ from extender.agent.identity import (
 )
 from extender.agent.settings import IssuerConfig
 from extender.kube.client import ApiError, read_json
+from extender.signals import every
 from extender.tls import fingerprint
 
 __all__ = ["Issuer"]
@@ -230,10 +230,4 @@ class Issuer:
                 await self.rbac.delete_cluster_role(name, _request_timeout=t)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.run_once()
-            except Exception as exc:  # API unreachable: try again next pass
-                log.warning("issuer pass failed", extra={"error": str(exc)})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.poll_seconds)
+        await every(self.config.poll_seconds, self.run_once, stop, log=log, failed="issuer pass failed")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from extender import pki
 from extender.certs.settings import AuthoritySettings, CertificateSettings, CertsConfig, TrustConfigMap, WebhookSettings
 from extender.core.certs import LeafAction, LeafSpec, authority_decision, leaf_action, trust_bundle
 from extender.kube.client import ApiError, read_json
+from extender.signals import every
 
 __all__ = ["MANAGED_BY", "Authority", "Keeper", "Outcome"]
 
@@ -411,10 +411,4 @@ class Keeper:
         return out
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.run_once()
-            except Exception as exc:  # API unreachable: try again next pass
-                log.warning("certificate pass failed", extra={"error": str(exc)})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.poll_seconds)
+        await every(self.config.poll_seconds, self.run_once, stop, log=log, failed="certificate pass failed")

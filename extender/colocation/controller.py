@@ -91,6 +91,7 @@ from extender.kube.usage import (
     service_profiles,
 )
 from extender.settings.sections import DisruptionSettings, NodeGroupsConfig, PodDefaults, SlackConfig
+from extender.signals import every
 
 __all__ = [
     "BATCH_CPU",
@@ -325,15 +326,7 @@ class SlackPublisher:
 async def refresh_every(interval_seconds: float, step: Callable[[], Awaitable[object]], stop: asyncio.Event) -> None:
     """Run ``step`` now and then every interval until ``stop`` is set; a failing step is logged, not fatal
     (the published values stay as they were until the next one succeeds)."""
-    while not stop.is_set():
-        try:
-            await step()
-        except Exception as exc:
-            log.exception("slack refresh failed", extra={"error": repr(exc)})
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_seconds)
-        except TimeoutError:
-            continue
+    await every(interval_seconds, step, stop, log=log, failed="slack refresh failed", traceback=True)
 
 
 @dataclass(frozen=True, slots=True)
