@@ -47,9 +47,11 @@ from extender.consolidation import policy
 from extender.consolidation.metrics import ConsolidationMetrics
 from extender.consolidation.policy import MoveVerdict, NodeOutcome
 from extender.consolidation.settings import ConsolidationSettings
+from extender.core import owners
 from extender.core.disruption import Action, Disruption, DisruptionKind, Verdict, decide
 from extender.core.migration import agent_identity
 from extender.core.model import WorkloadKind
+from extender.core.owners import OwnerKind
 from extender.core.reschedule import MigrationPlan
 from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs, BindError
@@ -497,6 +499,8 @@ class ConsolidationFlow:
         record: dict[str, Any] | None = None
         created = False
         checkpoint_image = False  # kubelet backend: the destination node holds a checkpoint image of this move
+        source_gone = False  # a StatefulSet's source is stopped before its destination exists
+        kind = OwnerKind.NONE
         try:
             await self._wait_for_pdb(ns, name, uid)
             urls = {n: policy.agent_url(await self._node(n) or {}, port=self.s.agent_port, scheme=self.s.agent_scheme)
@@ -507,6 +511,7 @@ class ConsolidationFlow:
             assert self._client is not None
             for node, url in urls.items():  # each agent must answer as its node's (CN qos-agent:<node>)
                 self._client.pin(str(url), agent_identity(node))
+            kind = owners.owner_kind(src)
             if await self._backend(urls[source]) == "kubelet":
                 # A container checkpoint restored into a new pod: the agents first make the checkpoint image on
                 # the destination node, then the pod is created from it. The source never stops, so anything
@@ -525,26 +530,47 @@ class ConsolidationFlow:
                     try:
                         if not image:
                             raise _Refused("the destination agent named no checkpoint image")
-                        manifest: Any = policy.destination_manifest(
-                            src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid,
-                            checkpoint_image=str(image),
-                        )  # fmt: skip
-                        created = await self._create_bound(ns, dname, manifest, dest)
-                        await self._wait_running(ns, dname)
+                        if kind is OwnerKind.STATEFUL_SET:
+                            # the ordinal's name is its identity: the source goes first, the destination is born
+                            # under its name (core.owners); from here on the source is no longer a fallback
+                            dname = name
+                            result["destination_pod"] = f"{ns}/{name}"
+                            source_gone = True
+                            created = await self._restore_stateful(mid, src, dest, str(image), result)
+                        else:
+                            manifest: Any = policy.destination_manifest(
+                                src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid,
+                                checkpoint_image=str(image), owner=kind,
+                            )  # fmt: skip
+                            created = await self._create_bound(ns, dname, manifest, dest)
+                            await self._wait_running(ns, dname, ready=kind is OwnerKind.REPLICA_SET)
                         gone = policy.destination_node_gone(await self._node(dest), dest)
                         if gone is not None:
                             raise _Refused(gone)
                     except Exception as exc:  # the source kept running: nothing is lost by giving up here
                         why = str(exc) if isinstance(exc, _Refused) else f"{type(exc).__name__}: {exc}"
-                        outcome = "rolled_back"
-                        reason = f"restoring from the checkpoint image on {dest} failed: {why}"
+                        if source_gone:
+                            # a StatefulSet's source is stopped: its controller re-creates the ordinal from the
+                            # template once the name is free (the workload runs again, from its start)
+                            outcome = "failed"
+                            reason = (f"the StatefulSet pod was stopped for the move but its restore on {dest} "
+                                      f"failed: {why}; the StatefulSet re-creates it from its template")  # fmt: skip
+                        else:
+                            outcome = "rolled_back"
+                            reason = f"restoring from the checkpoint image on {dest} failed: {why}"
                         if created:
                             await self._delete_pod(ns, dname)
                             created = False
                         reason += await self._discard(urls[dest], mid)
             else:
+                if kind is OwnerKind.STATEFUL_SET:
+                    raise _Refused(
+                        f"pod {ns}/{name} belongs to a StatefulSet: it moves with the kubelet backend only (its "
+                        "name must be free before the destination exists, and this backend starts the destination "
+                        "first)"
+                    )
                 manifest = policy.destination_manifest(
-                    src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid
+                    src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid, owner=kind
                 )
                 created = await self._create_bound(ns, dname, manifest, dest)
                 await self._wait_running(ns, dname)
@@ -566,12 +592,22 @@ class ConsolidationFlow:
                     reason = f"destination not confirmed: {why}" + await self._discard(urls[dest], mid)
                 else:
                     outcome, reason = "unconfirmed", why
-        if verdict is MoveVerdict.COMMIT:
+        if verdict is MoveVerdict.COMMIT and kind in (OwnerKind.REPLICA_SET, OwnerKind.JOB):
+            try:
+                result.update(await self._hand_over(kind, mid, ns, name, dname))
+            except _HandOverFailed as exc:
+                verdict, outcome = MoveVerdict.ROLL_BACK, "rolled_back"
+                reason = f"handing {ns}/{name} over to {dname} failed: {exc}"
+                if checkpoint_image:
+                    reason += await self._discard(urls[dest], mid)
+        if verdict is MoveVerdict.COMMIT and not source_gone:
             try:
                 await self._delete_pod(ns, name)
             except Exception as exc:  # both copies run now: say so, never raise (the caller ends the plan)
                 verdict, outcome = MoveVerdict.KEEP_BOTH, "unconfirmed"
                 reason = f"the destination runs but deleting the source pod failed: {type(exc).__name__}: {exc}"
+        if verdict is MoveVerdict.COMMIT and kind is OwnerKind.JOB:
+            await self._job_settled(ns, name, result)
         if verdict is MoveVerdict.COMMIT:
             if checkpoint_image:
                 # The checkpoint image stays on the destination node while the pod exists: the pod names it with
@@ -584,6 +620,8 @@ class ConsolidationFlow:
                 await self._delete_pod(ns, dname)
             self._say("Pod", ns, name, uid, "ConsolidationMoveRolledBack",
                       f"not moved to {dest}: {reason}; it keeps running on {source}", True)  # fmt: skip
+        elif source_gone:
+            self._say("Pod", ns, name, uid, "ConsolidationMoveFailed", f"moving to {dest} failed: {reason}", True)
         else:
             self._say("Pod", ns, name, uid, "ConsolidationMoveInDoubt",
                       f"moving to {dest} as {dname} ended {outcome}: {reason}; both pods kept for an operator",
@@ -669,12 +707,13 @@ class ConsolidationFlow:
             raise
         return pod
 
-    async def _wait_running(self, ns: str, name: str) -> None:
+    async def _wait_running(self, ns: str, name: str, *, ready: bool = False) -> None:
+        """Until the pod runs (``ready``: and is Ready: a ReplicaSet ranks a not-ready pod first for deletion)."""
         deadline = time.monotonic() + self.s.destination_ready_timeout_seconds
         while True:
             pod = await self._pod(ns, name)
             phase = ((pod or {}).get("status") or {}).get("phase")
-            if phase == "Running":
+            if phase == "Running" and (not ready or _is_ready(pod or {})):
                 return
             if pod is None or phase in ("Succeeded", "Failed"):
                 raise _Refused(f"destination pod {ns}/{name} is {phase or 'gone'}")
@@ -687,18 +726,150 @@ class ConsolidationFlow:
                 )
             await asyncio.sleep(0.1)
 
-    async def _delete_pod(self, ns: str, name: str) -> None:
+    async def _delete_pod(self, ns: str, name: str, *, grace: int | None = 0, uid: str | None = None) -> None:
+        """Delete a pod (``grace`` None: its own grace period; ``uid``: only that incarnation of the name)."""
+        kwargs: dict[str, Any] = {} if grace is None else {"grace_period_seconds": grace}
+        if uid:
+            kwargs["body"] = {"preconditions": {"uid": uid}}
         try:
-            await read_json(
-                await self._core.delete_namespaced_pod(name, ns, grace_period_seconds=0, _preload_content=False)
-            )
+            await read_json(await self._core.delete_namespaced_pod(name, ns, _preload_content=False, **kwargs))
         except ApiError as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):  # 409: the uid precondition failed, that pod is already gone
                 raise
+
+    async def _patch_pod(self, ns: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch: lists (ownerReferences, finalizers) are replaced, a null label removed."""
+        # the generated client takes _content_type through **kwargs (its stubs do not list it); without it a dict
+        # body goes as a strategic merge patch, which merges ownerReferences and finalizers instead of replacing
+        merge: dict[str, Any] = {"_content_type": "application/merge-patch+json", "_preload_content": False}
+        patched: dict[str, Any] = await read_json(await self._core.patch_namespaced_pod(name, ns, body, **merge))
+        return patched
+
+    async def _wait_gone(self, ns: str, name: str, uid: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (pod := await self._pod(ns, name)) is not None and (pod.get("metadata") or {}).get("uid") == uid:
+            if time.monotonic() > deadline:
+                raise _Refused(f"pod {ns}/{name} still there {timeout:.0f}s after its deletion")
+            await asyncio.sleep(0.05)
+
+    # ---------------------------------------------------------------------------------- owner hand-over
+
+    async def _hand_over(self, kind: OwnerKind, mid: str, ns: str, name: str, dname: str) -> dict[str, Any]:
+        """Give the held destination the source's place in its controller's count (core.owners), in the order
+        that never shows the controller a gap it would fill from scratch nor a surplus it would cut from the
+        restore. Raises _HandOverFailed with the source back in its controller's count."""
+        source, destination = await self._pod(ns, name), await self._pod(ns, dname)
+        if source is None or destination is None:
+            raise _HandOverFailed(f"{'source' if source is None else 'destination'} pod gone before the hand-over")
+        out: dict[str, Any] = {"owner": kind.value}
+        released = False
+        try:
+            if kind is OwnerKind.REPLICA_SET:
+                await self._patch_pod(ns, name, owners.surplus_patch())
+            else:
+                ref = owners.controller_ref(source) or {}
+                out["job_pods_before"] = sorted(self._uids(await self._owned_pods(str(ref.get("uid")))))
+                await self._patch_pod(ns, name, owners.release_patch(source, mid))
+                released = True
+            await self._patch_pod(ns, dname, owners.adopt_patch(destination, source))
+        except (ApiError, ValueError) as exc:
+            with contextlib.suppress(ApiError):  # the source back in its controller's count, as it was
+                if released:
+                    await self._patch_pod(ns, name, owners.restore_patch(source))
+                elif kind is OwnerKind.REPLICA_SET:
+                    cost = ((source.get("metadata") or {}).get("annotations") or {}).get(
+                        owners.DELETION_COST_ANNOTATION
+                    )
+                    await self._patch_pod(
+                        ns, name, {"metadata": {"annotations": {owners.DELETION_COST_ANNOTATION: cost}}}
+                    )
+            raise _HandOverFailed(str(exc)) from None
+        return out
+
+    async def _owned_pods(self, owner_uid: str) -> list[dict[str, Any]]:
+        """A Job's pods, by the label its controller puts on each (``batch.kubernetes.io/controller-uid``)."""
+        raw = await read_json(
+            await self._core.list_pod_for_all_namespaces(
+                label_selector=f"batch.kubernetes.io/controller-uid={owner_uid}", _preload_content=False
+            )
+        )
+        return list(raw.get("items") or [])
+
+    @staticmethod
+    def _uids(pods: list[dict[str, Any]]) -> set[str]:
+        return {str((p.get("metadata") or {}).get("uid")) for p in pods}
+
+    async def _job_settled(self, ns: str, name: str, result: dict[str, Any]) -> None:
+        """After a Job's hand-over: did its controller start a replacement in the window between the release
+        and the adoption? It acts on pod events after a one-second batch, so look after that: a replacement
+        is reported (Event, result), never hidden; the Job controller removes it as a surplus itself."""
+        await asyncio.sleep(self.s.owner_settle_seconds)
+        dest = await self._pod(*result["destination_pod"].split("/"))
+        ref = owners.controller_ref(dest or {}) or {}
+        known = set(result.pop("job_pods_before", [])) | self._uids([dest] if dest else [])
+        extra = owners.replacements(await self._owned_pods(str(ref.get("uid"))), str(ref.get("uid")), known)
+        result["job_replacements"] = extra
+        if extra:
+            why = f"Job/{ref.get('name')} started {', '.join(extra)} while {name} was handed over"
+            self._say("Pod", ns, name, "", "QosJobReplacementRaced", why, True)
+
+    async def _restore_stateful(
+        self, mid: str, src: dict[str, Any], dest: str, image: str, result: dict[str, Any]
+    ) -> bool:
+        """A StatefulSet's pod: release the source (its name, still taken, makes the controller's own re-create
+        fail and back off), stop it with its grace period, then create the destination under the same name,
+        adopted from birth, from the checkpoint image. True once created."""
+        meta = src["metadata"]
+        ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid", "")
+        live = await self._pod(ns, name)
+        if live is None or (live.get("metadata") or {}).get("uid") != uid:
+            raise _Refused(f"pod {ns}/{name} changed before the hand-over")
+        await self._patch_pod(ns, name, owners.release_patch(live, mid))
+        t_stop = time.monotonic()
+        grace = (live.get("spec") or {}).get("terminationGracePeriodSeconds")
+        await self._delete_pod(ns, name, grace=None, uid=uid)
+        await self._wait_gone(ns, name, uid, float(grace if grace is not None else 30) + 60.0)
+        result["statefulset_stop_seconds"] = round(time.monotonic() - t_stop, 3)
+        manifest = policy.destination_manifest(
+            src, name, scheduler_name=self.s.destination_scheduler_name, migration=mid, checkpoint_image=image,
+            owner=OwnerKind.STATEFUL_SET,
+        )  # fmt: skip
+        raced = 0
+        for _ in range(5):
+            try:
+                created = await self._create_bound(ns, name, manifest, dest)
+                break
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+            # the StatefulSet controller re-created the ordinal from its template first: take the name back
+            # before that pod does any work (released so its own re-create fails again, deleted at once)
+            other = await self._pod(ns, name)
+            if other is None:
+                continue
+            raced += 1
+            ouid = str((other.get("metadata") or {}).get("uid"))
+            await self._patch_pod(ns, name, owners.release_patch(other, mid))
+            await self._delete_pod(ns, name, grace=0, uid=ouid)
+            await self._wait_gone(ns, name, ouid, 60.0)
+        else:
+            raise _Refused(f"the StatefulSet kept re-creating {ns}/{name} first ({raced} times)")
+        result["statefulset_recreates_taken_back"] = raced
+        await self._wait_running(ns, name)
+        return created
 
 
 class _Refused(Exception):
     """The move never started (or its destination pod could not be made): nothing moved."""
+
+
+class _HandOverFailed(Exception):
+    """The owner hand-over could not be made; the source is back in its controller's count."""
+
+
+def _is_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions if isinstance(c, Mapping))
 
 
 def _finished(pod: Mapping[str, Any]) -> bool:

@@ -28,6 +28,11 @@ from extender.core.migration import (
     pod_blocker,
 )
 from extender.core.model import ANNOTATION_PREFIX, Node, WorkloadKind
+from extender.core.owners import (
+    DELETION_COST_ANNOTATION,
+    OwnerKind,
+    held_metadata,
+)
 from extender.core.packing import fits
 from extender.core.reschedule import MigrationPlan, stays_with_node
 
@@ -307,6 +312,7 @@ def destination_manifest(
     scheduler_name: str,
     migration: str,
     checkpoint_image: str | None = None,
+    owner: OwnerKind = OwnerKind.NONE,
 ) -> dict[str, Any]:
     """The destination pod: the source's spec and metadata under a new name, not bound (our binder binds it),
     ``schedulerName`` = one no scheduler serves (so no scheduler races our Binding), without what the API
@@ -349,17 +355,16 @@ def destination_manifest(
     annotations[MIGRATED_FROM_ANNOTATION] = object_key(source)
     annotations[MIGRATION_ID_ANNOTATION] = migration
     labels = dict(meta.get("labels") or {})
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": meta.get("namespace") or "default",
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
+    metadata: dict[str, Any] = {"name": name, "namespace": meta.get("namespace") or "default"}
+    if owner in (OwnerKind.REPLICA_SET, OwnerKind.JOB):
+        held = held_metadata(source, migration)
+        labels = held["labels"]
+        annotations |= held["annotations"]
+    elif owner is OwnerKind.STATEFUL_SET:
+        metadata["ownerReferences"] = [dict(r) for r in meta.get("ownerReferences") or []]
+    annotations.pop(DELETION_COST_ANNOTATION, None)
+    metadata |= {"labels": labels, "annotations": annotations}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def agent_url(node: Mapping[str, Any], *, port: int, scheme: str = "https") -> str | None:

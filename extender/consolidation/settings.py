@@ -46,6 +46,9 @@ class ConsolidationSettings(Settings):
     """Destination pods are created with this schedulerName (served by no scheduler) and bound by our binder."""
     destination_ready_timeout_seconds: float = Field(60.0, gt=0, allow_inf_nan=False)
     """How long a restored destination pod may take to become Ready."""
+    owner_settle_seconds: float = Field(2.0, ge=0, le=60, allow_inf_nan=False)
+    """After a Job's pod is handed over: how long to wait before looking for a replacement its controller may
+    have started in the hand-over window (the Job controller acts on pod events after a one-second batch)."""
     left_alone_seconds: float = Field(3600.0, ge=0, allow_inf_nan=False)
     """A node whose plan could not complete is uncordoned and not tried again for this long."""
     provisioned_only: bool = True

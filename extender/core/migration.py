@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.core.model import ANNOTATION_PREFIX
+from extender.core.owners import HELD_LABELS_ANNOTATION, owner_blocker
 
 __all__ = [
     "AGENT_IDENTITY_PREFIX",
@@ -80,12 +81,11 @@ def pod_blocker(pod: Mapping[str, Any]) -> str | None:
     for name, blocking in DO_NOT_DISRUPT:
         if str(annots.get(name, "")).strip().lower() == blocking:
             return f"pod {key} is annotated {name}={blocking}: its node is not consolidated"
-    for ref in meta.get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True and ref.get("kind") != "Node":
-            return (
-                f"pod {key} is controlled by {ref.get('kind')}/{ref.get('name')}: moving a controller's pod is "
-                "not implemented (its controller would replace or adopt it)"
-            )
+    if HELD_LABELS_ANNOTATION in annots:
+        return f"pod {key} is in a migration's hand-over ({HELD_LABELS_ANNOTATION})"
+    owned = owner_blocker(pod)  # a ReplicaSet's, Job's or StatefulSet's pod is handed over (core.owners)
+    if owned is not None:
+        return owned
     status = pod.get("status")
     phase = status.get("phase") if isinstance(status, Mapping) else None
     if phase != "Running":
