@@ -512,6 +512,7 @@ class ConsolidationFlow:
             for node, url in urls.items():  # each agent must answer as its node's (CN qos-agent:<node>)
                 self._client.pin(str(url), agent_identity(node))
             kind = owners.owner_kind(src)
+            result["owner"] = kind.value
             if await self._backend(urls[source]) == "kubelet":
                 # A container checkpoint restored into a new pod: the agents first make the checkpoint image on
                 # the destination node, then the pod is created from it. The source never stops, so anything
@@ -761,7 +762,7 @@ class ConsolidationFlow:
         source, destination = await self._pod(ns, name), await self._pod(ns, dname)
         if source is None or destination is None:
             raise _HandOverFailed(f"{'source' if source is None else 'destination'} pod gone before the hand-over")
-        out: dict[str, Any] = {"owner": kind.value}
+        out: dict[str, Any] = {}
         released = False
         try:
             if kind is OwnerKind.REPLICA_SET:
