@@ -5,7 +5,8 @@ The cluster and the deployed product are e2e/test_deployed.py's, with two real b
 autoscaler loop and the consolidation flow run in this process against that cluster, as the autoscaler sidecar
 runs them (``start_autoscaler(handoff=ConsolidationFlow)``), with the deployed agents on the real nodes:
 
-* the *source* batch node holds a busybox counter (50m, kind batch) and the agent DaemonSet's pod; the other
+* the *source* batch node holds a busybox counter (50m, kind batch), two pods of a Job (issue 32: handed over to
+  the Job on the destination, ``core.owners``) and the agent DaemonSet's pod; the other
   batch node holds a filler pod that keeps it above the under-utilisation threshold, so it is the destination
   and never a candidate itself;
 * first the counter is annotated ``cluster-autoscaler.kubernetes.io/safe-to-evict: "false"``: the flow skips the
@@ -21,7 +22,8 @@ cloud stops an instance the autoscaler deleted. The product's own sidecar uses t
 deletes Node objects; real nodes are not its to remove (they are not provisioned-by it).
 
 Checked: the counter's count goes on at the destination from the checkpoint (no reset, gap or repeat), exactly
-one copy runs, the source node is gone from the API and from the machine (``real-nodes.sh list``, its
+one copy runs, the Job's two pods are the restored ones (tracked by the Job, 2 active, none failed under
+``backoffLimit: 0``, none started from scratch), the source node is gone from the API and from the machine (``real-nodes.sh list``, its
 containerd socket), the checkpoint image is gone from the destination's containerd, Events say what happened.
 
 Runs with ``-m deployed``; fails, never skips, without the cluster.
@@ -51,6 +53,7 @@ from extender.autoscaler.settings import (
 from extender.consolidation import policy
 from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
+from extender.core import owners
 from extender.core.model import Flavour, Resources
 from extender.processes.sidecar import RunningAutoscaler, start_autoscaler
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
@@ -139,7 +142,7 @@ def background() -> Iterator[Background]:
         bg.close()
 
 
-def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
+def test_underused_real_batch_node_holding_job_pods_is_emptied_by_migration_and_removed(
     product: Product,  # noqa: F811
     namespace: str,  # noqa: F811
     background: Background,
@@ -171,6 +174,22 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
     kube.wait(lambda: _ready(kube.get(f"/api/v1/namespaces/{namespace}/pods/filler")) or None, "filler", timeout=120)
     src_cid = _cid(src)
     follower = LogFollower(product.bin_dir, product.env, namespace, "counter")
+    # and two pods of a Job (issue 32): handed over to the Job on the destination, nothing counted as failed
+    job: dict[str, Any] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "work"},
+        "spec": {"completions": 2, "parallelism": 2, "backoffLimit": 0,
+                 "template": {"metadata": {"annotations": dict(_counter("x", source)["metadata"]["annotations"])},
+                              "spec": _counter("x", source)["spec"] | {"restartPolicy": "Never"}}},
+    }  # fmt: skip
+    job_uid = kube.create(f"/apis/batch/v1/namespaces/{namespace}/jobs", job)["metadata"]["uid"]
+
+    def job_pods() -> list[dict[str, Any]]:
+        return [x for x in kube.pods(namespace) if (owners.controller_ref(x) or {}).get("uid") == job_uid]
+
+    job_src = kube.wait(lambda: ps if len(ps := [x for x in job_pods() if _ready(x)]) == 2 else None,
+                        "the Job's two pods Running", timeout=120)  # fmt: skip
 
     # ---- the autoscaler (kwok provider: buys nothing here) with the flow as its hand-off, in this process
     missing = [k for k in ("AGENT_CA", "AGENT_CLIENT_CERT", "AGENT_CLIENT_KEY") if not env.get(k)]
@@ -240,8 +259,11 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
                                              for o in flow.outcomes], default=str)[-4000:]) from None  # fmt: skip
         seconds = time.monotonic() - t0
         outcome = next(o for o in flow.outcomes if o.node == source and o.removed)
-        assert len(outcome.moves) == 1, outcome
-        move = outcome.moves[0]
+        assert len(outcome.moves) == 3, outcome
+        assert all(m["outcome"] == "succeeded" and m["node"] == dest for m in outcome.moves), outcome.moves
+        move = next(m for m in outcome.moves if m["pod"] == f"{namespace}/counter")
+        job_moves = [m for m in outcome.moves if m.get("owner") == "Job"]
+        assert len(job_moves) == 2 and all(m["job_replacements"] == [] for m in job_moves), job_moves
         assert move["outcome"] == "succeeded" and move["node"] == dest, move
         assert move.get("checkpoint_image") == "kept for the destination pod's container restarts", move
         record = move["record"]
@@ -278,8 +300,20 @@ def test_underused_real_batch_node_is_emptied_by_migration_and_removed(
     assert after == list(range(after[0], after[0] + len(after))), after
 
     # exactly one copy: the namespace holds the filler and the moved counter; its task runs on the destination
+    job_dests = sorted(m["destination_pod"].split("/")[1] for m in job_moves)
     names = sorted(x["metadata"]["name"] for x in kube.pods(namespace))
-    assert names == sorted(["filler", dest_name]), names
+    assert names == sorted(["filler", dest_name, *job_dests]), names
+    # the Job's books: its two pods are the restored ones on the destination, both active and tracked, nothing
+    # failed (backoffLimit 0 would have failed the Job), nothing started from scratch
+    mine = job_pods()
+    assert sorted(x["metadata"]["name"] for x in mine) == job_dests, [x["metadata"]["name"] for x in mine]
+    assert all(x["spec"]["nodeName"] == dest and owners.JOB_TRACKING_FINALIZER in x["metadata"]["finalizers"]
+               for x in mine)  # fmt: skip
+    assert {x["metadata"]["uid"] for x in job_src}.isdisjoint({x["metadata"]["uid"] for x in mine})
+    job_status = kube.wait(lambda: st if (st := kube.get(f"/apis/batch/v1/namespaces/{namespace}/jobs/work")["status"])
+                           .get("active") == 2 and st.get("ready") == 2 else None, "the Job: 2 active, 2 ready",
+                           timeout=30)  # fmt: skip
+    assert not job_status.get("failed") and not job_status.get("succeeded"), job_status
     assert _cid(moved) in _running_tasks(product, dest)
     # the checkpoint image stays in the destination's containerd while the pod exists (a restart restores it)
     image = record["restored_workload"]["image"]
