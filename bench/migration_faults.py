@@ -22,6 +22,14 @@ Faults (``--runs-per-fault``, default 4, each; plus ``--baseline`` fault-free mo
   from the checkpoint (as soon as it exists); afterwards its kubelet is restarted so that it registers again
   (``hack/real-nodes.sh restart-kubelet``).
 
+Owners (``--owners``, issue 32 part 5): the counter runs as a bare pod (``pod``), or as the one pod of a Job
+(``job``: ``backoffLimit: 0``), a Deployment (``deployment``: 1 replica, ``maxUnavailable: 0``) or a StatefulSet
+(``statefulset``: 1 replica, grace period 1 s), each fault ``--runs-per-fault`` times per owner. On top of one copy
+and no lost progress, each run checks the owner's books (``owner_ok``): the surviving pod is the owner's
+(controller reference; a Job's also its tracking finalizer), and the owner counts exactly it (Job: active 1,
+nothing failed, no other pod; ReplicaSet/StatefulSet: replicas 1, readyReplicas 1), whether the move committed
+or rolled back.
+
 The agents' fault hooks are TEST-ONLY and off in the product; this bench turns them on for its cluster by adding
 ``--enable-test-fault-injection`` to the agent DaemonSet and removes it at the end.
 
@@ -30,7 +38,10 @@ Needs the product cluster with two real nodes (hack/run-live-tests.sh phase 2's,
 real:batch:m1.large=1``, its KEY=VALUE lines exported); imports the images and deploys config/local itself
 (``--no-deploy`` to skip when hack/deploy-local.sh's AGENT_* lines are exported already).
 
-    .venv/bin/python bench/migration_faults.py [--runs-per-fault 4] [--baseline 2] [--out bench/results/...]
+    .venv/bin/python bench/migration_faults.py [--runs-per-fault 4] [--baseline 2] [--owners pod,job,...]
+        [--out bench/results/...]
+
+On kind (``QOS_TOPOLOGY=kind``, hack/kind-up.sh's lines exported, the product deployed by it): ``--no-deploy``.
 
 Writes JSON: per-fault outcome counts (flow outcome / verdict, one-copy and progress checks), migration time,
 stop time (last tick of the restored state at the source to the first tick after the restore) and archive size
@@ -74,6 +85,7 @@ FAULTS = (
     "archive-corrupted",
     "dest-node-deleted",
 )
+OWNERS = ("pod", "job", "deployment", "statefulset")
 GROUP = "qos.kube-qos-extender.io/node-group"
 BUSYBOX = "qos-local/busybox:1.35.0"
 ONLY_ON_SOURCE = "localhost:1/qos-local/only-on-batch:1"  # a registry that refuses connections: never pulled
@@ -173,6 +185,74 @@ def counter_pod(name: str, node: str, image: str) -> dict[str, Any]:
     }
 
 
+def workload(owner: str, node: str, image: str) -> tuple[str, dict[str, Any]]:
+    """(API collection path, object) of the counter run by ``owner``, its pod(s) on ``node``."""
+    pod = counter_pod("counter", node, image)
+    template = {
+        "metadata": {"labels": {"app": "counter"}, "annotations": pod["metadata"]["annotations"]},
+        "spec": pod["spec"],
+    }
+    if owner == "job":
+        template["spec"] = pod["spec"] | {"restartPolicy": "Never"}
+        spec = {"completions": 1, "parallelism": 1, "backoffLimit": 0, "template": template}
+        return "/apis/batch/v1/namespaces/{ns}/jobs", {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "counter"},
+            "spec": spec,
+        }
+    selector = {"matchLabels": {"app": "counter"}}
+    if owner == "deployment":
+        spec = {
+            "replicas": 1,
+            "selector": selector,
+            "template": template,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+        }
+        return "/apis/apps/v1/namespaces/{ns}/deployments", {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "counter"},
+            "spec": spec,
+        }
+    if owner == "statefulset":
+        template["spec"] = pod["spec"] | {"terminationGracePeriodSeconds": 1}
+        spec = {"replicas": 1, "serviceName": "counter", "selector": selector, "template": template}
+        return "/apis/apps/v1/namespaces/{ns}/statefulsets", {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": "counter"},
+            "spec": spec,
+        }
+    return "/api/v1/namespaces/{ns}/pods", pod
+
+
+def owner_books(kube: Kube, ns: str, owner: str, survivor: dict[str, Any]) -> str | None:
+    """What is wrong with the owner's books once one copy runs, or None (see the module's docstring)."""
+    ref = next((r for r in survivor["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+    if owner == "pod":
+        return None if ref is None else f"a bare pod got an owner {ref}"
+    if ref is None:
+        return f"the surviving pod {survivor['metadata']['name']} has no owner"
+    if owner == "job":
+        if "batch.kubernetes.io/job-tracking" not in (survivor["metadata"].get("finalizers") or []):
+            return "the Job's surviving pod has no tracking finalizer"
+        st = kube.get(f"/apis/batch/v1/namespaces/{ns}/jobs/counter")["status"]
+        others = [
+            p["metadata"]["name"]
+            for p in kube.pods(ns, label_selector=f"batch.kubernetes.io/controller-uid={ref['uid']}")
+            if p["metadata"]["uid"] != survivor["metadata"]["uid"] and not p["metadata"].get("deletionTimestamp")
+        ]
+        if st.get("active") != 1 or st.get("failed") or others:
+            return f"Job status active={st.get('active')} failed={st.get('failed')}, other pods {others}"
+        return None
+    kind = "replicasets" if owner == "deployment" else "statefulsets"
+    st = kube.get(f"/apis/apps/v1/namespaces/{ns}/{kind}/{ref['name']}")["status"]
+    if st.get("replicas") != 1 or st.get("readyReplicas") != 1:
+        return f"{ref['kind']} status replicas={st.get('replicas')} readyReplicas={st.get('readyReplicas')}"
+    return None
+
+
 def _ready(obj: dict[str, Any] | None) -> bool:
     conds = (obj or {}).get("status", {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
@@ -246,18 +326,26 @@ class Bench:
             self.client.request("PUT", f"{self.agent_url(node)}/v1/test/faults", {"faults": faults})
         )
 
-    def one(self, fault: str | None, index: int, source: str, dest: str) -> dict[str, Any]:
+    def one(self, fault: str | None, index: int, source: str, dest: str, owner: str = "pod") -> dict[str, Any]:
         kube = self.c.kube
         ns = f"bench-faults-{uuid.uuid4().hex[:6]}"
         kube.ensure_namespace(ns)
-        result: dict[str, Any] = {"fault": fault or "none", "index": index, "source": source, "destination": dest}
+        result: dict[str, Any] = {"owner": owner, "fault": fault or "none", "index": index, "source": source,
+                                  "destination": dest}  # fmt: skip
         try:
             image = ONLY_ON_SOURCE if fault == "restore-refused" else BUSYBOX
-            kube.create_pod(ns, counter_pod("counter", source, image))
-            path = f"/api/v1/namespaces/{ns}/pods/counter"
-            src = kube.wait(lambda: x if _ready(x := _get(kube, path)) else None, "counter Running", timeout=120)
+            collection, obj = workload(owner, source, image)
+            kube.create(collection.format(ns=ns), obj)
+
+            def running() -> dict[str, Any] | None:
+                pods = [p for p in kube.pods(ns) if not p["metadata"].get("deletionTimestamp")]
+                return pods[0] if len(pods) == 1 and _ready(pods[0]) else None
+
+            src = kube.wait(running, "counter Running", timeout=120)
+            name = src["metadata"]["name"]
+            path = f"/api/v1/namespaces/{ns}/pods/{name}"
             src_cid = src["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-            kube.wait(lambda: len(self.c.logs(ns, "counter")) >= 5 or None, "5 ticks", timeout=60, interval=0.5)
+            kube.wait(lambda: len(self.c.logs(ns, name)) >= 5 or None, "5 ticks", timeout=60, interval=0.5)
             result["agents_back_seconds"] = round(self.wait_agents(), 2)
             for node in (source, dest):  # nothing left armed by an earlier run (a fault set for every attempt)
                 self.arm(node, {})
@@ -274,9 +362,9 @@ class Bench:
                 threading.Thread(
                     target=self._delete_when_restoring, args=(ns, dest, deleted, stop), daemon=True
                 ).start()
-            follower = LogFollower(self.c.bin_dir, self.c.env, ns, "counter")
+            follower = LogFollower(self.c.bin_dir, self.c.env, ns, name)
             kube.wait(lambda: follower.ticks or None, "the source's log followed", timeout=30, interval=0.2)
-            mid = f"bench-{(fault or 'none')[:12]}-{uuid.uuid4().hex[:6]}"
+            mid = f"bench-{owner[:6]}-{(fault or 'none')[:12]}-{uuid.uuid4().hex[:6]}"
             t0 = time.monotonic()
             move = self.loop.run_until_complete(self.flow.move_pod(mid, kube.get(path), source, dest))
             result["migration_seconds"] = round(time.monotonic() - t0, 3)
@@ -293,7 +381,17 @@ class Bench:
             if deleted:
                 self.c.restart_kubelet(dest)
                 kube.wait(lambda: _ready(_get(kube, f"/api/v1/nodes/{dest}")) or None, "node Ready", timeout=120)
-            result.update(self._check(ns, src_cid, source_log, record, move))
+            result.update(self._check(ns, src["metadata"]["uid"], src_cid, source_log, record, move))
+            if result.get("one_copy"):
+                survivor = next(p for p in kube.pods(ns) if not p["metadata"].get("deletionTimestamp"))
+                wrong = None
+                for _ in range(20):  # the owner's status follows its controller's next sync
+                    if (wrong := owner_books(kube, ns, owner, survivor)) is None:
+                        break
+                    time.sleep(0.5)
+                result["owner_ok"], result["owner_problem"] = wrong is None, wrong
+            result.update({k: move[k] for k in ("job_replacements", "statefulset_stop_seconds",
+                                                "statefulset_recreates_taken_back") if k in move})  # fmt: skip
         except Exception as exc:
             result.setdefault("outcome", "bench-error")
             result["error"] = f"{type(exc).__name__}: {exc}"[:600]
@@ -301,8 +399,9 @@ class Bench:
             result.setdefault("progress_kept", False)
         finally:
             kube.delete_namespace(ns)
-        log(f"{result['fault']} #{index}: {result.get('outcome')} one_copy={result.get('one_copy')} "
-            f"progress_kept={result.get('progress_kept')} {result.get('migration_seconds')}s "
+        log(f"{owner} {result['fault']} #{index}: {result.get('outcome')} one_copy={result.get('one_copy')} "
+            f"progress_kept={result.get('progress_kept')} owner_ok={result.get('owner_ok')} "
+            f"{result.get('migration_seconds')}s {result.get('owner_problem') or ''} "
             f"{result.get('error') or result.get('reason', '')[:160]}")  # fmt: skip
         return result
 
@@ -310,7 +409,7 @@ class Bench:
         """Delete the destination Node as soon as the destination pod (made from the checkpoint image) exists."""
         kube = self.c.kube
         while not stop.is_set():
-            pods = [p for p in kube.pods(ns) if "-mv-" in p["metadata"]["name"]]
+            pods = [p for p in kube.pods(ns) if p["spec"].get("nodeName") == dest]
             if pods:
                 kube.delete_node(dest)
                 deleted.append(time.time())
@@ -319,7 +418,13 @@ class Bench:
             time.sleep(0.05)
 
     def _check(
-        self, ns: str, src_cid: str, source_log: list[tuple[float, int]], record: dict[str, Any], move: dict[str, Any]
+        self,
+        ns: str,
+        src_uid: str,
+        src_cid: str,
+        source_log: list[tuple[float, int]],
+        record: dict[str, Any],
+        move: dict[str, Any],
     ) -> dict[str, Any]:
         kube = self.c.kube
 
@@ -348,12 +453,13 @@ class Bench:
         except Exception:
             out["one_copy"] = False
             out["tasks"] = self.c.counter_tasks(self.c.batch, ns) + self.c.counter_tasks(self.c.service, ns)
-        out["survivor"] = "source" if name == "counter" else "destination"
+        source_survived = pod["metadata"]["uid"] == src_uid
+        out["survivor"] = "source" if source_survived else "destination"
         # counting on: two more ticks
         last = self.c.logs(ns, name)[-1][1]
         kube.wait(lambda: self.c.logs(ns, name)[-1][1] >= last + 2 or None, "counting on", timeout=30, interval=0.5)
         ticks = self.c.logs(ns, name)
-        if name == "counter":
+        if source_survived:
             nums = [n for _, n in ticks]
             out["progress_kept"] = cid == src_cid and nums == list(range(len(nums)))
         else:
@@ -379,15 +485,26 @@ class Bench:
 def setup(env: dict[str, str], deploy: bool) -> Cluster:
     kube = Kube(env["KUBECONFIG"])
     bin_dir = Path(env["QOS_BIN_DIR"])
-    listing = subprocess.run([str(ROOT / "hack/real-nodes.sh"), "list"], env=env, capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
-    real = [ln.split()[0] for ln in listing.splitlines() if ln.strip()]
+    topology = "kind" if env.get("QOS_TOPOLOGY") == "kind" else "real-nodes"
+    if topology == "kind":  # kind's workers: every node with a node group that kwok does not fake
+        real = [
+            n["metadata"]["name"]
+            for n in kube.nodes()
+            if GROUP in n["metadata"].get("labels", {})
+            and "kwok.x-k8s.io/node" not in n["metadata"].get("annotations", {})
+        ]
+        if deploy:
+            raise SystemExit("on kind the product is deployed by hack/kind-up.sh: run with --no-deploy")
+    else:
+        listing = subprocess.run([str(ROOT / "hack/real-nodes.sh"), "list"], env=env, capture_output=True, text=True,
+                                 check=True).stdout  # fmt: skip
+        real = [ln.split()[0] for ln in listing.splitlines() if ln.strip()]
     groups = {n: kube.get(f"/api/v1/nodes/{n}")["metadata"]["labels"].get(GROUP) for n in real}
     batch = sorted(n for n, g in groups.items() if g == "batch")
     service = sorted(n for n, g in groups.items() if g == "service")
     if not batch or not service:
         raise SystemExit(f"needs a real batch node and a real service node; real nodes: {groups}")
-    c = Cluster(env, kube, bin_dir, batch[0], service[0])
+    c = Cluster(env, kube, bin_dir, batch[0], service[0], topology=topology)
     images = Path(env.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender"))) / "images"
     if deploy:
         t0 = time.monotonic()
@@ -406,7 +523,12 @@ def prepare_refusal(c: Cluster) -> None:
     """For restore-refused: the python image on the batch node only, under a name never pulled."""
     images = Path(c.env.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender"))) / "images"
     if ONLY_ON_SOURCE not in c.ctr(c.batch, "images", "ls", "-q").split():
-        c.ctr(c.batch, "images", "import", str(images / "python.tar"))
+        if c.topology == "kind":  # the tar is on this host, not in the node's container: fed on stdin
+            with (images / "python.tar").open("rb") as tar:
+                subprocess.run(["docker", "exec", "-i", c.batch, "ctr", "-n", "k8s.io", "images", "import", "-"],
+                               stdin=tar, check=True, capture_output=True, timeout=600)  # fmt: skip
+        else:
+            c.ctr(c.batch, "images", "import", str(images / "python.tar"))
         c.ctr(c.batch, "images", "tag", "--force", "docker.io/qos-local/python:3.11-bookworm", ONLY_ON_SOURCE)
         c.ctr(c.batch, "images", "rm", "docker.io/qos-local/python:3.11-bookworm")
     if ONLY_ON_SOURCE in c.ctr(c.service, "images", "ls", "-q").split():
@@ -437,6 +559,20 @@ def direction(c: Cluster, fault: str | None, index: int) -> tuple[str, str]:
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per owner kind (``summarise_owner``), and the totals the exit status is made of."""
+    owners = sorted({str(r.get("owner", "pod")) for r in runs})
+    per = {o: summarise_owner([r for r in runs if r.get("owner", "pod") == o]) for o in owners}
+    faulted = [r for r in runs if r["fault"] != "none"]
+    return {
+        "injected_runs": len(faulted),
+        "ended_with_one_copy_and_progress": sum(1 for r in faulted if r.get("one_copy") and r.get("progress_kept")),
+        "owner_books_right": sum(1 for r in runs if r.get("owner_ok")),
+        "runs": len(runs),
+        "per_owner": per,
+    }
+
+
+def summarise_owner(runs: list[dict[str, Any]]) -> dict[str, Any]:
     base = [r["migration_seconds"] for r in runs if r["fault"] == "none" and r.get("outcome") == "succeeded"]
     base_stop = [r["stop_seconds"] for r in runs if r["fault"] == "none" and "stop_seconds" in r]
     b, bs = (statistics.median(base) if base else None), (statistics.median(base_stop) if base_stop else None)
@@ -454,6 +590,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "survivor": dict(Counter(str(r.get("survivor")) for r in rs)),
             "one_copy": sum(1 for r in rs if r.get("one_copy")),
             "progress_kept": sum(1 for r in rs if r.get("progress_kept")),
+            "owner_ok": sum(1 for r in rs if r.get("owner_ok")),
             "migration_seconds_median": statistics.median(secs) if secs else None,
             "migration_seconds_max": max(secs) if secs else None,
             "migration_time_ratio_to_baseline": round(statistics.median(secs) / b, 3) if secs and b else None,
@@ -476,13 +613,15 @@ def main() -> int:
     ap.add_argument("--runs-per-fault", type=int, default=4)
     ap.add_argument("--baseline", type=int, default=2, help="fault-free moves, the time baseline")
     ap.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {', '.join(FAULTS)}")
+    ap.add_argument("--owners", default="pod", help=f"comma-separated subset of {', '.join(OWNERS)}")
     ap.add_argument("--no-deploy", action="store_true", help="the product is deployed and AGENT_* exported")
     ap.add_argument("--out", default=str(ROOT / "bench/results/migration-faults.json"))
     a = ap.parse_args()
     faults = [f for f in a.faults.split(",") if f]
-    unknown = sorted(set(faults) - set(FAULTS))
+    owners = [o for o in a.owners.split(",") if o]
+    unknown = sorted((set(faults) - set(FAULTS)) | (set(owners) - set(OWNERS)))
     if unknown or a.runs_per_fault < 0 or a.baseline < 0:
-        ap.error(f"unknown fault(s) {unknown} or negative counts")
+        ap.error(f"unknown fault(s) or owner(s) {unknown} or negative counts")
     env = dict(os.environ)
     missing = [k for k in ("KUBECONFIG", "QOS_STATE", "QOS_BIN_DIR") if not env.get(k)]
     if missing:
@@ -495,11 +634,12 @@ def main() -> int:
     bench = Bench(c)
     runs: list[dict[str, Any]] = []
     try:
-        for i in range(a.baseline):
-            runs.append(bench.one(None, i, c.batch, c.service))
-        for i in range(a.runs_per_fault):
-            for fault in faults:
-                runs.append(bench.one(fault, i, *direction(c, fault, i)))
+        for owner in owners:
+            for i in range(a.baseline):
+                runs.append(bench.one(None, i, c.batch, c.service, owner))
+            for i in range(a.runs_per_fault):
+                for fault in faults:
+                    runs.append(bench.one(fault, i, *direction(c, fault, i), owner))
     finally:
         bench.close()
         try:
@@ -519,7 +659,9 @@ def main() -> int:
     print(json.dumps(doc["summary"], indent=1))
     log(f"wrote {a.out}")
     s = summarise(runs)
-    return 0 if s["ended_with_one_copy_and_progress"] == s["injected_runs"] else 1
+    return (
+        0 if s["ended_with_one_copy_and_progress"] == s["injected_runs"] and s["owner_books_right"] == s["runs"] else 1
+    )
 
 
 if __name__ == "__main__":
