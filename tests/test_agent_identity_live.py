@@ -157,7 +157,7 @@ async def test_identity_each_agent_gets_its_nodes_certificates_and_nothing_more(
     kubeconfig = require_kubeconfig()
     ca_crt, ca_key = _ca(world.tmp / "ca")
     cfg = IssuerConfig(ca_cert_file=str(ca_crt), ca_key_file=str(ca_key), agent_namespace=world.ns,
-                       max_expiration_seconds=3600, poll_seconds=0.3)  # fmt: skip
+                       max_expiration_seconds=3600, poll_seconds=0.3, role_grace_seconds=3.0)  # fmt: skip
     issuer = Issuer(world.admin, cfg)
     stop = asyncio.Event()
     task = asyncio.create_task(issuer.run(stop))
@@ -247,7 +247,15 @@ async def test_identity_each_agent_gets_its_nodes_certificates_and_nothing_more(
             await api_x.close()
         assert not await _sar(world.admin, f"qos-agent:{world.nodes['b']}", world.nodes["b"]), "B got no role"
 
-        # the node goes: its role goes with it
+        # the node goes and its kubelet registers it again within the grace: the role stays (its agent pod, never
+        # asked to enrol again, keeps its right to checkpoint)
+        node_a = await world.core.read_node(world.nodes["a"])
+        await world.core.delete_node(world.nodes["a"])
+        await asyncio.sleep(1.5)  # a few issuer passes see it gone
+        await world.core.create_node({"metadata": {"name": world.nodes["a"], "labels": node_a.metadata.labels}})
+        await asyncio.sleep(3.0)  # past the grace counted from when it went
+        assert await _sar(world.admin, f"qos-agent:{world.nodes['a']}", world.nodes["a"]), "a re-registered node's role"
+        # the node goes for longer than the grace: its role goes with it
         await world.core.delete_node(world.nodes["a"])
         for _ in range(50):
             roles = await world.rbac.list_cluster_role(label_selector=f"{NODE_LABEL}={world.nodes['a']}")

@@ -17,6 +17,7 @@ import asyncio
 import base64
 import datetime as dt
 import logging
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -60,6 +61,7 @@ class Issuer:
         self._load_ca()
         self.agent_user = f"system:serviceaccount:{config.agent_namespace}:{config.agent_service_account}"
         self.decisions: list[tuple[str, bool, str]] = []  # (csr, approved, why): what a pass decided (tests read it)
+        self._missing_since: dict[str, float] = {}  # node -> when a pass first found its Node gone
 
     def _load_ca(self) -> None:
         """(Re)read the CA when its files changed: qos-certs rotates the agents' CA in its Secret and the kubelet
@@ -216,14 +218,22 @@ class Issuer:
                 await replace(name, body, _request_timeout=t)
 
     async def _collect_roles(self) -> None:
-        """The kubelet roles of nodes that no longer exist go with them (a reused node name starts unbound)."""
+        """The kubelet roles of nodes gone for ``role_grace_seconds`` go with them (a node name reused after
+        that starts unbound). Found by bench/migration_faults.py: a Node deleted and re-registered by its kubelet
+        within seconds kept its agent pod, which never enrols again, and every later checkpoint there was 403."""
         t = self.config.request_timeout_seconds
         roles = await self._json(
             self.rbac.list_cluster_role(label_selector=NODE_LABEL, _preload_content=False, _request_timeout=t)
         )
+        now = time.monotonic()
         for role in roles.get("items") or []:
             node = role["metadata"]["labels"][NODE_LABEL]
-            if await self._get(self.core.read_node, node) is None:
+            if await self._get(self.core.read_node, node) is not None:
+                self._missing_since.pop(node, None)
+                continue
+            since = self._missing_since.setdefault(node, now)
+            if now - since >= self.config.role_grace_seconds:
+                self._missing_since.pop(node, None)
                 name = role["metadata"]["name"]
                 log.info("node gone: kubelet role removed", extra={"node": node, "decision": name})
                 await self.rbac.delete_cluster_role_binding(name, _request_timeout=t)

@@ -146,6 +146,11 @@ class IssuerConfig(Settings):
     node, so peers check the CN and IP, never these)."""
     poll_seconds: float = Field(2.0, gt=0, allow_inf_nan=False)
     """How often pending CSRs are read."""
+    role_grace_seconds: float = Field(120.0, ge=0, allow_inf_nan=False)
+    """How long a node's kubelet role outlives its Node object. A Node deleted and registered again by the same
+    kubelet (the agent pod on it untouched, so it never asks again) keeps its agent's right to checkpoint; a
+    node gone for longer loses the role, and its pods are gone too (the pod garbage collector deletes pods of a
+    missing node after 40 s), so an agent there again is a new pod that enrols afresh."""
     request_timeout_seconds: float = Field(20.0, gt=0, allow_inf_nan=False)
     """Longest one API call may take."""
     log_level: LogLevel = "INFO"
