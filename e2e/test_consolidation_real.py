@@ -23,8 +23,9 @@ deletes Node objects; real nodes are not its to remove (they are not provisioned
 
 Checked: the counter's count goes on at the destination from the checkpoint (no reset, gap or repeat), exactly
 one copy runs, the Job's two pods are the restored ones (tracked by the Job, 2 active, none failed under
-``backoffLimit: 0``, none started from scratch), the source node is gone from the API and from the machine (``real-nodes.sh list``, its
-containerd socket), the checkpoint image is gone from the destination's containerd, Events say what happened.
+``backoffLimit: 0``, none started from scratch), the source node is gone from the API and from the machine
+(``real-nodes.sh list``, its containerd socket), the checkpoint image is gone from the destination's
+containerd, Events say what happened.
 
 Runs with ``-m deployed``; fails, never skips, without the cluster.
 """

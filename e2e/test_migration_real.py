@@ -32,9 +32,11 @@ import pytest
 
 from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
 from e2e.ticks import LogFollower, logged_ticks
+from extender.consolidation import policy
 from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.policy import MoveVerdict
 from extender.consolidation.settings import AgentEndpoint, ConsolidationSettings
+from extender.core.migration import agent_identity
 from extender.kube.client import new_api_client
 from extender.settings.extender import ExtenderConfig, KubernetesConfig
 
@@ -338,11 +340,27 @@ def test_a_runtime_without_restore_refuses_cleanly_and_nothing_is_evicted(
     flow: ConsolidationFlow,
 ) -> None:
     """The destination's containerd restarted with ``enable_experimental_restore_via_create = false`` (what 2.2.7+
-    and 2.3.4+ default to, and what 2.4 no longer has): the pod made from the checkpoint image cannot be restored
-    there. The move must end as a clean refusal (agent README, "Runtime support"): the destination pod deleted,
-    the checkpoint image discarded, the source never stopped and still counting, one copy."""
+    and 2.3.4+ default to, and what 2.4 no longer has): it cannot restore a checkpoint image. The destination
+    agent says so when asked before any checkpoint (``restore`` in its ``GET /v1/info``, from containerd's version
+    and CRI config: issue 32 part 3), so the move is refused with that reason: nothing checkpointed, no
+    destination pod, the source never stopped and still counting, one copy. Before the restart, the same agent
+    answers that it can restore (containerd 2.3.7 with the option on)."""
     kube = product.kube
     batch, service = _group_nodes(product)
+    loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
+    url = policy.agent_url(kube.get(f"/api/v1/nodes/{service}"), port=9443)
+    assert url is not None
+
+    def restore_answer() -> dict[str, Any]:
+        assert flow._client is not None
+        flow._client.pin(url, agent_identity(service))
+        info = loop.run_until_complete(flow._client.request("GET", f"{url}/v1/info"))
+        answer: dict[str, Any] = info["features"]["restore"]
+        return answer
+
+    on = restore_answer()
+    assert on["supported"] is True and "enable_experimental_restore_via_create" in on["reason"], on
+    assert on["runtime"].startswith("containerd "), on
 
     def restart_containerd(restore: str) -> None:
         product.restart_containerd(service, restore_via_create=restore == "true")
@@ -350,21 +368,23 @@ def test_a_runtime_without_restore_refuses_cleanly_and_nothing_is_evicted(
 
     restart_containerd("false")
     try:
+        # the agent asks containerd again at most every 10 s
+        off = kube.wait(lambda: a if (a := restore_answer())["supported"] is False else None,
+                        "the destination agent saying it cannot restore", timeout=60, interval=1.0)  # fmt: skip
+        assert "enable_experimental_restore_via_create off" in off["reason"], off
         kube.create_pod(namespace, _counter("counter", batch))
         path = f"/api/v1/namespaces/{namespace}/pods/counter"
         src = kube.wait(lambda: pod if _ready(pod := kube.get(path)) else None, "the counter Running", timeout=120)
         src_cid = _cid(src)
         kube.wait(lambda: len(_logs(product, namespace, "counter")) >= 3 or None, "3 ticks", timeout=60, interval=0.5)
-        loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
         mid = f"counter-norestore-{uuid.uuid4().hex[:8]}"
         result = loop.run_until_complete(flow.move_pod(mid, kube.get(path), batch, service))
         print("\nno-restore runtime:", result["outcome"], result["reason"][:400])
-        assert result["verdict"] is MoveVerdict.ROLL_BACK and result["outcome"] == "rolled_back", result
-        assert "checkpoint image discarded" in result["reason"], result["reason"]
-        # containerd 2.3.7: "CreateContainerError: checkpoint restore via CreateContainer is disabled by configuration"
-        assert "CreateContainerError" in result["reason"], result["reason"]
+        assert result["verdict"] is MoveVerdict.ROLL_BACK and result["outcome"] == "refused", result
+        assert f"{service} cannot restore a checkpoint" in result["reason"], result["reason"]
+        assert result["record"] is None, "the source agent was never asked: nothing checkpointed"
         _assert_source_kept(product, namespace, src_cid, batch)
-        image = ((result.get("record") or {}).get("restored_workload") or {}).get("image")
-        assert image and image not in product.ctr(service, "images", "ls", "-q").split()
+        checkpoints = product.node_ls(batch, product.node_dir(batch, "kubelet-checkpoints")) or []
+        assert not [n for n in checkpoints if n.startswith("checkpoint-")], checkpoints
     finally:
         restart_containerd("true")

@@ -133,3 +133,18 @@ async def test_an_import_that_stores_nothing_is_caught_and_errors_are_containerd
         await KubeletBackend("x", KubeletConfig(containerd_socket=str(tmp_path / "none.sock"))).prepare(
             {"kubelet_archive": "checkpoint-a.tar"}
         )
+
+
+async def test_the_runtime_probe_asks_the_real_containerd(containerd: str) -> None:
+    """Version from containerd itself; this one runs without the CRI plugins, so it reports no CRI config and the
+    answer is "cannot tell" (a node whose CRI is on answers its config: e2e/test_migration_real.py)."""
+    out = subprocess.run([_containerd_binary(), "--version"], capture_output=True, text=True, check=True).stdout
+    version, config = await ContainerdImporter(containerd).runtime()
+    assert version and version.lstrip("v") in out, (version, out)
+    assert config is None
+    backend = KubeletBackend("127.0.0.1", KubeletConfig(containerd_socket=containerd))
+    answer = (await backend.features())["restore"]
+    assert answer["runtime"] == f"containerd {version}" and answer["supported"] is None, answer
+    assert "did not report" in answer["reason"], answer
+    gone = KubeletBackend("127.0.0.1", KubeletConfig(containerd_socket=containerd + ".none"))
+    assert (await gone.restore_support())["supported"] is None

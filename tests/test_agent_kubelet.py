@@ -27,6 +27,7 @@ from extender.agent.backends.kubelet import (
     archive_in,
     checkpoint_annotations,
     checkpoint_image_ref,
+    restore_support,
     write_oci_layout,
 )
 from extender.agent.settings import KubeletConfig
@@ -256,3 +257,37 @@ def test_lease_requests_match_our_proto(stubs: Any) -> None:
     assert got == want  # map order on the wire is free: compare decoded
     assert ctd.delete_lease_request("l-1") == pb.DeleteLeaseRequest(id="l-1").SerializeToString()
     assert ctd.delete_lease_request("l-1", sync=True) == pb.DeleteLeaseRequest(id="l-1", sync=True).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("version", "config", "supported", "says"),
+    [
+        ("v2.3.7", {"enableExperimentalRestoreViaCreate": True}, True, "containerd 2.3.7 with"),
+        ("2.2.7", {"enableExperimentalRestoreViaCreate": False}, False, "off (set it true"),
+        ("v2.1.4", {}, True, "not yet behind an option"),
+        ("v2.1.4", None, True, "not yet behind an option"),
+        ("v2.2.0", None, None, "did not report"),
+        ("v2.0.6", {"enableExperimentalRestoreViaCreate": True}, False, "came in 2.1"),
+        ("v1.7.27", None, False, "came in 2.1"),
+        ("v2.4.0", {"enableExperimentalRestoreViaCreate": True}, False, "removed in 2.4"),
+        ("v3.0.0-beta.1", None, False, "removed in 2.4"),
+        ("main", None, None, "not understood"),
+        ("", None, None, "not understood"),
+    ],
+)
+def test_restore_support_per_runtime_version(
+    version: str, config: dict[str, Any] | None, supported: bool | None, says: str
+) -> None:
+    """The runtime matrix (agent README "Runtime support"): asked of the destination before any checkpoint."""
+    ok, why = restore_support(version, config)
+    assert ok is supported and says in why, (ok, why)
+
+
+def test_runtime_probe_messages_match_our_proto(stubs: Any) -> None:
+    pb = stubs
+    assert ctd.status_request(True) == pb.StatusRequest(verbose=True).SerializeToString()
+    raw = pb.StatusResponse(status=b"\x01\x02", info={"config": '{"a": 1}', "golang": "go1.24"}).SerializeToString()
+    assert ctd.status_info(raw) == {"config": '{"a": 1}', "golang": "go1.24"}
+    assert ctd.status_info(b"") == {}
+    assert ctd.version_of(pb.VersionResponse(version="v2.3.7", revision="abc").SerializeToString()) == "v2.3.7"
+    assert ctd.version_of(b"") == ""

@@ -41,7 +41,10 @@ __all__ = [
     "decode_fields",
     "image_store",
     "oci_archive_chunks",
+    "status_info",
+    "status_request",
     "transfer_request",
+    "version_of",
 ]
 
 NAMESPACE_HEADER = "containerd-namespace"
@@ -53,6 +56,8 @@ _IMAGE_GET = "/containerd.services.images.v1.Images/Get"
 _IMAGE_DELETE = "/containerd.services.images.v1.Images/Delete"
 _LEASE_CREATE = "/containerd.services.leases.v1.Leases/Create"
 _LEASE_DELETE = "/containerd.services.leases.v1.Leases/Delete"
+_VERSION = "/containerd.services.version.v1.Version/Version"
+_CRI_STATUS = "/runtime.v1.RuntimeService/Status"
 # Type URLs: containerd resolves transfer objects by the bare full name (typeurl v2 for unregistered protos).
 STREAM_INIT = "containerd.services.streaming.v1.StreamInit"
 IMPORT_STREAM = "containerd.types.transfer.ImageImportStream"
@@ -197,6 +202,28 @@ def image_target_digest(get_image_response: bytes) -> str | None:
 # ------------------------------------------------------------------------------------------ the archive
 
 
+def version_of(response: bytes) -> str:
+    """``VersionResponse.version`` (``v2.3.7`` / ``2.3.7``), or "" when containerd sent none."""
+    for field, value in decode_fields(response):
+        if field == 1 and isinstance(value, bytes):
+            return value.decode(errors="replace")
+    return ""
+
+
+def status_request(verbose: bool = True) -> bytes:
+    return _bool(1, verbose)
+
+
+def status_info(response: bytes) -> dict[str, str]:
+    """``StatusResponse.info``: the map entries (key 1, value 2) of field 2."""
+    info: dict[str, str] = {}
+    for field, value in decode_fields(response):
+        if field == 2 and isinstance(value, bytes):
+            entry = {f: v for f, v in decode_fields(value) if isinstance(v, bytes)}
+            info[entry.get(1, b"").decode(errors="replace")] = entry.get(2, b"").decode(errors="replace")
+    return info
+
+
 def _member(name: str, size: int) -> bytes:
     info = tarfile.TarInfo(name)
     info.size = size
@@ -244,6 +271,28 @@ class ContainerdImporter:
         if not Path(self.socket).exists():
             raise ContainerdError(f"no containerd socket at {self.socket} (mount the node's socket into the agent)")
         await self.image_digest("qos-agent.invalid/probe:none")
+
+    async def runtime(self) -> tuple[str, dict[str, Any] | None]:
+        """(containerd's version, its CRI config as CRI Status reports it, or None when the CRI plugin does not
+        answer): what ``restore_support`` decides from."""
+        import json
+
+        import grpc
+
+        async with self._channel() as ch:
+            try:
+                version = version_of(await ch.unary_unary(_VERSION)(b"", timeout=10))
+            except grpc.aio.AioRpcError as exc:
+                raise ContainerdError(f"containerd Version: {exc.code().name}: {exc.details()}") from None
+            try:
+                info = status_info(await ch.unary_unary(_CRI_STATUS)(status_request(), timeout=10))
+            except grpc.aio.AioRpcError:
+                return version, None
+        try:
+            config = json.loads(info.get("config") or "null")
+        except ValueError:
+            config = None
+        return version, config if isinstance(config, dict) else None
 
     async def image_digest(self, ref: str) -> str | None:
         """The manifest digest an image name points at, or None if there is no such image."""

@@ -521,6 +521,7 @@ class ConsolidationFlow:
                 if why is not None:
                     raise _Refused(why)
                 container = src["spec"]["containers"][0]["name"]
+                await self._can_restore(urls[dest], dest)
                 record = await self._migrate(mid, urls[source], urls[dest], dest, ns, name, dname, container)
                 checkpoint_image = True
                 outcome = str(record.get("outcome")) if record is not None else "unknown"
@@ -645,6 +646,19 @@ class ConsolidationFlow:
             raise _Refused(f"source agent unreachable: {exc.reason}") from None
         backend = info.get("backend")
         return str(backend) if backend is not None else None
+
+    async def _can_restore(self, agent: str | None, node: str) -> None:
+        """Before any checkpoint: the destination agent says whether its runtime can restore a checkpoint image
+        (``restore`` in ``GET /v1/info``: containerd's version and CRI config). A clear no refuses the move
+        with that reason; "cannot tell" goes on (a failed restore still rolls back: the source never stops)."""
+        assert self._client is not None and agent
+        try:
+            info = await self._client.request("GET", f"{agent}/v1/info")
+        except PeerError as exc:
+            raise _Refused(f"destination agent unreachable: {exc.reason}") from None
+        restore = (info.get("features") or {}).get("restore") or {}
+        if restore.get("supported") is False:
+            raise _Refused(f"{node} cannot restore a checkpoint: {restore.get('reason')}")
 
     async def _discard(self, agent: str | None, mid: str) -> str:
         """Ask the destination agent to drop the checkpoint image nobody runs (best effort; says how it went)."""

@@ -28,6 +28,8 @@ import os
 import re
 import shutil
 import ssl
+import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,34 @@ def checkpoint_image_ref(prefix: str, namespace: str, pod: str, layer_digest: st
     if not re.fullmatch(r"[0-9a-f]{20,64}", digest):
         raise ValueError(f"not a sha256 digest: {layer_digest!r}")
     return f"{prefix.rstrip('/')}/{repo}:{digest[:20]}"
+
+
+def restore_support(version: str, cri_config: Mapping[str, Any] | None) -> tuple[bool | None, str]:
+    """Can a containerd of ``version`` with this CRI config restore a container from a checkpoint image? (True,
+    False or None for "cannot tell", and why). Asked before any checkpoint (the flow reads it from the
+    destination agent's ``GET /v1/info``), so a runtime that cannot restore costs no checkpoint.
+
+    containerd restores through CRI CreateContainer from 2.1 on; 2.2 put it behind
+    ``enable_experimental_restore_via_create`` (off by default from 2.2.7 / 2.3.4) and 2.4 removed it in favour of a
+    dedicated restore API this agent does not drive yet."""
+    m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version.strip())
+    if not m:
+        return None, f"containerd version {version!r} not understood"
+    v = tuple(int(x) for x in m.groups())
+    name = f"containerd {'.'.join(map(str, v))}"
+    if v < (2, 1, 0):
+        return False, f"{name} cannot restore a checkpoint image (restore through CreateContainer came in 2.1)"
+    if v >= (2, 4, 0):
+        return False, (f"{name} no longer restores through CreateContainer (removed in 2.4); its dedicated restore "
+                       "API is not driven by this agent")  # fmt: skip
+    flag = (cri_config or {}).get("enableExperimentalRestoreViaCreate")
+    if flag is True:
+        return True, f"{name} with enable_experimental_restore_via_create"
+    if flag is False:
+        return False, f"{name} has enable_experimental_restore_via_create off (set it true in the CRI runtime config)"
+    if v < (2, 2, 0):
+        return True, f"{name} restores through CreateContainer (not yet behind an option)"
+    return None, f"{name} did not report enable_experimental_restore_via_create"
 
 
 def checkpoint_url(node: str, port: int, ref: WorkloadRef, timeout_seconds: int) -> str:
@@ -185,6 +215,7 @@ class KubeletBackend:
                 config.containerd_socket, config.containerd_namespace, config.import_timeout_seconds
             )
         self.importer = importer
+        self._restore: tuple[float, dict[str, Any]] | None = None
 
     async def features(self) -> dict[str, Any]:
         return {
@@ -192,7 +223,26 @@ class KubeletBackend:
             "checkpoint_dir": self.config.checkpoint_dir,
             "containerd": self.config.containerd_socket,
             "dirty_tracking": False,
+            "restore": await self.restore_support(),
         }
+
+    async def restore_support(self) -> dict[str, Any]:
+        """This node's answer to "can you restore?" (``restore_support`` on what containerd says), asked again
+        at most every 10 s (a containerd restarted with another config is seen soon)."""
+        now = time.monotonic()
+        if self._restore is not None and now - self._restore[0] < 10.0:
+            return self._restore[1]
+        if self.importer is None:
+            answer: dict[str, Any] = {"supported": False, "reason": "no containerd socket configured"}
+        else:
+            try:
+                version, config = await self.importer.runtime()
+                ok, why = restore_support(version, config)
+                answer = {"supported": ok, "reason": why, "runtime": f"containerd {version}"}
+            except ContainerdError as exc:
+                answer = {"supported": None, "reason": f"containerd not asked: {exc}"}
+        self._restore = (now, answer)
+        return answer
 
     def precopy_is_incremental(self) -> bool:
         return False
