@@ -32,6 +32,7 @@ import pytest
 
 from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
 from e2e.test_migration_real import _group_nodes, _history, _logs, flow  # noqa: F401  (fixture)
+from e2e.ticks import logged_ticks
 from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.policy import MoveVerdict
 from extender.core import owners
@@ -331,3 +332,49 @@ def test_migrating_a_statefulset_pod_keeps_its_name_and_its_progress(
     print("\nstatefulset move:", json.dumps({"seconds": result["seconds"],
                                              "stop_seconds": result["statefulset_stop_seconds"],
                                              "taken_back": result["statefulset_recreates_taken_back"]}))  # fmt: skip
+
+
+def test_migrating_a_pod_with_two_containers_and_an_init_container(
+    product: Product,  # noqa: F811
+    namespace: str,  # noqa: F811
+    flow: ConsolidationFlow,  # noqa: F811
+) -> None:
+    """Issue 32 part 2: each container checkpointed and restored from its own image (agent migrations <id> and
+    <id>-1), each counting on from its own checkpoint; the finished init container is not run again (the
+    destination has none: its marker line is printed once, by the source)."""
+    kube = product.kube
+    batch, service = _group_nodes(product)
+    pod = _template(batch, None, {"app": "two"})
+    pod["metadata"]["name"] = "two"
+    second = dict(pod["spec"]["containers"][0]) | {"name": "d"}
+    second["command"] = ["sh", "-c", "i=1000; while true; do echo tick $i; i=$((i+1)); sleep 1; done"]
+    pod["spec"]["containers"].append(second)
+    pod["spec"]["initContainers"] = [dict(pod["spec"]["containers"][0]) | {"name": "init", "command": ["true"]}]
+    kube.create_pod(namespace, pod)
+    path = f"/api/v1/namespaces/{namespace}/pods/two"
+    src = kube.wait(lambda: x if _ready(x := _get(product, path)) else None, "two Running", timeout=120)
+
+    def ticks(name: str, container: str) -> list[tuple[float, int]]:
+        return logged_ticks(product.bin_dir, product.env, namespace, name, container)
+
+    kube.wait(lambda: len(ticks("two", "d")) >= 8 or None, "8 ticks from d", timeout=60, interval=0.5)
+    result = _move(flow, src, batch, service)
+    dname = result["destination_pod"].split("/")[1]
+    images = result["images"]
+    assert set(images) == {"c", "d"} and images["c"] != images["d"], images
+    dest = kube.get(f"/api/v1/namespaces/{namespace}/pods/{dname}")
+    assert dest["spec"]["nodeName"] == service and "initContainers" not in dest["spec"]
+    assert {c["name"]: c["image"] for c in dest["spec"]["containers"]} == images
+    records = {"c": result["record"], "d": result["container_records"]["d"]}
+    for container, start in (("c", 0), ("d", 1000)):
+        committed = _history(records[container], "committed")
+
+        def restored(c: str = container, committed: float = committed) -> list[int] | None:
+            after = [n for t, n in ticks(dname, c) if t > committed]
+            return after if len(after) >= 3 else None
+
+        after = kube.wait(restored, f"3 ticks from the restored {container}", timeout=60, interval=0.5)
+        assert after[0] >= start + 8 and after == list(range(after[0], after[0] + len(after))), (container, after)
+    names = [p["metadata"]["name"] for p in kube.pods(namespace)]
+    assert names == [dname], names
+    print("\ntwo-container move:", json.dumps({"seconds": result["seconds"], "images": len(images)}))

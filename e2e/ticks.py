@@ -27,9 +27,12 @@ def parse_ticks(lines: str) -> list[tuple[float, int]]:
     return [(rfc3339(m.group(1)), int(m.group(2))) for line in lines.splitlines() if (m := TICK.match(line.strip()))]
 
 
-def logged_ticks(bin_dir: Path, env: dict[str, str], ns: str, pod: str) -> list[tuple[float, int]]:
-    """The pod's ticks logged so far; raises with kubectl's stderr when the logs cannot be read."""
-    out = subprocess.run([str(bin_dir / "kubectl"), "logs", "--timestamps", "-n", ns, pod], env=env,
+def logged_ticks(
+    bin_dir: Path, env: dict[str, str], ns: str, pod: str, container: str | None = None
+) -> list[tuple[float, int]]:
+    """The pod's (its ``container``'s) ticks logged so far; raises with kubectl's stderr when they cannot be read."""
+    which = ["-c", container] if container else []
+    out = subprocess.run([str(bin_dir / "kubectl"), "logs", "--timestamps", "-n", ns, pod, *which], env=env,
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     if out.returncode != 0:
         raise RuntimeError(f"kubectl logs {ns}/{pod} failed ({out.returncode}): {out.stderr[-2000:]}")

@@ -43,9 +43,10 @@ def src(**spec: Any) -> dict[str, Any]:
             None,
         ),
         ({"volumes": None}, None),
-        ({"containers": [{"name": "c"}, {"name": "d"}]}, "2 containers"),
-        ({"containers": []}, "0 containers"),
-        ({"initContainers": [{"name": "i"}]}, "init containers"),
+        ({"containers": [{"name": "c"}, {"name": "d"}]}, None),  # each container checkpointed
+        ({"containers": []}, "no containers"),
+        ({"initContainers": [{"name": "i"}]}, "init container(s) i not finished"),
+        ({"initContainers": [{"name": "side", "restartPolicy": "Always"}]}, "sidecar container(s) side"),
         ({"volumes": [{"name": "scratch", "emptyDir": {}}]}, "volume 'scratch' (emptyDir)"),
         ({"volumes": [{"name": "h", "hostPath": {"path": "/x"}}]}, "volume 'h' (hostPath)"),
         ({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}]}, "(persistentVolumeClaim)"),
@@ -57,6 +58,31 @@ def test_checkpoint_blocker(spec: dict[str, Any], why: str | None) -> None:
         assert got is None
     else:
         assert got is not None and why in got and "ns/job" in got
+
+
+def test_finished_init_containers_are_not_run_again_and_each_container_gets_its_image() -> None:
+    s = src(containers=[{"name": "c", "image": "a"}, {"name": "d", "image": "b"}], initContainers=[{"name": "i"}])
+    assert "not finished" in (policy.checkpoint_blocker(s) or "")
+    s["status"]["initContainerStatuses"] = [{"name": "i", "state": {"terminated": {"exitCode": 1}}}]
+    assert "not finished" in (policy.checkpoint_blocker(s) or ""), "a failed init container is not done"
+    s["status"]["initContainerStatuses"] = [{"name": "i", "state": {"terminated": {"exitCode": 0}}}]
+    assert policy.checkpoint_blocker(s) is None
+    images = {"c": IMAGE, "d": IMAGE.replace("ab", "cd")}
+    m = policy.destination_manifest(s, "job-mv-1", scheduler_name="q", migration="m", checkpoint_image=images)
+    assert [(c["name"], c["image"], c["imagePullPolicy"]) for c in m["spec"]["containers"]] == [
+        ("c", images["c"], "Never"),
+        ("d", images["d"], "Never"),
+    ]
+    assert "initContainers" not in m["spec"], "they ran on the source"
+    assert [policy.container_migration_id("m", i) for i in range(3)] == ["m", "m-1", "m-2"]
+    rec = {"outcome": "succeeded", "meta": {"kubelet_archive": "x.tar"}, "restored_workload": {"image": IMAGE}}
+    pod = {"spec": {"nodeName": "b", "containers": m["spec"]["containers"]},
+           "status": {"containerStatuses": [{"name": "c", "state": {"running": {}}},
+                                            {"name": "d", "state": {"running": {}}}]}}  # fmt: skip
+    assert policy.confirm_destination(pod, "b", rec, images=images) is None
+    swapped = {"c": images["d"], "d": images["c"]}
+    assert "checkpoint image" in (policy.confirm_destination(pod, "b", rec, images=swapped) or "")
+    assert "checkpoint image" in (policy.confirm_destination(pod, "b", rec) or ""), "one image for all: d differs"
 
 
 def test_destination_manifest_runs_the_checkpoint_image_never_pulled() -> None:

@@ -500,6 +500,8 @@ class ConsolidationFlow:
         created = False
         checkpoint_image = False  # kubelet backend: the destination node holds a checkpoint image of this move
         source_gone = False  # a StatefulSet's source is stopped before its destination exists
+        images: dict[str, str] = {}  # kubelet backend: container -> its checkpoint image on the destination
+        moved: list[str] = []  # kubelet backend: the agents' migration ids, one per container
         kind = OwnerKind.NONE
         try:
             await self._wait_for_pdb(ns, name, uid)
@@ -520,17 +522,30 @@ class ConsolidationFlow:
                 why = policy.checkpoint_blocker(src)
                 if why is not None:
                     raise _Refused(why)
-                container = src["spec"]["containers"][0]["name"]
                 await self._can_restore(urls[dest], dest)
-                record = await self._migrate(mid, urls[source], urls[dest], dest, ns, name, dname, container)
-                checkpoint_image = True
-                outcome = str(record.get("outcome")) if record is not None else "unknown"
-                reason = str(record.get("reason", "")) if record is not None else "no answer from the source agent"
+                # one checkpoint per container, one after the other (agent migration ids <mid>, <mid>-1, ...): a
+                # container restored in a pod of several keeps its own state as of its own checkpoint
+                for i, c in enumerate(src["spec"]["containers"]):
+                    cmid = policy.container_migration_id(mid, i)
+                    rec = await self._migrate(cmid, urls[source], urls[dest], dest, ns, name, dname, c["name"])
+                    record = record or rec
+                    if i:  # the first is ``record``; the others' (their own checkpoint and commit times) beside it
+                        result.setdefault("container_records", {})[c["name"]] = rec
+                    checkpoint_image = True
+                    moved.append(cmid)
+                    outcome = str(rec.get("outcome")) if rec is not None else "unknown"
+                    reason = str(rec.get("reason", "")) if rec is not None else "no answer from the source agent"
+                    image = ((rec or {}).get("restored_workload") or {}).get("image")
+                    if outcome != "succeeded" or not image:
+                        break
+                    images[c["name"]] = str(image)
+                if outcome != "succeeded" and len(moved) > 1:  # an earlier container's image nobody will run
+                    reason = f"container {len(moved) - 1}: {reason}" + await self._discard(urls[dest], *moved[:-1])
                 if outcome == "succeeded":
                     assert record is not None
-                    image = (record.get("restored_workload") or {}).get("image")
+                    result["images"] = images
                     try:
-                        if not image:
+                        if len(images) != len(src["spec"]["containers"]):
                             raise _Refused("the destination agent named no checkpoint image")
                         if kind is OwnerKind.STATEFUL_SET:
                             # the ordinal's name is its identity: the source goes first, the destination is born
@@ -538,11 +553,11 @@ class ConsolidationFlow:
                             dname = name
                             result["destination_pod"] = f"{ns}/{name}"
                             source_gone = True
-                            created = await self._restore_stateful(mid, src, dest, str(image), result)
+                            created = await self._restore_stateful(mid, src, dest, images, result)
                         else:
                             manifest: Any = policy.destination_manifest(
                                 src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid,
-                                checkpoint_image=str(image), owner=kind,
+                                checkpoint_image=images, owner=kind,
                             )  # fmt: skip
                             created = await self._create_bound(ns, dname, manifest, dest)
                             await self._wait_running(ns, dname, ready=kind is OwnerKind.REPLICA_SET)
@@ -563,7 +578,7 @@ class ConsolidationFlow:
                         if created:
                             await self._delete_pod(ns, dname)
                             created = False
-                        reason += await self._discard(urls[dest], mid)
+                        reason += await self._discard(urls[dest], *moved)
             else:
                 if kind is OwnerKind.STATEFUL_SET:
                     raise _Refused(
@@ -586,12 +601,12 @@ class ConsolidationFlow:
         verdict = policy.after_outcome(outcome)
         if verdict is MoveVerdict.COMMIT:
             assert record is not None
-            why = policy.confirm_destination(await self._pod(ns, dname), dest, record)
+            why = policy.confirm_destination(await self._pod(ns, dname), dest, record, images=images or None)
             if why is not None:
                 verdict = policy.after_unconfirmed(source_still_runs=checkpoint_image)
                 if verdict is MoveVerdict.ROLL_BACK:
                     outcome = "rolled_back"
-                    reason = f"destination not confirmed: {why}" + await self._discard(urls[dest], mid)
+                    reason = f"destination not confirmed: {why}" + await self._discard(urls[dest], *moved)
                 else:
                     outcome, reason = "unconfirmed", why
         if verdict is MoveVerdict.COMMIT and kind in (OwnerKind.REPLICA_SET, OwnerKind.JOB):
@@ -601,7 +616,7 @@ class ConsolidationFlow:
                 verdict, outcome = MoveVerdict.ROLL_BACK, "rolled_back"
                 reason = f"handing {ns}/{name} over to {dname} failed: {exc}"
                 if checkpoint_image:
-                    reason += await self._discard(urls[dest], mid)
+                    reason += await self._discard(urls[dest], *moved)
         if verdict is MoveVerdict.COMMIT and not source_gone:
             try:
                 await self._delete_pod(ns, name)
@@ -660,14 +675,15 @@ class ConsolidationFlow:
         if restore.get("supported") is False:
             raise _Refused(f"{node} cannot restore a checkpoint: {restore.get('reason')}")
 
-    async def _discard(self, agent: str | None, mid: str) -> str:
-        """Ask the destination agent to drop the checkpoint image nobody runs (best effort; says how it went)."""
+    async def _discard(self, agent: str | None, *mids: str) -> str:
+        """Ask the destination agent to drop the checkpoint images nobody runs (best effort; says how it went)."""
         assert self._client is not None and agent
-        try:
-            await self._client.request("POST", f"{agent}/v1/migrations/{mid}/discard", {})
-        except PeerError as exc:
-            return f"; the checkpoint image stays on the destination ({exc.reason})"
-        return "; checkpoint image discarded"
+        for mid in mids:
+            try:
+                await self._client.request("POST", f"{agent}/v1/migrations/{mid}/discard", {})
+            except PeerError as exc:
+                return f"; the checkpoint image stays on the destination ({exc.reason})"
+        return "; checkpoint image discarded" if len(mids) < 2 else f"; {len(mids)} checkpoint images discarded"
 
     async def _create_bound(self, ns: str, name: str, manifest: Any, node: str) -> bool:
         """Create the destination pod and bind it to ``node`` through our binder. True once created."""
@@ -829,7 +845,7 @@ class ConsolidationFlow:
             self._say("Pod", ns, name, "", "QosJobReplacementRaced", why, True)
 
     async def _restore_stateful(
-        self, mid: str, src: dict[str, Any], dest: str, image: str, result: dict[str, Any]
+        self, mid: str, src: dict[str, Any], dest: str, images: dict[str, str], result: dict[str, Any]
     ) -> bool:
         """A StatefulSet's pod: release the source (its name, still taken, makes the controller's own re-create
         fail and back off), stop it with its grace period, then create the destination under the same name,
@@ -846,7 +862,7 @@ class ConsolidationFlow:
         await self._wait_gone(ns, name, uid, float(grace if grace is not None else 30) + 60.0)
         result["statefulset_stop_seconds"] = round(time.monotonic() - t_stop, 3)
         manifest = policy.destination_manifest(
-            src, name, scheduler_name=self.s.destination_scheduler_name, migration=mid, checkpoint_image=image,
+            src, name, scheduler_name=self.s.destination_scheduler_name, migration=mid, checkpoint_image=images,
             owner=OwnerKind.STATEFUL_SET,
         )  # fmt: skip
         raced = 0

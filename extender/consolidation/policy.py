@@ -51,6 +51,7 @@ __all__ = [
     "checkpoint_blocker",
     "confirm_destination",
     "container_failure",
+    "container_migration_id",
     "destination_manifest",
     "destination_name",
     "destination_node_gone",
@@ -255,17 +256,31 @@ CONTAINER_FAILURES = frozenset(
 
 
 def checkpoint_blocker(pod: Mapping[str, Any]) -> str | None:
-    """Why the kubelet backend (a container checkpoint restored into a new pod on another node) cannot move
-    this pod, or None. On top of ``pod_blocker``: exactly one container (one checkpoint per move), no init
-    containers (the new pod would run them again), only volumes the new pod gets from the API."""
+    """Why the kubelet backend (container checkpoints restored into a new pod on another node) cannot move this
+    pod, or None. On top of ``pod_blocker``: only volumes the new pod gets from the API (an emptyDir's content is
+    in no container checkpoint, and is not carried), init containers all finished (they are not run again: the
+    new pod has none) and none of them a native sidecar (``restartPolicy: Always``: a running container this
+    move does not checkpoint). Every regular container is checkpointed, one after the other."""
     key = object_key(pod)
     spec = pod.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
-    containers = spec.get("containers") or []
-    if len(containers) != 1:
-        return f"pod {key} has {len(containers)} containers: a checkpoint migration moves single-container pods"
-    if spec.get("initContainers"):
-        return f"pod {key} has init containers: the restored pod would run them again"
+    if not spec.get("containers"):
+        return f"pod {key} has no containers"
+    inits = [c for c in spec.get("initContainers") or [] if isinstance(c, Mapping)]
+    sidecars = [str(c.get("name")) for c in inits if c.get("restartPolicy") == "Always"]
+    if sidecars:
+        return f"pod {key} has sidecar container(s) {', '.join(sidecars)} (restartPolicy Always): not checkpointed"
+    status = pod.get("status")
+    done = {
+        str(c.get("name"))
+        for c in (status.get("initContainerStatuses") if isinstance(status, Mapping) else None) or []
+        if isinstance(c, Mapping) and ((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0
+    }
+    unfinished = [str(c.get("name")) for c in inits if c.get("name") not in done]
+    if unfinished:
+        return (
+            f"pod {key}: init container(s) {', '.join(unfinished)} not finished: the restored pod would lack their work"
+        )
     for v in spec.get("volumes") or []:
         kinds = sorted(k for k in v if k != "name") if isinstance(v, Mapping) else ["?"]
         if not set(kinds) <= CHECKPOINT_VOLUMES:
@@ -274,6 +289,12 @@ def checkpoint_blocker(pod: Mapping[str, Any]) -> str | None:
                 "its content does not move with a checkpoint"
             )
     return None
+
+
+def container_migration_id(migration: str, index: int) -> str:
+    """The agents' migration id of the pod's ``index``-th container: the move's own id for the first (a
+    single-container move is what it always was), ``<id>-<index>`` for the others."""
+    return migration if index == 0 else f"{migration}-{index}"
 
 
 def destination_node_gone(node: Mapping[str, Any] | None, name: str) -> str | None:
@@ -311,7 +332,7 @@ def destination_manifest(
     *,
     scheduler_name: str,
     migration: str,
-    checkpoint_image: str | None = None,
+    checkpoint_image: str | Mapping[str, str] | None = None,
     owner: OwnerKind = OwnerKind.NONE,
 ) -> dict[str, Any]:
     """The destination pod: the source's spec and metadata under a new name, not bound (our binder binds it),
@@ -347,10 +368,11 @@ def destination_manifest(
                 else:
                     c.pop("volumeMounts", None)
     spec["schedulerName"] = scheduler_name
-    if checkpoint_image is not None:  # kubelet backend: the runtime restores the container from this image
+    if checkpoint_image is not None:  # kubelet backend: the runtime restores each container from its image
         for c in spec.get("containers") or []:
-            c["image"] = checkpoint_image
+            c["image"] = checkpoint_image if isinstance(checkpoint_image, str) else checkpoint_image[c["name"]]
             c["imagePullPolicy"] = "Never"  # imported into the destination node's runtime; no registry has it
+        spec.pop("initContainers", None)  # they ran on the source; the restored containers carry what they did
     annotations = {k: v for k, v in _annotations(source).items() if k not in _DROP_ANNOTATIONS}
     annotations[MIGRATED_FROM_ANNOTATION] = object_key(source)
     annotations[MIGRATION_ID_ANNOTATION] = migration
@@ -406,10 +428,17 @@ def after_unconfirmed(source_still_runs: bool) -> MoveVerdict:
     return MoveVerdict.ROLL_BACK if source_still_runs else MoveVerdict.KEEP_BOTH
 
 
-def confirm_destination(pod: Mapping[str, Any] | None, node: str, record: Mapping[str, Any]) -> str | None:
+def confirm_destination(
+    pod: Mapping[str, Any] | None,
+    node: str,
+    record: Mapping[str, Any],
+    *,
+    images: Mapping[str, str] | None = None,
+) -> str | None:
     """After a ``succeeded`` record: is the workload really at the destination? None if so, else why not.
-    The pod must exist, be bound to the planned node and not be deleted; for the simulated backend it must
-    carry the checkpointed progress and not be stopped."""
+    The pod must exist, be bound to the planned node and not be deleted; for the kubelet backend run each
+    container's checkpoint image (``images``, else the record's one image for every container); for the
+    simulated backend it must carry the checkpointed progress and not be stopped."""
     if pod is None:
         return "the destination pod is gone"
     if _meta(pod).get("deletionTimestamp"):
@@ -422,9 +451,13 @@ def confirm_destination(pod: Mapping[str, Any] | None, node: str, record: Mappin
     restored = record.get("restored_workload")
     if isinstance(meta, Mapping) and meta.get("kubelet_archive"):
         image = restored.get("image") if isinstance(restored, Mapping) else None
-        containers = spec.get("containers") if isinstance(spec, Mapping) else None
-        if not image or not containers or any(c.get("image") != image for c in containers):
-            return f"the destination pod does not run the checkpoint image {image!r}"
+        containers = (spec.get("containers") if isinstance(spec, Mapping) else None) or []
+        expected: dict[str, str] = (
+            dict(images) if images else {str(c.get("name")): str(image or "") for c in containers}
+        )
+        if not containers or any(not expected.get(str(c.get("name"))) or c.get("image") != expected[str(c.get("name"))]
+                                 for c in containers):  # fmt: skip
+            return f"the destination pod does not run the checkpoint image(s) {sorted(set(expected.values()))!r}"
         status = pod.get("status")
         states = [c.get("state") or {} for c in (status.get("containerStatuses") if isinstance(status, Mapping)
                                                  else None) or []]  # fmt: skip
