@@ -319,6 +319,7 @@ def test_migrating_a_statefulset_pod_keeps_its_name_and_its_progress(
     assert (owners.controller_ref(dest) or {}).get("uid") == sts_uid
     assert dest["metadata"]["labels"] == src["metadata"]["labels"], "identity and revision labels kept"
     assert max(at_once) == 1, "never two pods named web-0"
+    assert result["statefulset_trial_seconds"] > 0, "the destination proved it can restore before the source stopped"
     # every web-0 there ever was: the source, and ours from the checkpoint image; one the StatefulSet made from
     # its template in the race for the name would have been taken back before it ran (counted in the result)
     scratch = [u for u, (_, img) in incarnations.items() if img == BUSYBOX and u != src["metadata"]["uid"]]
@@ -331,6 +332,7 @@ def test_migrating_a_statefulset_pod_keeps_its_name_and_its_progress(
     assert kube.get(path)["metadata"]["uid"] == dest["metadata"]["uid"]
     print("\nstatefulset move:", json.dumps({"seconds": result["seconds"],
                                              "stop_seconds": result["statefulset_stop_seconds"],
+                                             "trial_seconds": result["statefulset_trial_seconds"],
                                              "taken_back": result["statefulset_recreates_taken_back"]}))  # fmt: skip
 
 

@@ -550,10 +550,10 @@ class ConsolidationFlow:
                         if kind is OwnerKind.STATEFUL_SET:
                             # the ordinal's name is its identity: the source goes first, the destination is born
                             # under its name (core.owners); from here on the source is no longer a fallback
-                            dname = name
+                            trial, dname = dname, name
                             result["destination_pod"] = f"{ns}/{name}"
+                            created = await self._restore_stateful(mid, src, dest, images, trial, result)
                             source_gone = True
-                            created = await self._restore_stateful(mid, src, dest, images, result)
                         else:
                             manifest: Any = policy.destination_manifest(
                                 src, dname, scheduler_name=self.s.destination_scheduler_name, migration=mid,
@@ -566,6 +566,7 @@ class ConsolidationFlow:
                             raise _Refused(gone)
                     except Exception as exc:  # the source kept running: nothing is lost by giving up here
                         why = str(exc) if isinstance(exc, _Refused) else f"{type(exc).__name__}: {exc}"
+                        source_gone = bool(result.get("source_released"))
                         if source_gone:
                             # a StatefulSet's source is stopped: its controller re-creates the ordinal from the
                             # template once the name is free (the workload runs again, from its start)
@@ -845,17 +846,51 @@ class ConsolidationFlow:
             self._say("Pod", ns, name, "", "QosJobReplacementRaced", why, True)
 
     async def _restore_stateful(
-        self, mid: str, src: dict[str, Any], dest: str, images: dict[str, str], result: dict[str, Any]
+        self,
+        mid: str,
+        src: dict[str, Any],
+        dest: str,
+        images: dict[str, str],
+        trial: str,
+        result: dict[str, Any],
     ) -> bool:
-        """A StatefulSet's pod: release the source (its name, still taken, makes the controller's own re-create
-        fail and back off), stop it with its grace period, then create the destination under the same name,
-        adopted from birth, from the checkpoint image. True once created."""
+        """A StatefulSet's pod: first a **trial** restore on the destination under another name, held (no labels,
+        no owner: no Service or controller sees it), which proves the node can run the checkpoint (its base
+        image, CRIU, the node itself) while the source still runs; a failed trial is a rollback with the source
+        untouched. Then release the source (its name, still taken, makes the controller's own re-create fail and
+        back off), stop it with its grace period, and create the destination under the same name, adopted from
+        birth, from the checkpoint image. True once created. ``result["source_released"]``: the source is no
+        longer a fallback."""
         meta = src["metadata"]
         ns, name, uid = meta.get("namespace") or "default", meta["name"], meta.get("uid", "")
+        t_trial = time.monotonic()
+        held = policy.destination_manifest(
+            src, trial, scheduler_name=self.s.destination_scheduler_name, migration=mid, checkpoint_image=images,
+            owner=OwnerKind.JOB,  # born held, as a Job's destination: matched by no selector, owned by nobody
+        )  # fmt: skip
+        held["spec"].pop("hostname", None)  # not the ordinal's identity, even for the seconds it runs
+        held["spec"].pop("subdomain", None)
+        try:
+            await self._create_bound(ns, trial, held, dest)
+            await self._wait_running(ns, trial)
+            gone = policy.destination_node_gone(await self._node(dest), dest)
+            if gone is not None:
+                raise _Refused(gone)
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, _Refused) else f"{type(exc).__name__}: {exc}"
+            raise _Refused(f"trial restore before stopping the StatefulSet pod: {why}") from None
+        finally:
+            trial_pod = await self._pod(ns, trial)
+            if trial_pod is not None:
+                tuid = str((trial_pod.get("metadata") or {}).get("uid"))
+                await self._delete_pod(ns, trial, grace=0, uid=tuid)
+                await self._wait_gone(ns, trial, tuid, 60.0)
+        result["statefulset_trial_seconds"] = round(time.monotonic() - t_trial, 3)
         live = await self._pod(ns, name)
         if live is None or (live.get("metadata") or {}).get("uid") != uid:
             raise _Refused(f"pod {ns}/{name} changed before the hand-over")
         await self._patch_pod(ns, name, owners.release_patch(live, mid))
+        result["source_released"] = True
         t_stop = time.monotonic()
         grace = (live.get("spec") or {}).get("terminationGracePeriodSeconds")
         await self._delete_pod(ns, name, grace=None, uid=uid)

@@ -22,9 +22,11 @@ lets it pick the restore as a surplus to delete:
   pod events after a one-second batch, so it sees both patches at once -- a sync already due in that window could
   still start a replacement, which the flow detects and reports (``job_replacements``), never hides.
 - **StatefulSet**: the ordinal's name is its identity and two pods cannot share it, so the source must be gone
-  before the destination exists: the source is released first (its name, still taken, makes the controller's
-  own re-create fail with AlreadyExists and back off), stopped with its own grace period, and the destination is
-  created under the same name, adopted from birth. The workload is down from the source's stop to the restored
+  before the destination exists. First a trial restore runs on the destination under another name, held (no
+  identity, no Service): it proves that node can run the checkpoint while the source still runs, so a restore
+  that would fail is a rollback, not a lost pod. Then the source is released (its name, still taken, makes the
+  controller's own re-create fail with AlreadyExists and back off), stopped with its own grace period, and the
+  destination is created under the same name, adopted from birth. The workload is down from the source's stop to the restored
   container's start; a pod with a PersistentVolumeClaim is refused (the checkpoint holds memory of a volume
   whose content moves on while the source runs after the checkpoint).
 - **other controllers** (DaemonSets stay with their node; CronJob pods are Job pods; anything else, e.g. an
