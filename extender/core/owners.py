@@ -26,9 +26,9 @@ lets it pick the restore as a surplus to delete:
   identity, no Service): it proves that node can run the checkpoint while the source still runs, so a restore
   that would fail is a rollback, not a lost pod. Then the source is released (its name, still taken, makes the
   controller's own re-create fail with AlreadyExists and back off), stopped with its own grace period, and the
-  destination is created under the same name, adopted from birth. The workload is down from the source's stop to the restored
-  container's start; a pod with a PersistentVolumeClaim is refused (the checkpoint holds memory of a volume
-  whose content moves on while the source runs after the checkpoint).
+  destination is created under the same name, adopted from birth. The workload is down from the source's stop
+  to the restored container's start; a pod with a PersistentVolumeClaim is refused (the checkpoint holds memory
+  of a volume whose content moves on while the source runs after the checkpoint).
 - **other controllers** (DaemonSets stay with their node; CronJob pods are Job pods; anything else, e.g. an
   operator's own pods): refused with the reason, never moved unsafely.
 """
