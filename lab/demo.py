@@ -72,7 +72,11 @@ NODES = ("service:m1.medium=1", "batch:m1.large=2")
 ROOM_M = 1300  # cpu each real worker offers the demo (the rest is filled: module docstring, step 2)
 COUNTER = "batch-gold-counter"
 JOB = "kube-qos-extender-in-cluster"  # config/kind/prometheus.yaml's job for the extender pods
-SETTLE_SECONDS = 300.0
+# Up to one more batch cycle (300 s) than the first purchase needs: a batch job the first cycle left over (the
+# controller released it to a worker it then did not fit, or a DaemonSet pod took its room) is bought for at the
+# next cycle; seen once in CI at d8f73f6 (batch-bronze-1 and -2 still gated at +300 s). The poll ends as soon
+# as every pod runs, so a run without a straggler is no longer.
+SETTLE_SECONDS = 420.0
 # The existing load outranks every class (qos-gold is 1000): a pod with no room by the QoS rules is otherwise
 # released to kube-scheduler's priority preemption, which evicted the fillers and undid step 2 of the docstring.
 FILLER_PRIORITY: dict[str, Any] = {
