@@ -10,6 +10,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from extender.core.owners import controller_ref
+
 __all__ = [
     "BOOKING_ANNOTATIONS",
     "INSTANCE_ANNOTATION",
@@ -186,9 +188,7 @@ def requeue_action(pod: Mapping[str, Any]) -> str:
         or meta.get("deletionTimestamp")
     ):
         return "keep"
-    owner = next(
-        (r for r in meta.get("ownerReferences") or [] if isinstance(r, dict) and r.get("controller") is True), None
-    )
+    owner = controller_ref(pod)
     if owner is not None:
         return "delete" if owner.get("kind") in RECREATING_OWNERS else "keep"
     return "keep" if meta.get("finalizers") else "recreate"
