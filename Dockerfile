@@ -36,6 +36,11 @@ FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="kube-qos-extender" \
       org.opencontainers.image.description="SLO- and cost-aware kube-scheduler extender" \
       org.opencontainers.image.licenses="Apache-2.0"
+# skopeo (Debian bookworm's, pinned): an agent on a CRI-O node writes each checkpoint image into CRI-O's
+# containers/storage with it, since CRI has no image import (extender/agent/crio.py). Nothing else uses it.
+RUN apt-get update -qq \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -qq -y --no-install-recommends skopeo=1.9.3+ds1-1+b10 \
+ && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /var/log/* /usr/share/doc/* /usr/share/man/*
 RUN echo 'nonroot:x:65532:65532:nonroot:/home/nonroot:/usr/sbin/nologin' >> /etc/passwd \
  && echo 'nonroot:x:65532:' >> /etc/group \
  && mkdir -p /home/nonroot && chown 65532:65532 /home/nonroot

@@ -291,3 +291,82 @@ def test_runtime_probe_messages_match_our_proto(stubs: Any) -> None:
     assert ctd.status_info(b"") == {}
     assert ctd.version_of(pb.VersionResponse(version="v2.3.7", revision="abc").SerializeToString()) == "v2.3.7"
     assert ctd.version_of(b"") == ""
+
+
+# ------------------------------------------------------------------ CRI-O: wire encoding and the restore rule
+
+
+def test_cri_messages_match_our_proto(stubs: Any) -> None:
+    from extender.agent import crio
+
+    pb = stubs
+    spec = pb.CriImageSpec(image="localhost/qos-checkpoint/b-c:0123")
+    assert crio.image_spec_request("localhost/qos-checkpoint/b-c:0123") == (
+        pb.CriImageStatusRequest(image=spec).SerializeToString()
+    )
+    assert (
+        crio.image_spec_request("x") == pb.CriRemoveImageRequest(image=pb.CriImageSpec(image="x")).SerializeToString()
+    )
+    version = pb.CriVersionResponse(version="0.1.0", runtime_name="cri-o", runtime_version="1.34.0",
+                                    runtime_api_version="v1")  # fmt: skip
+    assert crio.cri_version(version.SerializeToString()) == ("cri-o", "1.34.0")
+    image = pb.CriImage(
+        id="f" * 64,
+        repo_tags=["localhost/qos-checkpoint/b-c:0123"],
+        repo_digests=["localhost/qos-checkpoint/b-c@sha256:" + "a" * 64],
+        size=4096,
+        spec=pb.CriImageSpec(annotations={"io.kubernetes.cri-o.annotations.checkpoint.name": "worker", "k": "v"}),
+    )
+    got = crio.cri_image_digests(pb.CriImageStatusResponse(image=image, info={"a": "b"}).SerializeToString())
+    assert got == ("f" * 64, ["localhost/qos-checkpoint/b-c@sha256:" + "a" * 64],
+                   {"io.kubernetes.cri-o.annotations.checkpoint.name": "worker", "k": "v"})  # fmt: skip
+    assert crio.cri_image_digests(pb.CriImageStatusResponse().SerializeToString()) is None  # no such image
+
+
+def test_crio_storage_spec_for_skopeo() -> None:
+    from extender.agent.crio import CrioError, storage_spec
+
+    conf = {"crio": {"root": "/var/lib/containers/storage", "runroot": "/run/containers/storage",
+                     "storage_driver": "overlay", "storage_option": []}}  # fmt: skip
+    assert storage_spec(conf) == "[overlay@/var/lib/containers/storage+/run/containers/storage]"
+    conf["crio"]["storage_option"] = ["overlay.mountopt=nodev"]
+    assert storage_spec(conf).endswith("+/run/containers/storage:overlay.mountopt=nodev]")
+    conf["crio"]["storage_driver"] = ""
+    assert storage_spec(conf).startswith("[/var/lib/containers/storage+")
+    for bad in ({}, {"crio": {"root": "relative", "runroot": "/r"}}, {"crio": {"root": "/a]b", "runroot": "/r"}},
+                {"crio": {"root": "/a", "runroot": "/r", "storage_option": ["x y"]}}):  # fmt: skip
+        with pytest.raises(CrioError):
+            storage_spec(bad)
+
+
+@pytest.mark.parametrize(
+    ("config", "want"),
+    [
+        ({"crio": {"runtime": {"enable_criu_support": True}}}, True),
+        ({"crio": {"runtime": {"enable_criu_support": False}}}, False),
+        ({"crio": {"runtime": {}}}, None),  # a CRI-O older than the option
+        ({"crio": "garbage"}, None),
+        (None, None),  # /config could not be read
+    ],
+)
+def test_crio_restore_rule(config: dict[str, Any] | None, want: bool | None) -> None:
+    from extender.agent.backends.kubelet import crio_restore_support
+
+    ok, why = crio_restore_support("1.34.0", config)
+    assert ok is want
+    assert "CRI-O 1.34.0" in why
+    if want is False:
+        assert "enable_criu_support" in why
+
+
+async def test_a_crio_agent_without_a_socket_refuses_to_be_a_destination(tmp_path: Path) -> None:
+    config = KubeletConfig(runtime="cri-o", crio_socket=str(tmp_path / "missing.sock"))
+    backend = KubeletBackend("10.0.0.1", config)
+    answer = await backend.restore_support()
+    assert answer["supported"] is None and "cri-o not asked" in answer["reason"]
+    with pytest.raises(BackendError, match="CRI-O socket"):
+        await backend.prepare({"kubelet_archive": NAME})
+    none = KubeletBackend("10.0.0.1", KubeletConfig(runtime="cri-o", crio_socket=None))
+    assert (await none.restore_support())["supported"] is False
+    with pytest.raises(BackendError, match=r"kubelet\.crio_socket"):
+        await none.prepare({"kubelet_archive": NAME})

@@ -252,6 +252,8 @@ def oci_archive_chunks(layout: Path, block: int = 1 << 20) -> Iterator[bytes]:
 class ContainerdImporter:
     """One node's containerd (unix socket), namespace ``k8s.io`` (CRI's)."""
 
+    kind = "containerd"
+
     def __init__(self, socket: str, namespace: str = "k8s.io", timeout_seconds: float = 300.0) -> None:
         self.socket = socket
         self.namespace = namespace

@@ -187,9 +187,18 @@ class KubeletConfig(Settings):
     """The kubelet's checkpoint timeout (whole seconds: its API takes an integer)."""
     checkpoint_dir: str = "/var/lib/kubelet/checkpoints"
     """The kubelet's <root-dir>/checkpoints as mounted here (the kubelet answers its own path)."""
+    runtime: Literal["containerd", "cri-o"] = "containerd"
+    """The node's container runtime, into whose image store a destination puts the checkpoint image: containerd
+    (its Transfer API, ``containerd_socket``) or CRI-O (skopeo into the store CRI-O names on ``crio_socket``). A
+    cluster with both runs one agent DaemonSet per runtime (config/agent/crio/)."""
     containerd_socket: str | None = "/run/containerd/containerd.sock"
     """Destination side: the node's containerd, into which checkpoint images are imported; null: this node
-    refuses to be a migration destination (prepare answers 409)."""
+    refuses to be a migration destination (prepare answers 409). Read when runtime is containerd."""
+    crio_socket: str | None = "/var/run/crio/crio.sock"
+    """Destination side, runtime cri-o: the node's CRI-O socket (CRI and its HTTP info API); null: this node
+    refuses to be a migration destination. Its image store must be mounted at the paths CRI-O reports."""
+    skopeo: str = "skopeo"
+    """runtime cri-o: the skopeo that writes the checkpoint image into CRI-O's containers/storage."""
     containerd_namespace: str = "k8s.io"
     """containerd namespace of the imported images (CRI's)."""
     image_prefix: str = "localhost/qos-checkpoint"

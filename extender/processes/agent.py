@@ -15,6 +15,11 @@ def add_agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", help="this node's name (default: hostname)")
     p.add_argument("--state-dir", help="journal and archives directory")
     p.add_argument("--backend", choices=("criu", "kubelet", "simulated"))
+    p.add_argument(
+        "--container-runtime",
+        choices=("containerd", "cri-o"),
+        help="kubelet backend: the node's runtime, into whose image store checkpoint images go (kubelet.runtime)",
+    )
     p.add_argument("--criu", help="criu binary (default: $QOS_CRIU, hack/build-criu.sh cache, PATH)")
     p.add_argument("--tls-cert", help="this agent's certificate (mTLS)")
     p.add_argument("--tls-key", help="its key")
@@ -50,6 +55,8 @@ def run_agent_command(args: argparse.Namespace) -> int:
         overrides["tls"] = {k: v for k, v in given.items() if v is not None}
     if args.criu:
         overrides["criu"] = {"path": args.criu}
+    if args.container_runtime:
+        overrides["kubelet"] = {"runtime": args.container_runtime}
     try:
         config = load_agent_config(args.config, **overrides)
     except AgentConfigError as exc:

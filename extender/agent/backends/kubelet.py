@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 from extender.agent.backends.base import BackendError, CheckpointResult, WorkloadNotFoundError, WorkloadRef
 from extender.agent.containerd import ContainerdError, ContainerdImporter
+from extender.agent.crio import CrioError, CrioImporter
 from extender.agent.settings import KubeletConfig
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "checkpoint_archive_name",
     "checkpoint_image_ref",
     "checkpoint_url",
+    "crio_restore_support",
     "write_oci_layout",
 ]
 
@@ -109,6 +111,24 @@ def restore_support(version: str, cri_config: Mapping[str, Any] | None) -> tuple
     if v < (2, 2, 0):
         return True, f"{name} restores through CreateContainer (not yet behind an option)"
     return None, f"{name} did not report enable_experimental_restore_via_create"
+
+
+def crio_restore_support(version: str, config: Mapping[str, Any] | None) -> tuple[bool | None, str]:
+    """Can this CRI-O restore a container from a checkpoint image? (True, False or None for "cannot tell", and
+    why.) CRI-O restores through CreateContainer whenever ``enable_criu_support`` is on in its effective config
+    (``GET /config``), which CRI-O itself turns off when it finds no ``criu`` on its PATH; a CRI-O that does not
+    report the option (older than checkpoint support) cannot be told apart from one without it."""
+    name = f"CRI-O {version.strip() or '(version not reported)'}"
+    if config is None:
+        return None, f"{name}: its configuration could not be read (GET /config on its socket)"
+    runtime = (config.get("crio") or {}).get("runtime") if isinstance(config.get("crio"), dict) else None
+    flag = runtime.get("enable_criu_support") if isinstance(runtime, dict) else None
+    if flag is True:
+        return True, f"{name} with enable_criu_support"
+    if flag is False:
+        return False, (f"{name} has checkpoint/restore off (enable_criu_support = false in [crio.runtime], or no "
+                       "criu on its PATH)")  # fmt: skip
+    return None, f"{name} did not report enable_criu_support"
 
 
 def checkpoint_url(node: str, port: int, ref: WorkloadRef, timeout_seconds: int) -> str:
@@ -207,21 +227,31 @@ class KubeletBackend:
     # (``Coordinator._migrate_single``), not a pre-copy that the final checkpoint would replace.
     single_checkpoint = True
 
-    def __init__(self, node_address: str, config: KubeletConfig, importer: ContainerdImporter | None = None) -> None:
+    def __init__(
+        self, node_address: str, config: KubeletConfig, importer: ContainerdImporter | CrioImporter | None = None
+    ) -> None:
         self.node = node_address
         self.config = config
-        if importer is None and config.containerd_socket:
+        if importer is None and config.runtime == "cri-o" and config.crio_socket:
+            importer = CrioImporter(config.crio_socket, config.skopeo, config.import_timeout_seconds)
+        elif importer is None and config.runtime == "containerd" and config.containerd_socket:
             importer = ContainerdImporter(
                 config.containerd_socket, config.containerd_namespace, config.import_timeout_seconds
             )
         self.importer = importer
         self._restore: tuple[float, dict[str, Any]] | None = None
 
+    def _no_runtime(self) -> str:
+        key = "crio_socket" if self.config.runtime == "cri-o" else "containerd_socket"
+        return f"this agent has no {self.config.runtime} socket configured (kubelet.{key})"
+
     async def features(self) -> dict[str, Any]:
         return {
             "kubelet": f"{self.node}:{self.config.port}",
             "checkpoint_dir": self.config.checkpoint_dir,
-            "containerd": self.config.containerd_socket,
+            "runtime": self.config.runtime,
+            "containerd": self.config.containerd_socket if self.config.runtime == "containerd" else None,
+            "crio": self.config.crio_socket if self.config.runtime == "cri-o" else None,
             "dirty_tracking": False,
             "restore": await self.restore_support(),
         }
@@ -233,14 +263,15 @@ class KubeletBackend:
         if self._restore is not None and now - self._restore[0] < 10.0:
             return self._restore[1]
         if self.importer is None:
-            answer: dict[str, Any] = {"supported": False, "reason": "no containerd socket configured"}
+            answer: dict[str, Any] = {"supported": False, "reason": self._no_runtime()}
         else:
+            rule = crio_restore_support if isinstance(self.importer, CrioImporter) else restore_support
             try:
                 version, config = await self.importer.runtime()
-                ok, why = restore_support(version, config)
-                answer = {"supported": ok, "reason": why, "runtime": f"containerd {version}"}
-            except ContainerdError as exc:
-                answer = {"supported": None, "reason": f"containerd not asked: {exc}"}
+                ok, why = rule(version, config)
+                answer = {"supported": ok, "reason": why, "runtime": f"{self.importer.kind} {version}"}
+            except (ContainerdError, CrioError) as exc:
+                answer = {"supported": None, "reason": f"{self.importer.kind} not asked: {exc}"}
         self._restore = (now, answer)
         return answer
 
@@ -298,18 +329,18 @@ class KubeletBackend:
         if "kubelet_archive" not in meta:
             raise BackendError("a kubelet agent restores only kubelet checkpoint archives")
         if self.importer is None:
-            raise BackendError("this agent has no containerd socket configured (kubelet.containerd_socket)")
+            raise BackendError(self._no_runtime())
         try:
             await self.importer.check()
-        except ContainerdError as exc:
-            raise BackendError(f"the node's containerd cannot take a checkpoint image: {exc}") from None
+        except (ContainerdError, CrioError) as exc:
+            raise BackendError(f"the node's {self.importer.kind} cannot take a checkpoint image: {exc}") from None
 
     async def restore(self, image_dir: Path, meta: dict[str, Any], target: WorkloadRef | None) -> WorkloadRef:
         """Import the checkpoint as an image into this node's containerd; the workload to create names it."""
         source = WorkloadRef.from_json({k: meta[k] for k in ("namespace", "pod", "container") if k in meta})
         dest = target or source
         if self.importer is None:
-            raise BackendError("this agent has no containerd socket configured (kubelet.containerd_socket)")
+            raise BackendError(self._no_runtime())
         if not (source.namespace and source.pod and source.container and dest.namespace and dest.pod):
             raise BackendError("restore needs the source's namespace/pod/container and the destination pod")
         archive = image_dir / _ARCHIVE
@@ -320,12 +351,12 @@ class KubeletBackend:
         try:
             await self.importer.import_layout(layout, self.config.image_prefix)
             got = await self.importer.image_digest(ref)
-        except ContainerdError as exc:
+        except (ContainerdError, CrioError) as exc:
             raise BackendError(f"importing checkpoint image {ref}: {exc}") from None
         finally:
             await asyncio.to_thread(shutil.rmtree, layout, True)
         if got != digest:
-            raise BackendError(f"containerd holds {ref} as {got}, not the imported manifest {digest}")
+            raise BackendError(f"{self.importer.kind} holds {ref} as {got}, not the imported manifest {digest}")
         return WorkloadRef(namespace=dest.namespace, pod=dest.pod, container=dest.container or source.container,
                            image=ref)  # fmt: skip
 
@@ -336,7 +367,7 @@ class KubeletBackend:
             raise BackendError(f"not a checkpoint image of this agent: {ref.image!r}")
         try:
             await self.importer.delete_image(ref.image)
-        except ContainerdError as exc:
+        except (ContainerdError, CrioError) as exc:
             raise BackendError(str(exc)) from None
 
     async def is_running(self, ref: WorkloadRef, meta: dict[str, Any]) -> bool:
