@@ -13,10 +13,17 @@
 #        hack/real-nodes.sh restart-kubelet NAME ...         (its kubelet stopped and started again: a Node
 #                                                             object deleted from the API registers again)
 #        hack/real-nodes.sh restart-containerd NAME ...      (its containerd restarted with the config written
-#                                                             anew; running containers stay with their shims)
+#                                                             anew; running containers stay with their shims;
+#                                                             on a CRI-O node: its crio, as restart-runtime)
+#        hack/real-nodes.sh restart-runtime NAME ...         (the node's runtime, containerd or crio, restarted so)
 #
+# QOS_NODE_RUNTIME (default containerd): the container runtime of the nodes `up` creates, containerd or crio
+# (CRI-O, hack/build-crio.sh; the same runc, CRIU, CNI plugins and kubelet). Recorded per node
+# (/var/lib/qos-local-nodes/<node>/runtime): later commands act on each node's own runtime, so a cluster may mix
+# them (`up` again with the other value adds nodes of a new group/flavour with it; existing nodes keep theirs).
 # QOS_NODE_RESTORE_VIA_CREATE (default true): containerd's enable_experimental_restore_via_create on the nodes
 # written by up / restart-*: false makes a runtime that cannot restore a checkpoint (e2e: the clean refusal).
+# containerd only: CRI-O restores through CreateContainer whenever enable_criu_support is on (checkpoints need it).
 #        hack/real-nodes.sh leftovers                        (exit 1, naming them, if anything of real nodes remains:
 #                                                             namespaces, links, cgroups, mounts, processes, dirs)
 #
@@ -32,6 +39,11 @@
 #   files: /var/lib/qos-local-nodes/<node>/{kubelet,containerd,cni}, /run/qos-local-nodes/<node>/ (sockets,
 #     state), logs in $QOS_STATE/logs/nodes/. One local cluster at a time owns real nodes
 #     (/run/qos-local-nodes/owner).
+#   CRI-O nodes: /var/lib/qos-local-nodes/<node>/{crio.conf,crio/} (config, policy.json, registries.conf),
+#     containers/storage root /var/lib/qos-local-nodes/<node>/containers/storage, runroot
+#     /run/qos-local-nodes/<node>/containers/storage (overlay), socket /run/qos-local-nodes/<node>/crio.sock
+#     (CRI and CRI-O's HTTP info API: curl --unix-socket SOCK http://localhost/info), every other state path
+#     (runc root, exits, attach sockets, pinned namespaces, version files) under /run/qos-local-nodes/<node>/.
 #
 # Node labels: node.kubernetes.io/instance-type=FLAVOUR, qos.kube-qos-extender.io/node-group=GROUP, type=real;
 # annotation qos.kube-qos-extender.io/price-per-hour from config/flavours.yaml. Capacity is the machine's
@@ -39,7 +51,10 @@
 #
 # Images: $QOS_NODE_IMAGES (default: pause.tar busybox.tar of $QOS_CACHE/images, made by hack/build-image.sh)
 # are imported into each new node's containerd (namespace k8s.io); registry.k8s.io/pause:3.10 is required.
-# Others (the product's image) with `hack/real-nodes.sh import TAR...`.
+# Others (the product's image) with `hack/real-nodes.sh import TAR...`. On a CRI-O node every RepoTag of the
+# docker-save tar is copied with skopeo into the node's containers/storage (names normalised as containerd
+# does: qos-local/busybox:1.35.0 is docker.io/qos-local/busybox:1.35.0). Nothing is ever pulled: the namespaces
+# have no route off the machine.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 # shellcheck source=lib.sh
@@ -63,6 +78,7 @@ REGISTRY="${QOS_STATE}/real-nodes"   # lines: name index group flavour
 BIN_DIR="${QOS_BIN_DIR:-${BIN_DIR}}"
 CRIU_DIR="${QOS_CACHE}/criu-${CRIU_VERSION}"
 KUBECTL=("${BIN_DIR}/kubectl" --kubeconfig "${QOS_STATE}/kubeconfig/admin.kubeconfig")
+NODE_RUNTIME="${QOS_NODE_RUNTIME:-containerd}"
 
 cmd="${1:-}"
 shift || true
@@ -71,6 +87,10 @@ ns_exec() { local ns="$1"; shift; nsenter --net="/run/netns/${ns}" -- "$@"; }
 node_ip() { echo "10.250.0.$((10 + $1))"; }
 node_cidr() { echo "10.245.$1.0/24"; }
 cg_hierarchies() { find /sys/fs/cgroup -mindepth 1 -maxdepth 1 -type d ! -name unified; }
+# the runtime a node was created with (nodes from before the choice existed: containerd)
+node_runtime() { cat "${NODES_ROOT}/$1/runtime" 2>/dev/null || echo containerd; }
+# containers/storage of a CRI-O node, as c/image's containers-storage transport names a store
+crio_store() { echo "[overlay@${NODES_ROOT}/$1/containers/storage+${RUN_ROOT}/$1/containers/storage]"; }
 
 alive() { # <pidfile> -> pid if alive and still ours (its command line holds the token start recorded)
   [[ -s "$1" ]] || return 1
@@ -230,10 +250,9 @@ ensure_cgroup_root() { # <name>
 
 write_node_configs() { # <name> <idx> <group> <flavour>
   local name="$1" idx="$2" group="$3" flavour="$4"
-  local dir="${NODES_ROOT}/${name}" run="${RUN_ROOT}/${name}" ip cidr
-  ip="$(node_ip "${idx}")" cidr="$(node_cidr "${idx}")"
-  mkdir -p "${dir}/kubelet" "${dir}/containerd" "${dir}/cni/net.d" "${dir}/cni/ipam" "${dir}/pki" "${dir}/logs" \
-    "${run}"
+  local dir="${NODES_ROOT}/${name}" run="${RUN_ROOT}/${name}" ip cidr runtime endpoint
+  ip="$(node_ip "${idx}")" cidr="$(node_cidr "${idx}")" runtime="$(node_runtime "${name}")"
+  mkdir -p "${dir}/kubelet" "${dir}/cni/net.d" "${dir}/cni/ipam" "${dir}/pki" "${dir}/logs" "${run}"
   chmod 700 "${dir}/pki"
   gen_node_cert "${dir}/pki/kubelet-client" "/O=system:nodes/CN=system:node:${name}" clientAuth
   gen_node_cert "${dir}/pki/kubelet-serving" "/O=system:nodes/CN=system:node:${name}" serverAuth \
@@ -242,6 +261,12 @@ write_node_configs() { # <name> <idx> <group> <flavour>
   write_kubeconfig "${dir}/kubelet.kubeconfig" "${dir}/pki/kubelet-client"
   write_kubeconfig "${dir}/kube-proxy.kubeconfig" "${dir}/pki/kube-proxy"
 
+  if [[ "${runtime}" == crio ]]; then
+    write_crio_config "${name}"
+    endpoint="unix://${run}/crio.sock"
+  else
+    mkdir -p "${dir}/containerd"
+    endpoint="unix://${run}/containerd.sock"
   put "${dir}/containerd.toml" <<EOF
 version = 3
 root = "${dir}/containerd"
@@ -276,6 +301,7 @@ state = "${run}/containerd"
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 EOF
+  fi
 
   put "${dir}/cni/net.d/10-qos-bridge.conflist" <<EOF
 {
@@ -305,7 +331,7 @@ authentication:
 authorization: {mode: Webhook}
 tlsCertFile: ${dir}/pki/kubelet-serving.crt
 tlsPrivateKeyFile: ${dir}/pki/kubelet-serving.key
-containerRuntimeEndpoint: unix://${run}/containerd.sock
+containerRuntimeEndpoint: ${endpoint}
 cgroupDriver: cgroupfs
 cgroupRoot: /qos-${name}
 # cgroup v1 on these machines (kubelet 1.35 refuses v1 unless told)
@@ -340,6 +366,105 @@ EOF
   echo "${group} ${flavour}" > "${dir}/spec"
 }
 
+# CRI-O's configuration of a node: everything it would keep in a host-wide place (/var/run/crio, /var/lib/crio,
+# /var/lib/containers, /etc/containers, /var/run/nri, /var/run/netns) is the node's own, so several CRI-O nodes
+# (and the containerd ones) coexist on one host. Read by `crio --config FILE --config-dir DIR` (an empty dir:
+# /etc/crio/crio.conf.d is not read).
+write_crio_config() { # <name>
+  local name="$1" dir="${NODES_ROOT}/$1" run="${RUN_ROOT}/$1"
+  mkdir -p "${dir}/crio/conf.d" "${dir}/crio/registries.conf.d" "${dir}/crio/policies" "${dir}/crio/keys" "${dir}/crio/cdi" "${dir}/crio/hooks.d" \
+    "${dir}/containers/storage" "${run}/containers/storage" "${run}/exits" "${run}/attach" "${run}/ns"
+  # runc through a wrapper for two quirks of these machines (hack/runc_host_quirks.py): root lacks
+  # CAP_SYS_RESOURCE, so runc cannot lower oom_score_adj (the pause container asks -998, Guaranteed containers
+  # -997) and CRI-O has no restrict_oom_score_adj: the request is clamped to the caller's own value as
+  # containerd's option does; hugetlb is not a v1 hierarchy here: the kubelet's hugepage limits are dropped
+  put "${dir}/crio/runc" <<EOF
+#!/bin/sh
+exec /usr/bin/python3 ${HACK_DIR}/runc_host_quirks.py ${BIN_DIR}/runc "\$@"
+EOF
+  chmod 755 "${dir}/crio/runc"
+  # images come from local tars only: skopeo (import) accepts them unsigned, never consults /etc/containers
+  put "${dir}/crio/policy.json" <<'EOF'
+{"default": [{"type": "insecureAcceptAnything"}]}
+EOF
+  # short names (qos-local/busybox:1.35.0, as pods name them) resolve to docker.io/..., as containerd and
+  # skopeo normalise them; crio's (hidden) --registries-conf{,-dir} flags: not /etc/containers/registries.conf{,.d}
+  put "${dir}/crio/registries.conf" <<'EOF'
+unqualified-search-registries = ["docker.io"]
+short-name-mode = "permissive"
+EOF
+  # what skopeo (import) and crio read instead of /etc/containers/storage.conf
+  put "${dir}/crio/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "${dir}/containers/storage"
+runroot = "${run}/containers/storage"
+EOF
+  put "${dir}/crio.conf" <<EOF
+[crio]
+root = "${dir}/containers/storage"
+runroot = "${run}/containers/storage"
+storage_driver = "overlay"
+storage_option = []
+log_dir = "${dir}/crio/pods"
+version_file = "${run}/crio-version"
+version_file_persist = "${dir}/crio/version"
+clean_shutdown_file = "${dir}/crio/clean.shutdown"
+
+[crio.api]
+listen = "${run}/crio.sock"
+stream_address = "127.0.0.1"
+stream_port = "0"
+
+[crio.runtime]
+default_runtime = "runc"
+cgroup_manager = "cgroupfs"
+# kubelet checkpoints (CRIU >= 4.1 first on crio's and conmon's PATH) and restore through CreateContainer
+enable_criu_support = true
+pinns_path = "${BIN_DIR}/pinns"
+namespaces_dir = "${run}/ns"
+container_exits_dir = "${run}/exits"
+container_attach_socket_dir = "${run}/attach"
+hooks_dir = ["${dir}/crio/hooks.d"]
+cdi_spec_dirs = ["${dir}/crio/cdi"]
+decryption_keys_path = "${dir}/crio/keys"
+irqbalance_config_restore_file = "disable"
+log_level = "info"
+
+[crio.runtime.runtimes.runc]
+runtime_path = "${dir}/crio/runc"
+runtime_type = "oci"
+# runc's state under the node's run dir (the default /run/runc is shared by every runc of the host)
+runtime_root = "${run}/runc"
+monitor_path = "$(command -v conmon || echo /usr/bin/conmon)"
+# with cgroupfs: conmon in the pod's cgroup, under the node's cgroup root (teardown kills it with the pod)
+monitor_cgroup = "pod"
+monitor_env = ["PATH=${BIN_DIR}:${CRIU_DIR}:/usr/sbin:/usr/bin:/sbin:/bin"]
+
+[crio.image]
+pause_image = "${SANDBOX_IMAGE}"
+pinned_images = ["${SANDBOX_IMAGE}"]
+# no signature_policy: CRI-O 1.34 refuses every restore when one is set ("namespaced signature policy ...
+# signature validation is not supported for container restore", server/container_restore.go); nothing is pulled
+# here (no route off the machine), and the node's policy.json is skopeo's (import)
+signature_policy_dir = "${dir}/crio/policies"
+
+[crio.network]
+network_dir = "${dir}/cni/net.d"
+plugin_dirs = ["/usr/lib/cni"]
+
+[crio.metrics]
+enable_metrics = false
+
+[crio.nri]
+enable_nri = false
+EOF
+}
+
+crio_info() { # <name>: CRI-O's HTTP info API on its socket answers
+  curl -fsS --max-time 2 --unix-socket "${RUN_ROOT}/$1/crio.sock" http://localhost/info >/dev/null 2>&1
+}
+
 start_node() { # <name> <idx> <group> <flavour>
   local name="$1" idx="$2" group="$3" flavour="$4"
   local dir="${NODES_ROOT}/${name}" run="${RUN_ROOT}/${name}" ns="qos-${name}"
@@ -348,21 +473,38 @@ start_node() { # <name> <idx> <group> <flavour>
   ensure_cgroup_root "qos-${name}"
   write_node_configs "$@"
   mkdir -p "${LOGS}"
-  # containerd finds the shim and (for checkpoints) CRIU >= 4.1 on its PATH
-  start "${run}/containerd.pid" "${LOGS}/${name}-containerd.log" "${ns}" \
-    env PATH="${BIN_DIR}:${CRIU_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
-    "${BIN_DIR}/containerd" --config "${dir}/containerd.toml"
   local t=$((SECONDS + 30))
-  until "${BIN_DIR}/ctr" --address "${run}/containerd.sock" version >/dev/null 2>&1; do
-    ((SECONDS < t)) || die "${name}: containerd not answering; see ${LOGS}/${name}-containerd.log"
-    sleep 0.2
-  done
-  import_images "${name}" "${NODE_IMAGES[@]}"
-  # (not `ctr | grep -q`: grep exiting at the first match makes ctr's SIGPIPE fail the pipeline under pipefail)
-  local images
-  images="$("${BIN_DIR}/ctr" --address "${run}/containerd.sock" -n k8s.io images ls -q 2>/dev/null)"
-  [[ $'\n'"${images}"$'\n' == *$'\n'"${SANDBOX_IMAGE}"$'\n'* ]] \
-    || die "${name}: ${SANDBOX_IMAGE} missing in containerd (run hack/build-image.sh: it makes ${IMAGES_DIR}/pause.tar)"
+  if [[ "$(node_runtime "${name}")" == crio ]]; then
+    # crio (and through monitor_env conmon and runc restore) finds CRIU >= 4.1 first on its PATH
+    start "${run}/crio.pid" "${LOGS}/${name}-crio.log" "${ns}" \
+      env PATH="${BIN_DIR}:${CRIU_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
+      CONTAINERS_STORAGE_CONF="${dir}/crio/storage.conf" "${BIN_DIR}/crio" \
+      --registries-conf "${dir}/crio/registries.conf" --registries-conf-dir "${dir}/crio/registries.conf.d" \
+      --config-dir "${dir}/crio/conf.d" --config "${dir}/crio.conf"
+    until crio_info "${name}"; do
+      kill -0 "$(cat "${run}/crio.pid")" 2>/dev/null || die "${name}: crio exited; see ${LOGS}/${name}-crio.log"
+      ((SECONDS < t)) || die "${name}: crio not answering; see ${LOGS}/${name}-crio.log"
+      sleep 0.2
+    done
+    import_images "${name}" "${NODE_IMAGES[@]}"
+    skopeo inspect --raw "containers-storage:$(crio_store "${name}")${SANDBOX_IMAGE}" >/dev/null 2>&1 \
+      || die "${name}: ${SANDBOX_IMAGE} missing in CRI-O's storage (run hack/build-image.sh: it makes ${IMAGES_DIR}/pause.tar)"
+  else
+    # containerd finds the shim and (for checkpoints) CRIU >= 4.1 on its PATH
+    start "${run}/containerd.pid" "${LOGS}/${name}-containerd.log" "${ns}" \
+      env PATH="${BIN_DIR}:${CRIU_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
+      "${BIN_DIR}/containerd" --config "${dir}/containerd.toml"
+    until "${BIN_DIR}/ctr" --address "${run}/containerd.sock" version >/dev/null 2>&1; do
+      ((SECONDS < t)) || die "${name}: containerd not answering; see ${LOGS}/${name}-containerd.log"
+      sleep 0.2
+    done
+    import_images "${name}" "${NODE_IMAGES[@]}"
+    # (not `ctr | grep -q`: grep exiting at the first match makes ctr's SIGPIPE fail the pipeline under pipefail)
+    local images
+    images="$("${BIN_DIR}/ctr" --address "${run}/containerd.sock" -n k8s.io images ls -q 2>/dev/null)"
+    [[ $'\n'"${images}"$'\n' == *$'\n'"${SANDBOX_IMAGE}"$'\n'* ]] \
+      || die "${name}: ${SANDBOX_IMAGE} missing in containerd (run hack/build-image.sh: it makes ${IMAGES_DIR}/pause.tar)"
+  fi
   start "${run}/kubelet.pid" "${LOGS}/${name}-kubelet.log" "${ns}" \
     env PATH="${BIN_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
     "${BIN_DIR}/kubelet" --v=1 --kubeconfig "${dir}/kubelet.kubeconfig" \
@@ -391,19 +533,56 @@ else:
 PY
 }
 
+import_stamp() { # <node> <tar>: the file recording that tar's import (size and mtime) into the node
+  if [[ "$(node_runtime "$1")" == crio ]]; then
+    echo "${NODES_ROOT}/$1/containers/.imported-$(basename "$2")"
+  else
+    echo "${NODES_ROOT}/$1/containerd/.imported-$(basename "$2")"
+  fi
+}
+
 import_images() { # <node> tar...
   local name="$1" tar
   shift
   for tar in "$@"; do
     [[ -f "${tar}" ]] || continue
-    local stamp="${NODES_ROOT}/${name}/containerd/.imported-$(basename "${tar}")"
-    local sum
+    local stamp sum
+    stamp="$(import_stamp "${name}" "${tar}")"
     sum="$(stat -c '%s %Y' "${tar}")"
     [[ "$(cat "${stamp}" 2>/dev/null)" == "${sum}" ]] && continue
-    "${BIN_DIR}/ctr" --address "${RUN_ROOT}/${name}/containerd.sock" -n k8s.io images import "${tar}" >/dev/null || die "${name}: cannot import ${tar}"
+    if [[ "$(node_runtime "${name}")" == crio ]]; then
+      import_crio "${name}" "${tar}" || die "${name}: cannot import ${tar}"
+    else
+      "${BIN_DIR}/ctr" --address "${RUN_ROOT}/${name}/containerd.sock" -n k8s.io images import "${tar}" >/dev/null || die "${name}: cannot import ${tar}"
+    fi
     echo "${sum}" > "${stamp}"
     log "${name}: imported $(basename "${tar}")"
   done
+}
+
+# A docker-save tar into a CRI-O node's containers/storage (CRI has no image import): skopeo, once per RepoTag
+# of its manifest.json, while crio runs (containers/storage locks the store; crio sees the new image at once).
+import_crio() { # <node> <tar>
+  local name="$1" tar="$2" tag tags
+  tags="$(tar -xOf "${tar}" manifest.json | python3 -c 'import json, sys
+for m in json.load(sys.stdin):
+    for t in m.get("RepoTags") or []:
+        print(t)')" || return 1
+  [[ -n "${tags}" ]] || { log "${name}: ${tar} names no image (no RepoTags)"; return 1; }
+  # skopeo run as root keeps a blob-info cache in /var/lib/containers/cache, whatever the store (no option moves
+  # it): when that directory is new, it goes again
+  local fresh=0 rc=0
+  [[ -e /var/lib/containers ]] || fresh=1
+  while read -r tag; do
+    CONTAINERS_STORAGE_CONF="${NODES_ROOT}/${name}/crio/storage.conf" \
+      skopeo --policy "${NODES_ROOT}/${name}/crio/policy.json" copy -q \
+      "docker-archive:${tar}:${tag}" "containers-storage:$(crio_store "${name}")${tag}" >&2 || { rc=1; break; }
+  done <<< "${tags}"
+  if ((fresh)); then
+    rm -f /var/lib/containers/cache/blob-info-cache-v1.boltdb
+    rmdir /var/lib/containers/cache /var/lib/containers 2>/dev/null || true
+  fi
+  return "${rc}"
 }
 
 # ---------------------------------------------------------------- teardown of one node
@@ -440,13 +619,16 @@ unmount_under() { # <dir>: every mount below it, deepest first
 stop_node() { # <name> <idx>
   local name="$1" idx="$2" run="${RUN_ROOT}/$1" p
   for p in kube-proxy kubelet; do stop_pid "${run}/${p}.pid"; done
-  # shims and containers belong to no pidfile: find them by the node's socket / cgroup
+  # shims and containers belong to no pidfile: find them by the node's socket / cgroup (CRI-O's conmons run in
+  # their pod's cgroup, under the node's; any outside it are found by their paths under the node's run dir)
   local shims
   shims="$(pgrep -f "containerd-shim-runc-v2.*${run}/containerd.sock" || true)"
+  shims+=" $(pgrep -f "conmon .*${run}/" || true)"
   stop_pid "${run}/containerd.pid"
+  stop_pid "${run}/crio.pid"
   kill_cgroup "qos-${name}"
   # shellcheck disable=SC2086
-  [[ -z "${shims}" ]] || kill -9 ${shims} 2>/dev/null || true
+  [[ -z "${shims// /}" ]] || kill -9 ${shims} 2>/dev/null || true
   # containerd puts each shim's socket in the fixed /run/containerd/s/<sha256(address/namespace/id)>
   local task
   for task in "${run}"/containerd/io.containerd.runtime.v2.task/*/*; do
@@ -500,6 +682,14 @@ up() {
   [[ -x "${BIN_DIR}/kubelet" && -x "${BIN_DIR}/containerd" && -x "${BIN_DIR}/runc" ]] \
     || die "real nodes need kubelet, containerd and runc in ${BIN_DIR} (run hack/build-tools.sh)"
   [[ -x "${CRIU_DIR}/criu" ]] || "${HACK_DIR}/build-criu.sh" >/dev/null
+  [[ "${NODE_RUNTIME}" == containerd || "${NODE_RUNTIME}" == crio ]] \
+    || die "QOS_NODE_RUNTIME must be containerd or crio, not '${NODE_RUNTIME}'"
+  if [[ "${NODE_RUNTIME}" == crio ]]; then
+    if [[ ! -x "${BIN_DIR}/crio" || ! -x "${BIN_DIR}/pinns" ]] || ! command -v conmon >/dev/null \
+      || ! command -v skopeo >/dev/null; then
+      "${HACK_DIR}/build-crio.sh" >/dev/null
+    fi
+  fi
   command -v nsenter >/dev/null || die "nsenter (util-linux) is required"
   local t0=${SECONDS} arg group flavour count i name idx wanted=()
   # every argument is checked before anything is made: a bad one must not leave a half-built fabric
@@ -523,6 +713,11 @@ up() {
         while awk -v i="${idx}" '$2 == i {f = 1} END {exit !f}' "${REGISTRY}"; do idx=$((idx + 1)); done
         ((idx < 240)) || die "too many real nodes"
         echo "${name} ${idx} ${group} ${flavour}" >> "${REGISTRY}"
+      fi
+      # the runtime is chosen when the node is made: a node keeps it until it goes (down, remove)
+      if [[ ! -s "${NODES_ROOT}/${name}/runtime" ]]; then
+        mkdir -p "${NODES_ROOT}/${name}"
+        echo "${NODE_RUNTIME}" > "${NODES_ROOT}/${name}/runtime"
       fi
     done
     # nodes of this group/flavour beyond COUNT go away
@@ -639,11 +834,12 @@ remove() {
   kubelet_targets
 }
 
-restart() { # <kubelet|containerd> NAME...
+restart() { # <kubelet|runtime> NAME...
   local what="$1" name idx group flavour t
   shift
   for name in "$@"; do
     read -r _ idx group flavour <<< "$(registered "${name}")"
+    [[ "${what}" == kubelet ]] || what="$(node_runtime "${name}")"
     stop_pid "${RUN_ROOT}/${name}/${what}.pid"
     start_node "${name}" "${idx}" "${group}" "${flavour}"  # starts only what is not running: the one stopped
     t=$((SECONDS + 120))
@@ -661,13 +857,13 @@ case "${cmd}" in
   up) up "$@" ;;
   remove) remove "$@" ;;
   restart-kubelet) restart kubelet "$@" ;;
-  restart-containerd) restart containerd "$@" ;;
+  restart-containerd|restart-runtime) restart runtime "$@" ;;
   leftovers) leftovers ;;
   down) down ;;
   import)
     [[ -f "${REGISTRY}" ]] || die "no real nodes in ${QOS_STATE}"
     while read -r name _ _ _; do
-      for tar in "$@"; do rm -f "${NODES_ROOT}/${name}/containerd/.imported-$(basename "${tar}")"; done
+      for tar in "$@"; do rm -f "$(import_stamp "${name}" "${tar}")"; done
       import_images "${name}" "$@"
     done < "${REGISTRY}" ;;
   list)
