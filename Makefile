@@ -49,6 +49,12 @@ image: venv tools
 criu:
 	hack/build-criu.sh
 
+# CRI-O 1.34 and pinns from their Go module / C source, Debian's conmon and skopeo (hack/build-crio.sh): the
+# agent's CRI-O tests (tests/test_agent_crio.py) and the CRI-O real nodes of phase 5 (hack/real-nodes.sh).
+.PHONY: crio
+crio:
+	hack/build-crio.sh
+
 # Helm from its Go module (hack/build-helm.sh, pinned by hack/tools/helm/go.mod; ~2 min cold, instant after):
 # tests/test_chart.py lints and renders charts/kube-qos-extender with it and compares it with config/ via kubectl.
 .PHONY: helm
@@ -59,7 +65,7 @@ helm:
 unit: helm tools
 
 # Everything that needs no cluster (CRIU tests included: they need the real criu binary).
-unit: venv criu
+unit: venv criu crio
 	$(BIN)/pytest -m "not live" tests
 
 # kind and its node image, built offline from our binaries (hack/build-kind-node.sh; cached, rebuilt when an
@@ -71,7 +77,7 @@ kind-node: tools criu image
 # Tests against a real kube-apiserver / kube-scheduler / kwok / Prometheus. Uses $KUBECONFIG when given,
 # else local clusters one after the other (hack/run-live-tests.sh): the host topology (kwok nodes), then the
 # product as users install it on kind (hack/kind-up.sh: kind workers, the image, config/kind applied).
-live: venv tools criu image kind-node helm
+live: venv tools criu crio image kind-node helm
 	hack/run-live-tests.sh
 
 e2e: live

@@ -153,6 +153,16 @@ class Product:
         else:
             Path(path).unlink(missing_ok=True)
 
+    def restart_crio(self, node: str, *, criu_support: bool) -> None:
+        """A CRI-O node's crio restarted with checkpoint/restore on or off (``enable_criu_support``), config
+        checked (hack/real-nodes.sh's CRI-O nodes only: phase 5)."""
+        assert self.topology != "kind", "kind's nodes run containerd"
+        want = f"enable_criu_support = {str(criu_support).lower()}"
+        env = dict(self.env, QOS_NODE_CRIU_SUPPORT=str(criu_support).lower())
+        _run([str(ROOT / "hack/real-nodes.sh"), "restart-runtime", node], env, 300)
+        conf = Path(f"/var/lib/qos-local-nodes/{node}/crio.conf").read_text()
+        assert want in conf, conf
+
     def ctr(self, node: str, *args: str) -> str:
         if self.topology == "kind":  # the node is a container: its containerd answers on its own socket
             return _run(["docker", "exec", node, "ctr", "-n", "k8s.io", *args], self.env, 60)

@@ -24,6 +24,8 @@
 # QOS_NODE_RESTORE_VIA_CREATE (default true): containerd's enable_experimental_restore_via_create on the nodes
 # written by up / restart-*: false makes a runtime that cannot restore a checkpoint (e2e: the clean refusal).
 # containerd only: CRI-O restores through CreateContainer whenever enable_criu_support is on (checkpoints need it).
+# QOS_NODE_CRIU_SUPPORT (default true): CRI-O's enable_criu_support on the CRI-O nodes written by up / restart-*:
+# false makes a CRI-O that can neither checkpoint nor restore (e2e: the probe's clean refusal).
 #        hack/real-nodes.sh leftovers                        (exit 1, naming them, if anything of real nodes remains:
 #                                                             namespaces, links, cgroups, mounts, processes, dirs)
 #
@@ -420,7 +422,7 @@ stream_port = "0"
 default_runtime = "runc"
 cgroup_manager = "cgroupfs"
 # kubelet checkpoints (CRIU >= 4.1 first on crio's and conmon's PATH) and restore through CreateContainer
-enable_criu_support = true
+enable_criu_support = ${QOS_NODE_CRIU_SUPPORT:-true}
 pinns_path = "${BIN_DIR}/pinns"
 namespaces_dir = "${run}/ns"
 container_exits_dir = "${run}/exits"

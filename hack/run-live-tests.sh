@@ -11,17 +11,21 @@
 #     marked `deployed` (test_deployed, migration and its faults, consolidation, co-location, the agents'
 #     identity, leader election). The cluster is deleted afterwards (`kind export logs` into $QOS_KIND_STATE.logs
 #     first, on failure); no kind container may be left and the host must have its sysctls back.
+#  5. CRI-O nodes (issue 32): hack/local-up.sh with two real nodes whose runtime is CRI-O (QOS_NODE_RUNTIME=crio,
+#     hack/build-crio.sh), the product from config/local-crio (config/local + the agent's CRI-O component), and
+#     the migrations on them: e2e/test_migration_crio_real.py (marker `crio`) and the owned-pod moves of
+#     e2e/test_migration_owned_real.py. Same clean-up checks as 2.
 #  4. the install a user runs: a kind cluster with one worker and nothing of ours (QOS_KIND_DEPLOY=none), then
 #     README.md's "Install on your cluster" commands, `helm install` to `helm uninstall` (marker `helm`:
 #     e2e/test_helm_install.py). Same clean-up checks as 3.
 # With KUBECONFIG set, that cluster is used as it is for phase 1 only (it must run the extender: e2e needs
 # EXTENDER_URL, EXTENDER_CA, EXTENDER_CLIENT_CERT/KEY and PROMETHEUS_URL too). Each cluster lives under its own
-# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 3 4" (the default) selects phases.
+# $QOS_STATE and is removed afterwards (logs kept on failure). QOS_LIVE_PHASES="1 3 4 5" (the default) selects phases.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${ROOT}"
 PYTEST="${ROOT}/.venv/bin/pytest"
-PHASES="${QOS_LIVE_PHASES:-1 3 4}"
+PHASES="${QOS_LIVE_PHASES:-1 3 4 5}"
 SYSCTLS=(kernel.panic kernel.panic_on_oops vm.overcommit_memory)
 
 check_sysctls() { # <before> <what>: the host got back the sysctls the kubelets changed
@@ -115,11 +119,19 @@ for phase in ${PHASES}; do
        hack/real-nodes.sh leftovers || rc=1
        # ... and give the host back the sysctls its kubelets changed
        check_sysctls "${host_sysctls}" "the real nodes" || rc=1 ;;
+    5) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
+       # (both for local-up and for the tests: the product fixture runs hack/deploy-local.sh with QOS_OVERLAY)
+       QOS_NODE_RUNTIME=crio QOS_OVERLAY=config/local-crio run_in_cluster "${QOS_CRIO_STATE:-/tmp/qos-ci-crio}" \
+         QOS_WITH_EXTENDER=0 QOS_HOST_QOS_PROFILE=0 QOS_MANIFESTS_DIR=none \
+         hack/local-up.sh real:service:m1.medium=1 real:batch:m1.large=1 -- \
+         -m deployed e2e/test_migration_crio_real.py e2e/test_migration_owned_real.py "$@" || rc=$?
+       hack/real-nodes.sh leftovers || rc=1
+       check_sysctls "${host_sysctls}" "the CRI-O real nodes" || rc=1 ;;
     3|4) host_sysctls="$(sysctl "${SYSCTLS[@]}")"
        if [[ "${phase}" == 3 ]]; then
          cluster="${QOS_KIND_CLUSTER:-qos-ci}"
          run_in_kind "${QOS_KIND_STATE:-/tmp/qos-ci-kind}" "${cluster}" config service:m1.medium=1 batch:m1.large=2 \
-           -- -m deployed e2e "$@" || rc=$?
+           -- -m "deployed and not crio" e2e "$@" || rc=$?
        else
          cluster="${QOS_HELM_KIND_CLUSTER:-qos-ci-helm}"
          run_in_kind "${QOS_HELM_KIND_STATE:-/tmp/qos-ci-helm}" "${cluster}" none service:m1.medium=1 \

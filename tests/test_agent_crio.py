@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import shutil
 import subprocess
@@ -62,8 +61,8 @@ def _start_crio(d: Path, *, criu: bool) -> tuple[subprocess.Popen[bytes], str]:
         pytest.fail("the CRI-O tests need root (containers/storage overlay)")
     sock = d / "crio.sock"
     runc = _binary("runc", "QOS_RUNC")
-    (d / "conf.d").mkdir(parents=True, exist_ok=True)
-    (d / "policy.json").write_text(json.dumps({"default": [{"type": "reject"}]}))
+    for sub in ("conf.d", "policies", "hooks.d", "cdi", "keys"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "crio.conf").write_text(
         f"""[crio]
 root = "{d}/root"
@@ -84,19 +83,25 @@ container_exits_dir = "{d}/exits"
 container_attach_socket_dir = "{d}/attach"
 namespaces_dir = "{d}/ns"
 pinns_path = "{_binary("pinns", "QOS_PINNS")}"
+hooks_dir = ["{d}/hooks.d"]
+cdi_spec_dirs = ["{d}/cdi"]
+decryption_keys_path = "{d}/keys"
+irqbalance_config_restore_file = "disable"
 enable_criu_support = true
 default_runtime = "runc"
 [crio.runtime.runtimes.runc]
 runtime_path = "{runc}"
 runtime_root = "{d}/runc"
 [crio.image]
-signature_policy = "{d}/policy.json"
+signature_policy_dir = "{d}/policies"
 pause_image = "registry.k8s.io/pause:3.10"
 [crio.network]
 network_dir = "{d}/cni"
 plugin_dirs = ["/usr/lib/cni"]
 [crio.metrics]
 enable_metrics = false
+[crio.nri]
+enable_nri = false
 """
     )
     path = f"{_criu_dir()}:/usr/sbin:/usr/bin:/sbin:/bin" if criu else "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -128,12 +133,18 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def crio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     d = tmp_path_factory.mktemp("crio")
+    # skopeo run as root keeps a blob-info cache in /var/lib/containers/cache (no option moves it; in the agent's
+    # read-only pod it falls back to memory): on this host, remove what the tests made
+    host_cache = Path("/var/lib/containers")
+    had_cache = host_cache.exists()
     proc, sock = _start_crio(d, criu=True)
     try:
         yield sock
     finally:
         _stop(proc)
         subprocess.run(["umount", "-R", str(d / "root" / "overlay")], capture_output=True)
+        if not had_cache:
+            shutil.rmtree(host_cache, ignore_errors=True)
 
 
 def _archive(path: Path, pages: bytes) -> Path:
@@ -173,6 +184,7 @@ async def test_restore_puts_the_checkpoint_image_into_crio_as_the_kubelet_sees_i
     restored = await backend.restore(image_dir, meta, target)
     assert restored.image and restored.image.startswith("localhost/qos-checkpoint/batch-counter-moved:")
     assert not (image_dir / "oci").exists()  # the layout is gone once CRI-O holds the image
+    assert not (image_dir / "oci.skopeo-tmp").exists()  # and so is skopeo's staging directory
     importer = backend.importer
     assert isinstance(importer, CrioImporter)
     annotations = await importer.image_annotations(restored.image)

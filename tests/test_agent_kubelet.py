@@ -343,6 +343,8 @@ def test_crio_storage_spec_for_skopeo() -> None:
     ("config", "want"),
     [
         ({"crio": {"runtime": {"enable_criu_support": True}}}, True),
+        ({"crio": {"runtime": {"enable_criu_support": True}, "image": {"signature_policy": ""}}}, True),
+        ({"crio": {"runtime": {"enable_criu_support": True}, "image": {"signature_policy": "/etc/p.json"}}}, False),
         ({"crio": {"runtime": {"enable_criu_support": False}}}, False),
         ({"crio": {"runtime": {}}}, None),  # a CRI-O older than the option
         ({"crio": "garbage"}, None),
@@ -356,7 +358,7 @@ def test_crio_restore_rule(config: dict[str, Any] | None, want: bool | None) -> 
     assert ok is want
     assert "CRI-O 1.34.0" in why
     if want is False:
-        assert "enable_criu_support" in why
+        assert ("enable_criu_support" in why) != ("signature_policy" in why), why
 
 
 async def test_a_crio_agent_without_a_socket_refuses_to_be_a_destination(tmp_path: Path) -> None:

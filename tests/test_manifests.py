@@ -157,6 +157,41 @@ def test_agent_pod_privileges_are_the_documented_minimum(agent_ds: dict[str, Any
         assert sa["automountServiceAccountToken"] is False
 
 
+def test_crio_component_points_the_agent_at_crio_and_its_store(agent_ds: dict[str, Any]) -> None:
+    """config/agent/crio: the flag, CRI-O's socket directory where kubelet.crio_socket looks, its store at CRI-O's
+    default paths (the agent reads them from CRI-O's /config: same paths inside and out), containerd's gone."""
+    import argparse
+
+    from extender.processes.agent import add_agent_arguments
+
+    comp = _load(AGENT / "crio" / "kustomization.yaml")
+    assert comp["kind"] == "Component"
+    (patch,) = [yaml.safe_load(p["patch"]) for p in comp["patches"] if p["target"]["kind"] == "DaemonSet"]
+    spec = patch["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    base = _container(agent_ds, "agent")
+    assert c["args"] == [*base["args"], "--container-runtime=cri-o"]
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    args = parser.parse_args(c["args"][1:])
+    cfg = load_agent_config(str(AGENT / "agent.yaml"), node_name="n", kubelet={"runtime": args.container_runtime})
+    assert cfg.kubelet.runtime == "cri-o" and cfg.kubelet.crio_socket == "/var/run/crio/crio.sock"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/run/containerd"] == {"mountPath": "/run/containerd", "$patch": "delete"}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["containerd"] == {"name": "containerd", "$patch": "delete"}
+    socket_dir = mounts[str(Path(cfg.kubelet.crio_socket).parent)]
+    assert socket_dir["readOnly"] is True and volumes[socket_dir["name"]]["hostPath"]["path"] == "/var/run/crio"
+    for path in ("/var/lib/containers/storage", "/run/containers/storage"):  # CRI-O's defaults, same in and out
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path and not mounts[path].get("readOnly")
+    # writing the store as root with the file capabilities it takes; nothing else is added
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER",
+                                                                               "SYS_ADMIN"]}  # fmt: skip
+    # the lab's overlay uses it on top of config/local
+    local = _load(CONFIG / "local-crio" / "kustomization.yaml")
+    assert local["resources"] == ["../local"] and local["components"] == ["../agent/crio"]
+
+
 def test_agent_network_policy_admits_only_agents_the_autoscaler_and_prometheus(agent_ds: dict[str, Any]) -> None:
     pol = _one(AGENT / "networkpolicy.yaml", "NetworkPolicy")
     labels = agent_ds["spec"]["template"]["metadata"]["labels"]

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import re
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -221,8 +222,19 @@ class CrioImporter:
         spec = storage_spec(await self.config())
         # --insecure-policy: the image is the one this agent just wrote from a verified transfer, not a pull; the
         # node's /etc/containers/policy.json (absent in the agent's image) governs pulls, not this copy.
-        argv = [self.skopeo, "--insecure-policy", "copy", "--quiet", f"oci:{layout}:{name}",
-                f"containers-storage:{spec}{name}"]  # fmt: skip
+        # --tmpdir: skopeo stages blobs in /var/tmp by default, read-only in the agent's pod (and /tmp is a small
+        # memory volume); a checkpoint holds the container's memory, so stage beside the layout, on the agent's
+        # state volume. --preserve-digests: the stored manifest is ours byte for byte (image_digest checks it).
+        tmp = layout.parent / f"{layout.name}.skopeo-tmp"
+        tmp.mkdir(exist_ok=True)
+        argv = [self.skopeo, "--insecure-policy", "--tmpdir", str(tmp), "copy", "--quiet", "--preserve-digests",
+                f"oci:{layout}:{name}", f"containers-storage:{spec}{name}"]  # fmt: skip
+        try:
+            await self._skopeo(argv, name)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+    async def _skopeo(self, argv: list[str], name: str) -> None:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE

@@ -117,12 +117,21 @@ def crio_restore_support(version: str, config: Mapping[str, Any] | None) -> tupl
     """Can this CRI-O restore a container from a checkpoint image? (True, False or None for "cannot tell", and
     why.) CRI-O restores through CreateContainer whenever ``enable_criu_support`` is on in its effective config
     (``GET /config``), which CRI-O itself turns off when it finds no ``criu`` on its PATH; a CRI-O that does not
-    report the option (older than checkpoint support) cannot be told apart from one without it."""
+    report the option (older than checkpoint support) cannot be told apart from one without it. CRI-O (1.34)
+    refuses every restore while a global ``signature_policy`` is set ("signature validation is not supported for
+    container restore", ``server/container_restore.go``); a per-namespace policy file (``signature_policy_dir``)
+    does the same for that namespace's pods only, which this node-wide answer cannot see: such a restore fails at
+    CreateContainer and the move rolls back."""
     name = f"CRI-O {version.strip() or '(version not reported)'}"
     if config is None:
         return None, f"{name}: its configuration could not be read (GET /config on its socket)"
-    runtime = (config.get("crio") or {}).get("runtime") if isinstance(config.get("crio"), dict) else None
+    crio = config.get("crio") if isinstance(config.get("crio"), dict) else {}
+    runtime, image = crio.get("runtime"), crio.get("image")
     flag = runtime.get("enable_criu_support") if isinstance(runtime, dict) else None
+    policy = image.get("signature_policy") if isinstance(image, dict) else None
+    if flag is True and policy:
+        return False, (f"{name} refuses restores while a signature_policy is set ({policy}): CRI-O cannot verify "
+                       "a checkpoint image's signature")  # fmt: skip
     if flag is True:
         return True, f"{name} with enable_criu_support"
     if flag is False:
