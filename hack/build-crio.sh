@@ -3,7 +3,7 @@
 #   crio   from the github.com/cri-o/cri-o module (Go module proxy; `go install ...@version` is refused there:
 #          the proxy answers 403 on the module's version list, so the module is downloaded and built in a copy)
 #   pinns  CRI-O's namespace pinner (pinns/src/*.c, static, gcc)
-# into ${BIN_DIR} (stamps .crio.version / .pinns.version), and installs Debian's conmon and skopeo (CRI-O's
+# into ${BIN_DIR} (stamps .crio.version / .pinns.version), and installs Debian's conmon, skopeo and nftables (CRI-O's
 # container monitor; image import into a node's containers/storage) when missing. runc and CRIU come from
 # hack/build-tools.sh and hack/build-criu.sh, as for the containerd nodes.
 # Idempotent: nothing is rebuilt when the binaries and their stamps match the pinned version.
@@ -34,6 +34,10 @@ built() { # <name>
 pkgs=()
 command -v conmon >/dev/null || pkgs+=(conmon)
 command -v skopeo >/dev/null || pkgs+=(skopeo)
+# nft: CRI-O 1.34.0 wires a pod's hostPorts through nftables when its manager could be made, else iptables; without
+# the nft binary the nftables manager is a typed nil that the fallback check misses, and the first pod with a
+# hostPort (the node agent's 9443) panics crio (internal/hostport/meta_hostport_manager.go Add: nil pointer)
+command -v nft >/dev/null || [[ -x /usr/sbin/nft ]] || pkgs+=(nftables)
 if ! built crio || ! built pinns; then
   command -v go >/dev/null || die "go is required (go >= 1.24)"
   command -v gcc >/dev/null || pkgs+=(gcc libc6-dev)

@@ -305,10 +305,14 @@ state = "${run}/containerd"
 EOF
   fi
 
+  # The network's name is the node's own: libcni caches every attachment under /var/lib/cni/results/<network>-...
+  # (host-wide: no runtime here sets another cache dir), and CRI-O garbage-collects at start every cached
+  # attachment of its networks that is not one of its pods (CNI DEL): with one name for all, restarting one
+  # node's crio tore down the other nodes' pod interfaces.
   put "${dir}/cni/net.d/10-qos-bridge.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
-  "name": "qos-pods",
+  "name": "qos-pods-${idx}",
   "plugins": [
     {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "dataDir": "${dir}/cni/ipam",
@@ -467,6 +471,25 @@ crio_info() { # <name>: CRI-O's HTTP info API on its socket answers
   curl -fsS --max-time 2 --unix-socket "${RUN_ROOT}/$1/crio.sock" http://localhost/info >/dev/null 2>&1
 }
 
+# CRI-O gives a hostPath mount that contains its storage root HostToContainer propagation (it must see the store's
+# mounts) and then refuses to create the container unless that path is on a shared or slave mount
+# (server/container_create_linux.go). On a systemd host "/" is shared; on these machines it is private, so
+# ${NODES_ROOT} (which holds every CRI-O node's store, and which config/local-crio mounts into the agent) is made a
+# shared bind mount of itself while CRI-O nodes exist; `down` unmounts it.
+ensure_shared_nodes_root() {
+  mkdir -p "${NODES_ROOT}"
+  if [[ "$(findmnt -n -o TARGET --target "${NODES_ROOT}")" != "${NODES_ROOT}" ]]; then
+    # only while nothing is mounted below it: a bind over live mounts (pods' volumes, container roots) would
+    # hide them from everything that already holds their paths
+    if awk -v a="${NODES_ROOT}/" 'index($2, a) == 1 {found = 1} END {exit !found}' /proc/self/mounts; then
+      die "a CRI-O node needs ${NODES_ROOT} on a shared mount, and nodes already run below it unshared: run \
+hack/real-nodes.sh down first, then up the CRI-O nodes (before or with the others)"
+    fi
+    mount --bind "${NODES_ROOT}" "${NODES_ROOT}"
+  fi
+  [[ "$(findmnt -n -o PROPAGATION --target "${NODES_ROOT}")" == shared ]] || mount --make-rshared "${NODES_ROOT}"
+}
+
 start_node() { # <name> <idx> <group> <flavour>
   local name="$1" idx="$2" group="$3" flavour="$4"
   local dir="${NODES_ROOT}/${name}" run="${RUN_ROOT}/${name}" ns="qos-${name}"
@@ -477,6 +500,7 @@ start_node() { # <name> <idx> <group> <flavour>
   mkdir -p "${LOGS}"
   local t=$((SECONDS + 30))
   if [[ "$(node_runtime "${name}")" == crio ]]; then
+    ensure_shared_nodes_root
     # crio (and through monitor_env conmon and runc restore) finds CRIU >= 4.1 first on its PATH
     start "${run}/crio.pid" "${LOGS}/${name}-crio.log" "${ns}" \
       env PATH="${BIN_DIR}:${CRIU_DIR}:/usr/sbin:/usr/bin:/sbin:/bin" \
@@ -779,6 +803,10 @@ down() {
   kubelet_targets
   restore_host_sysctls
   if [[ "$(cat "${RUN_ROOT}/owner" 2>/dev/null)" == "${QOS_STATE}" ]]; then rm -f "${RUN_ROOT}/owner"; fi
+  # the shared bind mount of ensure_shared_nodes_root (CRI-O nodes), once every node's mounts below it are gone
+  if [[ -d "${NODES_ROOT}" && "$(findmnt -n -o TARGET --target "${NODES_ROOT}")" == "${NODES_ROOT}" ]]; then
+    umount "${NODES_ROOT}" || umount -l "${NODES_ROOT}"
+  fi
   rmdir "${RUN_ROOT}" "${NODES_ROOT}" 2>/dev/null || true
 }
 
