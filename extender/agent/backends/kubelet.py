@@ -125,8 +125,8 @@ def crio_restore_support(version: str, config: Mapping[str, Any] | None) -> tupl
     name = f"CRI-O {version.strip() or '(version not reported)'}"
     if config is None:
         return None, f"{name}: its configuration could not be read (GET /config on its socket)"
-    crio = config.get("crio") if isinstance(config.get("crio"), dict) else {}
     crio: dict[str, Any] = config["crio"] if isinstance(config.get("crio"), dict) else {}
+    runtime, image = crio.get("runtime"), crio.get("image")
     flag = runtime.get("enable_criu_support") if isinstance(runtime, dict) else None
     policy = image.get("signature_policy") if isinstance(image, dict) else None
     if flag is True and policy:
