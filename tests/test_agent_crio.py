@@ -12,11 +12,9 @@ skopeo (Debian), runc (hack/build-tools.sh) and CRIU (hack/build-criu.sh): FAILS
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from extender.agent.backends.base import BackendError, WorkloadRef
 from extender.agent.backends.kubelet import CRIO_LEGACY_NAME_ANNOTATION, KubeletBackend, write_oci_layout
 from extender.agent.crio import CrioError, CrioImporter
 from extender.agent.settings import KubeletConfig
+from tests.test_agent_containerd import _archive
 
 SOURCE = WorkloadRef(namespace="batch", pod="counter", container="c")
 CACHE = Path(os.environ.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender")))
@@ -145,15 +144,6 @@ def crio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         subprocess.run(["umount", "-R", str(d / "root" / "overlay")], capture_output=True)
         if not had_cache:
             shutil.rmtree(host_cache, ignore_errors=True)
-
-
-def _archive(path: Path, pages: bytes) -> Path:
-    with tarfile.open(path, "w") as tar:
-        for name, data in (("config.dump", b'{"id": "x"}'), ("checkpoint/pages-1.img", pages)):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return path
 
 
 async def test_the_runtime_probe_asks_the_real_crio(crio: str, tmp_path: Path) -> None:
