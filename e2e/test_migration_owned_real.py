@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -215,15 +216,19 @@ def test_migrating_a_deployment_pod_never_drops_below_its_replicas(
     namespace: str,  # noqa: F811
     flow: ConsolidationFlow,  # noqa: F811
 ) -> None:
+    """maxUnavailable 0 and minReadySeconds 3: a Deployment counts a pod *available* once Ready for 3 s, and the
+    available count must never drop below the replicas while one of them moves (the hand-over waits until the
+    destination is available before the source goes); Ready pods likewise, and no pod made from scratch."""
     kube = product.kube
     batch, service = _group_nodes(product)
-    replicas = 2
+    replicas, min_ready = 2, 3
     deploy = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": "count"},
         "spec": {
             "replicas": replicas,
+            "minReadySeconds": min_ready,
             "selector": {"matchLabels": {"app": "count"}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
             "template": _template(batch, None, {"app": "count"}),
@@ -233,7 +238,7 @@ def test_migrating_a_deployment_pod_never_drops_below_its_replicas(
 
     def rs_ready() -> dict[str, Any] | None:
         sets = kube.get(f"/apis/apps/v1/namespaces/{namespace}/replicasets")["items"]
-        return sets[0] if sets and sets[0].get("status", {}).get("readyReplicas") == replicas else None
+        return sets[0] if sets and sets[0].get("status", {}).get("availableReplicas") == replicas else None
 
     rs = kube.wait(rs_ready, "the ReplicaSet Ready", timeout=120)
     rs_uid = rs["metadata"]["uid"]
@@ -241,10 +246,12 @@ def test_migrating_a_deployment_pod_never_drops_below_its_replicas(
     assert len(originals) == replicas
     seen: set[str] = set()
 
-    def sample() -> int:
+    def sample() -> tuple[int, int]:
+        """(Ready, available) pods of the ReplicaSet, by the ReplicaSet's own rule for available."""
         pods = [p for p in _owned(kube.pods(namespace), rs_uid) if not p["metadata"].get("deletionTimestamp")]
         seen.update(p["metadata"]["uid"] for p in pods)
-        return sum(1 for p in pods if _ready(p))
+        now = datetime.now(UTC)
+        return sum(1 for p in pods if _ready(p)), sum(1 for p in pods if owners.available_in(p, min_ready, now) == 0)
 
     src = sorted(originals.values(), key=lambda p: p["metadata"]["name"])[0]
     name = src["metadata"]["name"]
@@ -259,9 +266,11 @@ def test_migrating_a_deployment_pod_never_drops_below_its_replicas(
 
     pods = kube.wait(settled, f"{replicas} Ready pods again", timeout=60, interval=0.5)
     time.sleep(2)  # the ReplicaSet's next syncs: no surplus cut, no replacement made
-    counts = sampler.stop()
+    samples = sampler.stop()
+    counts, available = [r for r, _ in samples], [a for _, a in samples]
     assert counts and min(counts) >= replicas, f"Ready pods of the ReplicaSet during the move: {counts}"
     assert max(counts) <= replicas + 1, f"more than one over during the move: {counts}"
+    assert min(available) >= replicas, f"available pods (minReadySeconds {min_ready}) during the move: {available}"
     names = {p["metadata"]["name"] for p in settled() or []}
     assert dname in names and name not in names, names
     assert {p["metadata"]["name"] for p in pods} == names
@@ -273,7 +282,8 @@ def test_migrating_a_deployment_pod_never_drops_below_its_replicas(
     resumed = _resumed(product, namespace, dname, _history(result["record"], "committed"))
     assert resumed[0] >= 8 and resumed == list(range(resumed[0], resumed[0] + len(resumed))), resumed
     print("\ndeployment move:", json.dumps({"seconds": result["seconds"], "min_ready": min(counts),
-                                            "max_ready": max(counts), "samples": len(counts)}))  # fmt: skip
+                                            "max_ready": max(counts), "min_available": min(available),
+                                            "samples": len(counts)}))  # fmt: skip
 
 
 def test_migrating_a_statefulset_pod_keeps_its_name_and_its_progress(

@@ -434,6 +434,8 @@ METHODS: dict[str, set[Rule]] = {
     "create_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "create")},
     "delete_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "delete")},
     "list_namespaced_custom_object": {("autoscaling.x-k8s.io", "provisioningrequests", "list")},
+    # AppsV1Api (self._apps): the consolidation flow reads a migrated pod's ReplicaSet (minReadySeconds)
+    "read_namespaced_replica_set": {("apps", "replicasets", "get")},
     # CoordinationV1Api (self._leases): the leader election's Lease
     "read_namespaced_lease": {("coordination.k8s.io", "leases", "get")},
     "create_namespaced_lease": {("coordination.k8s.io", "leases", "create")},
@@ -471,7 +473,7 @@ METHODS: dict[str, set[Rule]] = {
     },
 }
 _CALL = re.compile(
-    r"(?:\b_core|\b_custom|\b_leases|\bself\.(?:certs|core|rbac|admission)|(?<![\w\"/.-])(?:certs|rbac)|CoreV1Api\([^()]*\))"
+    r"(?:\b_core|\b_apps|\b_custom|\b_leases|\bself\.(?:certs|core|rbac|admission)|(?<![\w\"/.-])(?:certs|rbac)|CoreV1Api\([^()]*\))"
     r"\.(\w+)(\s*\()?"
 )
 
@@ -483,7 +485,7 @@ def api_rules(*files: str) -> set[Rule]:
         text = (ROOT / f).read_text()
         other = re.findall(r"\b(\w+V\d\w*Api|CustomObjectsApi)\(", text)
         known = {"CoreV1Api", "CustomObjectsApi", "CoordinationV1Api", "CertificatesV1Api", "RbacAuthorizationV1Api",
-                 "AdmissionregistrationV1Api"}  # fmt: skip
+                 "AdmissionregistrationV1Api", "AppsV1Api"}  # fmt: skip
         assert set(other) <= known, f"{f} uses {other}: extend METHODS and this check"
         if "CustomObjectsApi" in other:  # the custom-object rules above hold for ProvisioningRequests only
             assert re.search(r'GROUP, VERSION, PLURAL = "autoscaling.x-k8s.io", "v1", "provisioningrequests"', text), (

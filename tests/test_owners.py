@@ -157,3 +157,32 @@ def test_replacements_are_the_owners_new_pods_only() -> None:
     pods = [p("a", "J"), p("b", "J"), p("c", "J"), p("d", "K"), p("e", None)]
     assert owners.replacements(pods, "J", {"a", "b"}) == ["n-c"]
     assert owners.replacements(pods, "J", {"a", "b", "c"}) == []
+
+
+def _ready_pod(status: str | None, since: str | None = "2026-11-26T10:00:00Z") -> dict[str, Any]:
+    conds = [] if status is None else [{"type": "Ready", "status": status, "lastTransitionTime": since}]
+    return {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}, *conds]}}
+
+
+def test_available_in_follows_the_replicasets_rule() -> None:
+    """A ReplicaSet counts a pod available once Ready for minReadySeconds (podutil.IsPodAvailable): the hand-over
+    waits that long, or the Deployment's available count (what maxUnavailable bounds) dips while the source goes."""
+    from datetime import UTC, datetime, timedelta
+
+    from extender.core.owners import available_in
+
+    t0 = datetime(2026, 11, 26, 10, 0, 0, tzinfo=UTC)
+    assert available_in(_ready_pod("True"), 0, t0) == 0.0
+    assert available_in(_ready_pod("True"), 5, t0 + timedelta(seconds=2)) == pytest.approx(3.0)
+    assert available_in(_ready_pod("True"), 5, t0 + timedelta(seconds=5)) == 0.0
+    assert available_in(_ready_pod("True"), 5, t0 + timedelta(seconds=60)) == 0.0
+    assert available_in(_ready_pod("True", "2026-11-26T10:00:00+00:00"), 5, t0 + timedelta(seconds=4)) == (
+        pytest.approx(1.0)
+    )
+    # not Ready, or no Ready condition yet: not available, however long minReadySeconds is
+    assert available_in(_ready_pod("False"), 0, t0) is None
+    assert available_in(_ready_pod(None), 0, t0) is None
+    assert available_in({}, 3, t0) is None
+    # a Ready condition without a usable time: the whole period from now, never "available at once"
+    assert available_in(_ready_pod("True", None), 7, t0) == 7.0
+    assert available_in(_ready_pod("True", "yesterday"), 7, t0) == 7.0

@@ -29,6 +29,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
@@ -168,6 +169,7 @@ class ConsolidationFlow:
         """The API client, binder settings (``ExtenderConfig.bind``), Events sink and agent client ``move_pod``
         needs; ``start`` calls it. Alone, it lets a caller move single pods without running the autoscaler."""
         self._core = k8s.CoreV1Api(api_client)
+        self._apps = k8s.AppsV1Api(api_client)
         self._binder = KubeBinder(api_client, bind)
         self._events = events
         tls = AgentTlsConfig(cert_file=self.s.cert_file, key_file=self.s.key_file, ca_file=self.s.ca_file)
@@ -561,6 +563,8 @@ class ConsolidationFlow:
                             )  # fmt: skip
                             created = await self._create_bound(ns, dname, manifest, dest)
                             await self._wait_running(ns, dname, ready=kind is OwnerKind.REPLICA_SET)
+                            if kind is OwnerKind.REPLICA_SET:
+                                await self._wait_available(ns, dname, await self._min_ready_seconds(src))
                         gone = policy.destination_node_gone(await self._node(dest), dest)
                         if gone is not None:
                             raise _Refused(gone)
@@ -757,6 +761,33 @@ class ConsolidationFlow:
                     f"destination pod {ns}/{name} not Running after {self.s.destination_ready_timeout_seconds:.0f}s"
                 )
             await asyncio.sleep(0.1)
+
+    async def _min_ready_seconds(self, pod: Mapping[str, Any]) -> int:
+        """The ``minReadySeconds`` of the ReplicaSet that controls ``pod`` (0 when it has none)."""
+        ref = owners.controller_ref(pod) or {}
+        ns = (pod.get("metadata") or {}).get("namespace") or "default"
+        rs = await read_json(
+            await self._apps.read_namespaced_replica_set(str(ref.get("name")), ns, _preload_content=False)
+        )
+        return int((rs.get("spec") or {}).get("minReadySeconds") or 0)
+
+    async def _wait_available(self, ns: str, name: str, min_ready_seconds: int) -> None:
+        """Until the ReplicaSet counts the destination as available (Ready for ``minReadySeconds``): only then
+        does handing it the source's place keep the available count, which a Deployment's ``maxUnavailable``
+        bounds, from dropping while the source goes."""
+        deadline = time.monotonic() + self.s.destination_ready_timeout_seconds + min_ready_seconds
+        while True:
+            pod = await self._pod(ns, name)
+            left = owners.available_in(pod or {}, min_ready_seconds, datetime.now(UTC))
+            if left == 0.0:
+                return
+            if pod is None or time.monotonic() > deadline:
+                why = "is gone" if pod is None else f"not available after {min_ready_seconds}s of minReadySeconds"
+                raise _Refused(f"destination pod {ns}/{name} {why}")
+            failed = policy.container_failure(pod)
+            if failed is not None:
+                raise _Refused(f"destination pod {ns}/{name}: {failed}")
+            await asyncio.sleep(min(left or 0.5, 0.5))
 
     async def _delete_pod(self, ns: str, name: str, *, grace: int | None = 0, uid: str | None = None) -> None:
         """Delete a pod (``grace`` None: its own grace period; ``uid``: only that incarnation of the name)."""

@@ -14,7 +14,9 @@ lets it pick the restore as a surplus to delete:
 - **ReplicaSet** (Deployments): the source gets ``controller.kubernetes.io/pod-deletion-cost`` at the minimum,
   then the destination is adopted (labels back, the source's ownerReferences): the ReplicaSet has one pod over,
   and its surplus rank (assigned, running, ready, then the lowest deletion cost) names the source; the flow
-  deletes the source itself too. Replicas never drop below the spec: a surge of one, never a gap.
+  deletes the source itself too. Replicas never drop below the spec: a surge of one, never a gap. With the
+  ReplicaSet's ``minReadySeconds`` the destination counts as *available* (what a Deployment's ``maxUnavailable``
+  counts) only that long after it became Ready, so the hand-over waits for that too (``available_in``).
 - **Job**: the source is released (labels parked, controller reference and the Job's tracking finalizer
   removed: the Job controller never counts a pod it does not see finish, so the deleted source is neither a
   failure nor a completion), then the destination is adopted with the tracking finalizer, so its completion is
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -50,6 +53,7 @@ __all__ = [
     "MIN_DELETION_COST",
     "OwnerKind",
     "adopt_patch",
+    "available_in",
     "controller_ref",
     "held_metadata",
     "owner_blocker",
@@ -226,3 +230,25 @@ def replacements(pods: Sequence[Mapping[str, Any]], owner_uid: str, known: set[s
         if ref is not None and ref.get("uid") == owner_uid and _meta(p).get("uid") not in known:
             out.append(str(_meta(p).get("name")))
     return sorted(out)
+
+
+def available_in(pod: Mapping[str, Any], min_ready_seconds: int, now: datetime) -> float | None:
+    """Seconds until a ReplicaSet counts ``pod`` as available (0.0: it does), or None while it is not Ready.
+
+    The ReplicaSet's own rule (``podutil.IsPodAvailable``): Ready, and its Ready condition's lastTransitionTime +
+    ``minReadySeconds`` is before now. ``now`` must be timezone-aware (the API's times are UTC)."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") != "Ready":
+            continue
+        if cond.get("status") != "True":
+            return None
+        if min_ready_seconds <= 0:
+            return 0.0
+        stamp = cond.get("lastTransitionTime")
+        try:
+            since = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+        except ValueError:
+            return float(min_ready_seconds)  # no usable time: wait the whole period from now
+        return max(since.timestamp() + min_ready_seconds - now.timestamp(), 0.0)
+    return None
