@@ -192,6 +192,18 @@ def test_agent_alone_renders_config_agent(helm: str, kubectl: str, tmp_path: Pat
     assert_same(render(helm, values), kustomize(kubectl, tmp_path, ["agent"]))
 
 
+def test_crio_runtime_renders_the_agents_crio_component(helm: str, kubectl: str, tmp_path: Path) -> None:
+    """agent.containerRuntime cri-o = config/default + config/agent/crio (the same patch file, applied by the chart
+    the way kustomize applies it); anything but containerd or cri-o is refused with the reason."""
+    got = render(helm, {"agent.containerRuntime": "cri-o"})
+    assert_same(got, kustomize(kubectl, tmp_path, ["default"], ("agent/crio",)))
+    (ds,) = [d for d in got if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "qos-agent"]
+    assert "--container-runtime=cri-o" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    out = subprocess.run([helm, "template", "qos", str(CHART), "--set", "agent.containerRuntime=podman"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode != 0 and "agent.containerRuntime must be containerd or cri-o" in out.stderr, out.stderr
+
+
 def test_externalgrpc_renders_the_cloud_provider_component(helm: str, kubectl: str, tmp_path: Path) -> None:
     """autoscaler.mode externalgrpc = config/default + config/cluster-autoscaler/cloud-provider (one replica,
     Recreate, port 8086 and its certificate, the Service, the kwok backend's node writes)."""

@@ -166,7 +166,8 @@ def test_crio_component_points_the_agent_at_crio_and_its_store(agent_ds: dict[st
 
     comp = _load(AGENT / "crio" / "kustomization.yaml")
     assert comp["kind"] == "Component"
-    (patch,) = [yaml.safe_load(p["patch"]) for p in comp["patches"] if p["target"]["kind"] == "DaemonSet"]
+    (ref,) = [p for p in comp["patches"] if p["target"]["kind"] == "DaemonSet"]
+    patch = _load(AGENT / "crio" / ref["path"])
     spec = patch["spec"]["template"]["spec"]
     (c,) = spec["containers"]
     base = _container(agent_ds, "agent")

@@ -131,3 +131,52 @@ data:
 {{- fail "flavours must be a list of {name, cpu, memory, pods, price_per_hour} (empty: the package's catalogue)" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* qos.crioAgent (list $ daemonset): config/agent/crio/daemonset-patch.yaml applied to the agent DaemonSet the way
+kustomize applies it (strategic merge: the container's args and capabilities replaced; volumeMounts by mountPath and volumes
+by name, entries new to the list first, `$patch: delete` entries removed). The patch is the component's own file, not
+a copy; tests/test_chart.py checks the result against `kubectl kustomize`. Returns JSON. */}}
+{{- define "qos.crioAgent" -}}
+{{- $root := index . 0 -}}
+{{- $d := index . 1 -}}
+{{- $patch := $root.Files.Get "files/agent/crio/daemonset-patch.yaml" | fromYaml -}}
+{{- if not $patch.spec -}}
+{{- fail "kube-qos-extender chart: files/agent/crio/daemonset-patch.yaml is missing (files/agent links to config/agent)" -}}
+{{- end -}}
+{{- $pspec := $patch.spec.template.spec -}}
+{{- $pc := index $pspec.containers 0 -}}
+{{- $spec := $d.spec.template.spec -}}
+{{- $c := index $spec.containers 0 -}}
+{{- $_ := set $c "args" $pc.args -}}
+{{- $_ := set $c.securityContext "capabilities" $pc.securityContext.capabilities -}}
+{{- $_ := set $c "volumeMounts" (include "qos.mergeList" (list $c.volumeMounts $pc.volumeMounts "mountPath") | fromJsonArray) -}}
+{{- $_ := set $spec "volumes" (include "qos.mergeList" (list $spec.volumes $pspec.volumes "name") | fromJsonArray) -}}
+{{- toJson $d -}}
+{{- end -}}
+
+{{/* qos.mergeList (list original patch key): a strategic merge of a list of maps keyed by `key` (JSON). */}}
+{{- define "qos.mergeList" -}}
+{{- $orig := index . 0 -}}
+{{- $patch := index . 1 -}}
+{{- $key := index . 2 -}}
+{{- $have := dict -}}
+{{- range $o := $orig }}{{- $_ := set $have (get $o $key) true }}{{- end -}}
+{{- $gone := dict -}}
+{{- $changes := dict -}}
+{{- $out := list -}}
+{{- range $p := $patch -}}
+{{- if eq (toString (get $p "$patch")) "delete" -}}
+{{- $_ := set $gone (get $p $key) true -}}
+{{- else if hasKey $have (get $p $key) -}}
+{{- $_ := set $changes (get $p $key) $p -}}
+{{- else -}}
+{{- $out = append $out $p -}}
+{{- end -}}
+{{- end -}}
+{{- range $o := $orig -}}
+{{- if not (hasKey $gone (get $o $key)) -}}
+{{- $out = append $out (merge (deepCopy (default (dict) (get $changes (get $o $key)))) $o) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
