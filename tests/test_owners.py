@@ -118,6 +118,13 @@ def test_held_destination_matches_no_selector_and_adoption_gives_the_source_its_
     )
     assert sts_dest["metadata"]["name"] == "web-0" and sts_dest["metadata"]["ownerReferences"] == [STS]
     assert sts_dest["metadata"]["labels"] == sts_src["metadata"]["labels"]
+    # ... and its trial restore is held: no owner, labels parked, nothing but our migration label to match
+    trial = policy.destination_manifest(
+        sts_src, "web-0-trial", scheduler_name="n", migration="m3", owner=OwnerKind.STATEFUL_SET, held=True
+    )
+    assert "ownerReferences" not in trial["metadata"]
+    assert trial["metadata"]["labels"] == {owners.MIGRATION_LABEL: "m3"}
+    assert json.loads(trial["metadata"]["annotations"][owners.HELD_LABELS_ANNOTATION]) == sts_src["metadata"]["labels"]
 
 
 def test_adopt_refuses_a_destination_that_holds_nothing() -> None:

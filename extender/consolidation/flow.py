@@ -897,7 +897,7 @@ class ConsolidationFlow:
         t_trial = time.monotonic()
         held = policy.destination_manifest(
             src, trial, scheduler_name=self.s.destination_scheduler_name, migration=mid, checkpoint_image=images,
-            owner=OwnerKind.JOB,  # born held, as a Job's destination: matched by no selector, owned by nobody
+            owner=OwnerKind.STATEFUL_SET, held=True,  # matched by no selector, owned by nobody
         )  # fmt: skip
         held["spec"].pop("hostname", None)  # not the ordinal's identity, even for the seconds it runs
         held["spec"].pop("subdomain", None)

@@ -334,13 +334,16 @@ def destination_manifest(
     migration: str,
     checkpoint_image: str | Mapping[str, str] | None = None,
     owner: OwnerKind = OwnerKind.NONE,
+    held: bool | None = None,
 ) -> dict[str, Any]:
     """The destination pod: the source's spec and metadata under a new name, not bound (our binder binds it),
     ``schedulerName`` = one no scheduler serves (so no scheduler races our Binding), without what the API
     server or its admission set (uid, nodeName, service-account token volume, computed priority) or the QoS
     controller's pin to the source node, and without the source's progress (the agent's restore writes the
     checkpointed one). ``checkpoint_image`` (kubelet backend): every container's image, pulled never (the
-    destination agent imported it)."""
+    destination agent imported it). ``held`` (default: for a ReplicaSet's or a Job's pod): born held, its labels
+    parked and no owner, so no controller counts it and no selector matches it until the hand-over adopts it;
+    a StatefulSet's pod is otherwise born adopted (its name is its identity), its trial restore held."""
     meta = _meta(source)
     spec = copy.deepcopy(dict(source.get("spec") or {}))
     source_node = spec.get("nodeName")
@@ -378,10 +381,12 @@ def destination_manifest(
     annotations[MIGRATION_ID_ANNOTATION] = migration
     labels = dict(meta.get("labels") or {})
     metadata: dict[str, Any] = {"name": name, "namespace": meta.get("namespace") or "default"}
-    if owner in (OwnerKind.REPLICA_SET, OwnerKind.JOB):
-        held = held_metadata(source, migration)
-        labels = held["labels"]
-        annotations |= held["annotations"]
+    if held is None:
+        held = owner in (OwnerKind.REPLICA_SET, OwnerKind.JOB)
+    if held:
+        parked = held_metadata(source, migration)
+        labels = parked["labels"]
+        annotations |= parked["annotations"]
     elif owner is OwnerKind.STATEFUL_SET:
         metadata["ownerReferences"] = [dict(r) for r in meta.get("ownerReferences") or []]
     annotations.pop(DELETION_COST_ANNOTATION, None)
