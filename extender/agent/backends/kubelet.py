@@ -91,8 +91,9 @@ def restore_support(version: str, cri_config: Mapping[str, Any] | None) -> tuple
     destination agent's ``GET /v1/info``), so a runtime that cannot restore costs no checkpoint.
 
     containerd restores through CRI CreateContainer from 2.1 on; 2.2 put it behind
-    ``enable_experimental_restore_via_create`` (off by default from 2.2.7 / 2.3.4) and 2.4 removed it in favour of a
-    dedicated restore API this agent does not drive yet."""
+    ``enable_experimental_restore_via_create`` (off by default from 2.2.7 / 2.3.4) and 2.4 removed it with no
+    replacement: 2.4.0-2.4.2 have no restore path at all (their RELEASES.md points to KEP-5823, a CRI ``RestorePod``
+    API that no Kubernetes or containerd release implements yet)."""
     m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version.strip())
     if not m:
         return None, f"containerd version {version!r} not understood"
@@ -101,8 +102,8 @@ def restore_support(version: str, cri_config: Mapping[str, Any] | None) -> tuple
     if v < (2, 1, 0):
         return False, f"{name} cannot restore a checkpoint image (restore through CreateContainer came in 2.1)"
     if v >= (2, 4, 0):
-        return False, (f"{name} no longer restores through CreateContainer (removed in 2.4); its dedicated restore "
-                       "API is not driven by this agent")  # fmt: skip
+        return False, (f"{name} cannot restore a checkpoint: restore through CreateContainer was removed in 2.4, "
+                       "and its replacement (the CRI RestorePod API, KEP-5823) is in no release yet")  # fmt: skip
     flag = (cri_config or {}).get("enableExperimentalRestoreViaCreate")
     if flag is True:
         return True, f"{name} with enable_experimental_restore_via_create"
