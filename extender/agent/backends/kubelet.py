@@ -92,8 +92,9 @@ def restore_support(version: str, cri_config: Mapping[str, Any] | None) -> tuple
 
     containerd restores through CRI CreateContainer from 2.1 on; 2.2 put it behind
     ``enable_experimental_restore_via_create`` (off by default from 2.2.7 / 2.3.4) and 2.4 removed it with no
-    replacement: 2.4.0-2.4.2 have no restore path at all (their RELEASES.md points to KEP-5823, a CRI ``RestorePod``
-    API that no Kubernetes or containerd release implements yet)."""
+    replacement: 2.4.0-2.4.2 have no restore path at all. Their RELEASES.md points to KEP-5823: the CRI's pod-level
+    ``CheckpointPod`` / ``RestorePod`` (in cri-api v0.37, Kubernetes 1.37, alpha), which containerd 2.4.2 builds
+    against but does not implement (the methods answer Unimplemented)."""
     m = re.match(r"v?(\d+)\.(\d+)\.(\d+)", version.strip())
     if not m:
         return None, f"containerd version {version!r} not understood"
@@ -102,8 +103,8 @@ def restore_support(version: str, cri_config: Mapping[str, Any] | None) -> tuple
     if v < (2, 1, 0):
         return False, f"{name} cannot restore a checkpoint image (restore through CreateContainer came in 2.1)"
     if v >= (2, 4, 0):
-        return False, (f"{name} cannot restore a checkpoint: restore through CreateContainer was removed in 2.4, "
-                       "and its replacement (the CRI RestorePod API, KEP-5823) is in no release yet")  # fmt: skip
+        why = "2.4, and its replacement (CRI RestorePod, KEP-5823) is not implemented by containerd yet"
+        return False, f"{name} cannot restore a checkpoint: restore through CreateContainer was removed in {why}"
     flag = (cri_config or {}).get("enableExperimentalRestoreViaCreate")
     if flag is True:
         return True, f"{name} with enable_experimental_restore_via_create"
