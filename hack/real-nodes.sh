@@ -712,7 +712,7 @@ up() {
     || die "QOS_NODE_RUNTIME must be containerd or crio, not '${NODE_RUNTIME}'"
   if [[ "${NODE_RUNTIME}" == crio ]]; then
     if [[ ! -x "${BIN_DIR}/crio" || ! -x "${BIN_DIR}/pinns" ]] || ! command -v conmon >/dev/null \
-      || ! command -v skopeo >/dev/null; then
+      || ! command -v skopeo >/dev/null || { ! command -v nft >/dev/null && [[ ! -x /usr/sbin/nft ]]; }; then
       "${HACK_DIR}/build-crio.sh" >/dev/null
     fi
   fi
