@@ -190,6 +190,6 @@ def test_available_in_follows_the_replicasets_rule() -> None:
     assert available_in(_ready_pod("False"), 0, t0) is None
     assert available_in(_ready_pod(None), 0, t0) is None
     assert available_in({}, 3, t0) is None
-    # a Ready condition without a usable time: the whole period from now, never "available at once"
+    # a Ready condition without a usable time: never "available" (the flow waits until its deadline, then refuses)
     assert available_in(_ready_pod("True", None), 7, t0) == 7.0
     assert available_in(_ready_pod("True", "yesterday"), 7, t0) == 7.0

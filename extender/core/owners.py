@@ -249,6 +249,6 @@ def available_in(pod: Mapping[str, Any], min_ready_seconds: int, now: datetime) 
         try:
             since = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
         except ValueError:
-            return float(min_ready_seconds)  # no usable time: wait the whole period from now
+            return float(min_ready_seconds)  # no usable time: never known to be available (the flow's deadline ends it)
         return max(since.timestamp() + min_ready_seconds - now.timestamp(), 0.0)
     return None
