@@ -49,9 +49,12 @@ pytestmark = [pytest.mark.live, pytest.mark.deployed]
 GROUP = "qos.kube-qos-extender.io/node-group"
 MI = 2**20
 # svc's request, large next to the product's own pods on the node (agent, autoscaler: a few hundred MiB and
-# millicores whose usage moves), so that what svc lends dominates what the node publishes
+# millicores whose usage moves), so that what svc lends dominates what the node publishes. They are services too
+# (no kind annotation), so their CPU above their requests (an agent restarted by the identity tests just before)
+# lowers the node's real slack: svc's CPU is large and the tenant's small, so only svc's growth can evict it.
 SVC_MEMORY = 1024 * MI
-SVC_CPU = 500
+SVC_CPU = 1000
+TENANT_CPU = 10
 
 
 def _service_node(p: Product) -> str:
@@ -91,7 +94,7 @@ def _svc(node: str) -> dict[str, Any]:
 
 
 def _tenant(demand_memory: int) -> dict[str, Any]:
-    want = {BATCH_CPU: "50", BATCH_MEMORY: str(demand_memory)}
+    want = {BATCH_CPU: str(TENANT_CPU), BATCH_MEMORY: str(demand_memory)}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
