@@ -37,6 +37,7 @@ from typing import Any
 __all__ = [
     "ContainerdError",
     "ContainerdImporter",
+    "ImageStoreError",
     "any_message",
     "decode_fields",
     "image_store",
@@ -67,7 +68,12 @@ WINDOW_UPDATE = "containerd.types.transfer.WindowUpdate"
 _MAX_DATA = 32 * 1024  # containerd's own chunk size for stream data
 
 
-class ContainerdError(Exception):
+class ImageStoreError(Exception):
+    """The node's runtime could not take, report or drop a checkpoint image (containerd's or CRI-O's store: the
+    kubelet backend handles both alike)."""
+
+
+class ContainerdError(ImageStoreError):
     """The node's containerd refused or could not be reached; the message says which call and why."""
 
 

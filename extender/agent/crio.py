@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from extender.agent.containerd import _len, _str, decode_fields
+from extender.agent.containerd import ImageStoreError, _len, _str, decode_fields
 
 __all__ = [
     "CrioError",
@@ -49,7 +49,7 @@ _REF_NAME = "org.opencontainers.image.ref.name"
 _SPEC_SAFE = re.compile(r"[^\[\]\s]+")
 
 
-class CrioError(Exception):
+class CrioError(ImageStoreError):
     """The node's CRI-O (or skopeo writing into its store) refused or could not be reached; the message says
     which call and why."""
 

@@ -36,8 +36,8 @@ from typing import Any
 from urllib.parse import quote
 
 from extender.agent.backends.base import BackendError, CheckpointResult, WorkloadNotFoundError, WorkloadRef
-from extender.agent.containerd import ContainerdError, ContainerdImporter
-from extender.agent.crio import CrioError, CrioImporter
+from extender.agent.containerd import ContainerdImporter, ImageStoreError
+from extender.agent.crio import CrioImporter
 from extender.agent.settings import KubeletConfig
 
 __all__ = [
@@ -281,7 +281,7 @@ class KubeletBackend:
                 version, config = await self.importer.runtime()
                 ok, why = rule(version, config)
                 answer = {"supported": ok, "reason": why, "runtime": f"{self.importer.kind} {version}"}
-            except (ContainerdError, CrioError) as exc:
+            except ImageStoreError as exc:
                 answer = {"supported": None, "reason": f"{self.importer.kind} not asked: {exc}"}
         self._restore = (now, answer)
         return answer
@@ -343,7 +343,7 @@ class KubeletBackend:
             raise BackendError(self._no_runtime())
         try:
             await self.importer.check()
-        except (ContainerdError, CrioError) as exc:
+        except ImageStoreError as exc:
             raise BackendError(f"the node's {self.importer.kind} cannot take a checkpoint image: {exc}") from None
 
     async def restore(self, image_dir: Path, meta: dict[str, Any], target: WorkloadRef | None) -> WorkloadRef:
@@ -362,7 +362,7 @@ class KubeletBackend:
         try:
             await self.importer.import_layout(layout, self.config.image_prefix)
             got = await self.importer.image_digest(ref)
-        except (ContainerdError, CrioError) as exc:
+        except ImageStoreError as exc:
             raise BackendError(f"importing checkpoint image {ref}: {exc}") from None
         finally:
             await asyncio.to_thread(shutil.rmtree, layout, True)
@@ -378,7 +378,7 @@ class KubeletBackend:
             raise BackendError(f"not a checkpoint image of this agent: {ref.image!r}")
         try:
             await self.importer.delete_image(ref.image)
-        except (ContainerdError, CrioError) as exc:
+        except ImageStoreError as exc:
             raise BackendError(str(exc)) from None
 
     async def is_running(self, ref: WorkloadRef, meta: dict[str, Any]) -> bool:
