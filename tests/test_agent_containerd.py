@@ -28,13 +28,19 @@ from extender.agent.settings import KubeletConfig
 SOURCE = WorkloadRef(namespace="batch", pod="counter", container="c")
 
 
-def _containerd_binary() -> str:
-    env = os.environ.get("QOS_CONTAINERD")
+def cached_binary(name: str, env: str, build: str) -> str:
+    """A binary the hack/ scripts built into $QOS_CACHE/<kube version>/bin (or the path in ``env``); fails, never
+    skips, naming the script that builds it."""
+    given = os.environ.get(env)
     cache = Path(os.environ.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender")))
-    for c in [env] if env else sorted(cache.glob("v*/bin/containerd"), reverse=True):
+    for c in [given] if given else sorted(cache.glob(f"v*/bin/{name}"), reverse=True):
         if c and os.access(c, os.X_OK):
             return str(c)
-    pytest.fail("containerd not found: run hack/build-tools.sh (or set QOS_CONTAINERD)")
+    pytest.fail(f"{name} not found: run {build} (or set {env})")
+
+
+def _containerd_binary() -> str:
+    return cached_binary("containerd", "QOS_CONTAINERD", "hack/build-tools.sh")
 
 
 @pytest.fixture(scope="module")

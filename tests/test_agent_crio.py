@@ -25,18 +25,10 @@ from extender.agent.backends.base import BackendError, WorkloadRef
 from extender.agent.backends.kubelet import CRIO_LEGACY_NAME_ANNOTATION, KubeletBackend, write_oci_layout
 from extender.agent.crio import CrioError, CrioImporter
 from extender.agent.settings import KubeletConfig
-from tests.test_agent_containerd import _archive
+from tests.test_agent_containerd import _archive, cached_binary
 
 SOURCE = WorkloadRef(namespace="batch", pod="counter", container="c")
 CACHE = Path(os.environ.get("QOS_CACHE", str(Path.home() / ".cache/kube-qos-extender")))
-
-
-def _binary(name: str, env: str) -> str:
-    given = os.environ.get(env)
-    for c in [given] if given else sorted(CACHE.glob(f"v*/bin/{name}"), reverse=True):
-        if c and os.access(c, os.X_OK):
-            return str(c)
-    pytest.fail(f"{name} not found: run hack/build-crio.sh (or set {env})")
 
 
 def _tool(name: str) -> str:
@@ -59,7 +51,7 @@ def _start_crio(d: Path, *, criu: bool) -> tuple[subprocess.Popen[bytes], str]:
     if os.geteuid() != 0:
         pytest.fail("the CRI-O tests need root (containers/storage overlay)")
     sock = d / "crio.sock"
-    runc = _binary("runc", "QOS_RUNC")
+    runc = cached_binary("runc", "QOS_RUNC", "hack/build-tools.sh")
     for sub in ("conf.d", "policies", "hooks.d", "cdi", "keys"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "crio.conf").write_text(
@@ -81,7 +73,7 @@ cgroup_manager = "cgroupfs"
 container_exits_dir = "{d}/exits"
 container_attach_socket_dir = "{d}/attach"
 namespaces_dir = "{d}/ns"
-pinns_path = "{_binary("pinns", "QOS_PINNS")}"
+pinns_path = "{cached_binary("pinns", "QOS_PINNS", "hack/build-crio.sh")}"
 hooks_dir = ["{d}/hooks.d"]
 cdi_spec_dirs = ["{d}/cdi"]
 decryption_keys_path = "{d}/keys"
@@ -106,7 +98,13 @@ enable_nri = false
     path = f"{_criu_dir()}:/usr/sbin:/usr/bin:/sbin:/bin" if criu else "/usr/sbin:/usr/bin:/sbin:/bin"
     log = (d / "crio.log").open("wb")
     proc = subprocess.Popen(
-        [_binary("crio", "QOS_CRIO"), "--config", str(d / "crio.conf"), "--config-dir", str(d / "conf.d")],
+        [
+            cached_binary("crio", "QOS_CRIO", "hack/build-crio.sh"),
+            "--config",
+            str(d / "crio.conf"),
+            "--config-dir",
+            str(d / "conf.d"),
+        ],
         stdout=log,
         stderr=log,
         env={"PATH": path},
