@@ -20,13 +20,11 @@ from typing import Any
 import pytest
 
 from e2e.test_deployed import Product, _ready, namespace, product  # noqa: F401  (fixtures)
-from e2e.test_migration_real import _counter, _group_nodes, _history, _logs, flow  # noqa: F401  (fixtures)
+from e2e.test_migration_real import _counter, _group_nodes, _history, _logs, agent_features, flow  # noqa: F401
 from e2e.ticks import LogFollower
 from extender.agent.crio import CrioImporter
-from extender.consolidation import policy
 from extender.consolidation.flow import ConsolidationFlow
 from extender.consolidation.policy import MoveVerdict
-from extender.core.migration import agent_identity
 
 pytestmark = [pytest.mark.live, pytest.mark.deployed, pytest.mark.crio]
 
@@ -59,7 +57,7 @@ def test_crio_nodes_say_they_restore(product: Product, flow: ConsolidationFlow) 
     for node in product.real_nodes:
         version, config = asyncio.run(_crio(node).runtime())
         assert config is not None and config["crio"]["runtime"]["enable_criu_support"] is True, node
-        features = _restore_answer(product, flow, node)
+        features = agent_features(product, flow, node)
         assert features["runtime"] == "cri-o" and features["containerd"] is None, features
         assert features["restore"]["supported"] is True, features["restore"]
         assert features["restore"]["runtime"] == f"cri-o {version}", features["restore"]
@@ -146,16 +144,6 @@ def test_counter_migrates_between_crio_nodes_with_its_count(
     print("\ncrio migration:", json.dumps(timings))
 
 
-def _restore_answer(product: Product, flow: ConsolidationFlow, node: str) -> dict[str, Any]:  # noqa: F811
-    loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
-    url = policy.agent_url(product.kube.get(f"/api/v1/nodes/{node}"), port=9443)
-    assert url is not None and flow._client is not None
-    flow._client.pin(url, agent_identity(node))
-    info = loop.run_until_complete(flow._client.request("GET", f"{url}/v1/info"))
-    features: dict[str, Any] = info["features"]
-    return features
-
-
 def test_a_crio_without_criu_support_refuses_before_any_checkpoint(
     product: Product,  # noqa: F811
     namespace: str,  # noqa: F811
@@ -171,7 +159,7 @@ def test_a_crio_without_criu_support_refuses_before_any_checkpoint(
         kube.wait(lambda: _ready(kube.get(f"/api/v1/nodes/{service}")) or None, "node Ready", timeout=120)
 
         def says_no() -> dict[str, Any] | None:
-            answer: dict[str, Any] = _restore_answer(product, flow, service)["restore"]
+            answer: dict[str, Any] = agent_features(product, flow, service)["restore"]
             return answer if answer["supported"] is False else None
 
         off = kube.wait(says_no, "the destination agent saying it cannot restore", timeout=60, interval=1.0)
@@ -198,5 +186,5 @@ def test_a_crio_without_criu_support_refuses_before_any_checkpoint(
     finally:
         product.restart_crio(service, criu_support=True)
         kube.wait(lambda: _ready(kube.get(f"/api/v1/nodes/{service}")) or None, "node Ready", timeout=120)
-        kube.wait(lambda: _restore_answer(product, flow, service)["restore"]["supported"] is True or None,
+        kube.wait(lambda: agent_features(product, flow, service)["restore"]["supported"] is True or None,
                   "the destination agent able to restore again", timeout=60, interval=1.0)  # fmt: skip

@@ -131,6 +131,18 @@ def _cid(pod: dict[str, Any]) -> str:
     return str(pod["status"]["containerStatuses"][0]["containerID"]).removeprefix("containerd://")
 
 
+def agent_features(product: Product, flow: ConsolidationFlow, node: str) -> dict[str, Any]:  # noqa: F811
+    """The node's agent's ``GET /v1/info`` features (its runtime, and its answer to "can you restore?"), asked
+    with the flow's own client and identity pin, as the flow asks before any checkpoint."""
+    loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
+    url = policy.agent_url(product.kube.get(f"/api/v1/nodes/{node}"), port=9443)
+    assert url is not None and flow._client is not None
+    flow._client.pin(url, agent_identity(node))
+    info = loop.run_until_complete(flow._client.request("GET", f"{url}/v1/info"))
+    features: dict[str, Any] = info["features"]
+    return features
+
+
 def _assert_source_kept(prod: Product, ns: str, src_cid: str, batch: str) -> None:
     """After a refused move: exactly one copy, the source pod, still the same container, still counting (it
     never restarted); the destination pod is gone."""
@@ -348,14 +360,9 @@ def test_a_runtime_without_restore_refuses_cleanly_and_nothing_is_evicted(
     kube = product.kube
     batch, service = _group_nodes(product)
     loop: asyncio.AbstractEventLoop = flow.loop  # type: ignore[attr-defined]
-    url = policy.agent_url(kube.get(f"/api/v1/nodes/{service}"), port=9443)
-    assert url is not None
 
     def restore_answer() -> dict[str, Any]:
-        assert flow._client is not None
-        flow._client.pin(url, agent_identity(service))
-        info = loop.run_until_complete(flow._client.request("GET", f"{url}/v1/info"))
-        answer: dict[str, Any] = info["features"]["restore"]
+        answer: dict[str, Any] = agent_features(product, flow, service)["restore"]
         return answer
 
     on = restore_answer()
