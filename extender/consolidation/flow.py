@@ -562,9 +562,11 @@ class ConsolidationFlow:
                                 checkpoint_image=images, owner=kind,
                             )  # fmt: skip
                             created = await self._create_bound(ns, dname, manifest, dest)
-                            await self._wait_running(ns, dname, ready=kind is OwnerKind.REPLICA_SET)
                             if kind is OwnerKind.REPLICA_SET:
-                                await self._wait_available(ns, dname, await self._min_ready_seconds(src))
+                                min_ready = await self._min_ready_seconds(src)
+                                await self._wait_running(ns, dname, ready=True, min_ready_seconds=min_ready)
+                            else:
+                                await self._wait_running(ns, dname)
                         gone = policy.destination_node_gone(await self._node(dest), dest)
                         if gone is not None:
                             raise _Refused(gone)
@@ -743,13 +745,18 @@ class ConsolidationFlow:
             raise
         return pod
 
-    async def _wait_running(self, ns: str, name: str, *, ready: bool = False) -> None:
-        """Until the pod runs (``ready``: and is Ready: a ReplicaSet ranks a not-ready pod first for deletion)."""
-        deadline = time.monotonic() + self.s.destination_ready_timeout_seconds
+    async def _wait_running(self, ns: str, name: str, *, ready: bool = False, min_ready_seconds: int = 0) -> None:
+        """Until the pod runs (``ready``: and is Ready: a ReplicaSet ranks a not-ready pod first for deletion; and
+        has been for ``min_ready_seconds``, the ReplicaSet's minReadySeconds: only then does the ReplicaSet count
+        it available, what a Deployment's ``maxUnavailable`` bounds, so handing it the source's place never
+        drops the available count while the source goes)."""
+        deadline = time.monotonic() + self.s.destination_ready_timeout_seconds + min_ready_seconds
         while True:
             pod = await self._pod(ns, name)
             phase = ((pod or {}).get("status") or {}).get("phase")
-            if phase == "Running" and (not ready or _is_ready(pod or {})):
+            if phase == "Running" and (
+                not ready or owners.available_in(pod or {}, min_ready_seconds, datetime.now(UTC)) == 0.0
+            ):
                 return
             if pod is None or phase in ("Succeeded", "Failed"):
                 raise _Refused(f"destination pod {ns}/{name} is {phase or 'gone'}")
@@ -757,9 +764,11 @@ class ConsolidationFlow:
             if failed is not None:
                 raise _Refused(f"destination pod {ns}/{name}: {failed}")
             if time.monotonic() > deadline:
-                raise _Refused(
-                    f"destination pod {ns}/{name} not Running after {self.s.destination_ready_timeout_seconds:.0f}s"
-                )
+                if phase == "Running" and min_ready_seconds:
+                    why = f"not available after {min_ready_seconds}s of minReadySeconds"
+                else:
+                    why = f"not Running after {self.s.destination_ready_timeout_seconds:.0f}s"
+                raise _Refused(f"destination pod {ns}/{name} {why}")
             await asyncio.sleep(0.1)
 
     async def _min_ready_seconds(self, pod: Mapping[str, Any]) -> int:
@@ -770,24 +779,6 @@ class ConsolidationFlow:
             await self._apps.read_namespaced_replica_set(str(ref.get("name")), ns, _preload_content=False)
         )
         return int((rs.get("spec") or {}).get("minReadySeconds") or 0)
-
-    async def _wait_available(self, ns: str, name: str, min_ready_seconds: int) -> None:
-        """Until the ReplicaSet counts the destination as available (Ready for ``minReadySeconds``): only then
-        does handing it the source's place keep the available count, which a Deployment's ``maxUnavailable``
-        bounds, from dropping while the source goes."""
-        deadline = time.monotonic() + self.s.destination_ready_timeout_seconds + min_ready_seconds
-        while True:
-            pod = await self._pod(ns, name)
-            left = owners.available_in(pod or {}, min_ready_seconds, datetime.now(UTC))
-            if left == 0.0:
-                return
-            if pod is None or time.monotonic() > deadline:
-                why = "is gone" if pod is None else f"not available after {min_ready_seconds}s of minReadySeconds"
-                raise _Refused(f"destination pod {ns}/{name} {why}")
-            failed = policy.container_failure(pod)
-            if failed is not None:
-                raise _Refused(f"destination pod {ns}/{name}: {failed}")
-            await asyncio.sleep(min(left or 0.5, 0.5))
 
     async def _delete_pod(self, ns: str, name: str, *, grace: int | None = 0, uid: str | None = None) -> None:
         """Delete a pod (``grace`` None: its own grace period; ``uid``: only that incarnation of the name)."""
@@ -962,11 +953,6 @@ class _Refused(Exception):
 
 class _HandOverFailed(Exception):
     """The owner hand-over could not be made; the source is back in its controller's count."""
-
-
-def _is_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions if isinstance(c, Mapping))
 
 
 def _finished(pod: Mapping[str, Any]) -> bool:

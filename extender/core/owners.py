@@ -239,7 +239,7 @@ def available_in(pod: Mapping[str, Any], min_ready_seconds: int, now: datetime) 
     ``minReadySeconds`` is before now. ``now`` must be timezone-aware (the API's times are UTC)."""
     status = pod.get("status") or {}
     for cond in status.get("conditions") or []:
-        if cond.get("type") != "Ready":
+        if not isinstance(cond, Mapping) or cond.get("type") != "Ready":
             continue
         if cond.get("status") != "True":
             return None
