@@ -166,12 +166,27 @@ async def test_batch_pod_on_a_real_nodes_slack_is_evicted_when_the_service_grows
                 await asyncio.sleep(3)
             else:
                 pytest.fail(f"svc's slack was never published: {published}")
+            # the product's pods on the node (some restarted by the identity tests just before) are classified only
+            # once observed for 20 s; until then they lend nothing and nothing of them is checked, so the first
+            # amount can stand above the real slack (CI, stop 40: 597 MB published, 211 MB really idle a minute
+            # later). Past one more observation window every service there is classified, and a miss of theirs
+            # already cut the published amount to the real slack (lendable_after_miss): the tenant takes half the
+            # least of what was published meanwhile.
+            settle = time.monotonic() + 30
+            least = published
+            while time.monotonic() < settle:
+                await asyncio.sleep(3)
+                published = (await ctl.step())[node]
+                least = Amount(
+                    min(least.cpu_milli, published.cpu_milli), min(least.memory_bytes, published.memory_bytes)
+                )
+            assert least.memory_bytes > 0, (least, published)
             p.timings["colocation_published_batch_memory_bytes"] = published.memory_bytes
             p.timings["colocation_published_batch_cpu_millicores"] = published.cpu_milli
             alloc = kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"]
             assert memory_bytes(alloc[BATCH_MEMORY]) == published.memory_bytes, alloc
 
-            demand = published.memory_bytes // 2
+            demand = least.memory_bytes // 2
             kube.create_pod(ns, _tenant(demand))
             kube.wait(lambda: _running(p, ns, "tenant"), "tenant bound by qos-scheduler and Running", timeout=150)
             tenant = kube.get(f"/api/v1/namespaces/{ns}/pods/tenant")
