@@ -170,6 +170,7 @@ def _one(
             "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "cost_usd": run["cost_usd"],
             "cost_over_fluid": run["cost_over_fluid"],
+            "cost_breakdown_usd": run["cost_breakdown_usd"],
             "simulated_hours": run["simulated_seconds"] / 3600,
             "classes": run["classes"],
             "preemptions": run["preemptions"],
@@ -223,6 +224,13 @@ def main() -> None:
             f"peak nodes={r['peak_nodes']:.0f} ({r['peak_cores']:.0f} cores) incomplete={r['requests_incomplete']} "
             f"plans re-shaped by the node cap={r['cap_reshaped_plans']} of {r['scale_up_plans']}"
         )
+        terms = r["cost_breakdown_usd"]
+        if terms:
+            fluid = terms["fluid_bound"]
+            print(
+                "  cost / fluid = 1 "
+                + ", ".join(f"{k} {v / fluid:+.3f}" for k, v in terms.items() if k != "fluid_bound")
+            )
     if args.json:
         doc = {"commit": _commit(), "trace": args.trace, "tasks": args.tasks or "all", "pods": n, "runs": results}
         Path(args.json).write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

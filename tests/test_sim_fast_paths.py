@@ -8,6 +8,7 @@ and, at its node limit, skips the plans it could buy nothing with.
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -168,3 +169,68 @@ def test_product_at_max_nodes_skips_unbuyable_plans_with_the_same_decisions(
     assert fast.cost_usd == slow.cost_usd
     assert fast.counters == slow.counters
     assert [(q.e, q.p, q.node, q.done_at) for q in fast.reqs] == [(q.e, q.p, q.node, q.done_at) for q in slow.reqs]
+
+
+def test_cost_terms_add_up_to_the_bill_and_match_a_full_recount() -> None:
+    """Issue 33 part 3: the per-changed-node cost terms are what a recount over every node at every event gives,
+    and the breakdown adds up to the bill with each term of its sign (only ``waiting`` may be negative)."""
+    w = htas("growing")
+    sim = engine.Simulator(w, "product")
+    assert sim._fluid is not None
+    bound = sim._fluid
+    full = engine.CostTerms()
+    integrate = sim._integrate
+
+    def checked(t: float) -> None:
+        dt = t - sim._last_integrate
+        if dt > 0:
+            occupied = [n for n in sim.nodes.values() if n.pods]
+            cap = Resources(
+                sum(n.allocatable.cpu_milli for n in occupied), sum(n.allocatable.memory_bytes for n in occupied)
+            )
+            req = Resources(
+                sum(sim._requested(n).cpu_milli for n in occupied),
+                sum(sim._requested(n).memory_bytes for n in occupied),
+            )
+            h = dt / 3600.0
+            full.booting += h * sum(n.price_per_hour for n in sim.provisioning.values())
+            full.empty_nodes += h * sum(n.price_per_hour for n in sim.nodes.values() if not n.pods)
+            full.occupied_nodes += h * sum(n.price_per_hour for n in occupied)
+            full.fluid_capacity += h * bound.per_hour(cap)
+            full.fluid_requested += h * bound.per_hour(req)
+        integrate(t)
+
+    sim._integrate = checked  # type: ignore[method-assign]
+    res = sim.run()
+    got = res.cost_terms
+    for name in ("booting", "empty_nodes", "occupied_nodes", "fluid_capacity", "fluid_requested"):
+        assert getattr(got, name) == pytest.approx(getattr(full, name), rel=1e-9, abs=1e-12), name
+    assert got.booting > 0 and got.empty_nodes > 0 and got.occupied_nodes > 0
+    terms = got.breakdown(res.cost_usd, res.fluid_usd)
+    assert sum(terms.values()) == pytest.approx(res.cost_usd, rel=1e-12)
+    assert terms["waiting"] <= 1e-12
+    assert all(v >= -1e-9 for k, v in terms.items() if k != "waiting"), terms
+
+
+def test_cost_terms_of_one_pod_on_one_node_by_hand() -> None:
+    """One 500m / 1 GiB pod for an hour on the initial m1.medium: the node is empty until the pod is placed and
+    occupied after; while occupied, the capacity term is the bound of the node's capacity and the requested term
+    the bound of the pod; the wait before placement is the (negative) waiting term."""
+    pod = RequestSpec("p", 0.0, 500, 2**30, 3600.0, "bronze", WorkloadKind.BATCH)
+    w = Workload("one", (pod,), flavours=HTAS_FLAVOURS, initial=(("m1.medium", NodeGroup.BATCH),))
+    res = simulate(w, "k8s")
+    medium = w.flavour("m1.medium")
+    bound = autoscale.FluidBound(HTAS_FLAVOURS)
+    price, b_cap, b_pod = medium.price_per_hour, bound.per_hour(medium.capacity), bound.per_hour(Resources(500, 2**30))
+    t = res.cost_terms
+    occupied_h = t.occupied_nodes / price
+    assert 3600.0 <= occupied_h * 3600.0 < res.end  # placed after a scheduling delay, held to completion
+    assert (t.empty_nodes + t.occupied_nodes) * 3600.0 / price == pytest.approx(res.end)
+    assert t.fluid_capacity == pytest.approx(b_cap * occupied_h)
+    assert t.fluid_requested == pytest.approx(b_pod * occupied_h)
+    assert res.fluid_usd == pytest.approx(b_pod * res.end / 3600.0)
+    assert t.booting == 0
+    terms = t.breakdown(res.cost_usd, res.fluid_usd)
+    assert terms["waiting"] == pytest.approx(-b_pod * (res.end / 3600.0 - occupied_h))
+    assert terms["packing"] > 0 and terms["flavour_mix"] >= 0
+    assert terms["billing"] == pytest.approx(price * (math.ceil(res.end / 60.0) * 60.0 - res.end) / 3600.0)

@@ -132,6 +132,34 @@ class Req:
 
 
 @dataclass(slots=True)
+class CostTerms:
+    """Integrals (USD) that split the bill against the fluid lower bound (issue 33, part 3): at every instant a
+    billed node is booting, empty or occupied, and the occupied nodes' price splits into the fluid bound of
+    their capacity (the cheapest fractional mix of flavours with that much cpu and memory) and what the chosen
+    flavours cost above it. The bound of the demand then splits the same way (see :meth:`breakdown`)."""
+
+    booting: float = 0.0  # ordered, not yet Ready: billed from the order (lags)
+    empty_nodes: float = 0.0  # Ready with no pod: idle tails before scale-down, and nodes waiting for pods
+    occupied_nodes: float = 0.0  # Ready with at least one pod
+    fluid_capacity: float = 0.0  # fluid bound of the occupied nodes' capacity
+    fluid_requested: float = 0.0  # fluid bound of what the pods on them request
+
+    def breakdown(self, cost_usd: float, fluid_usd: float) -> dict[str, float]:
+        """The bill as the bound plus one term per cause, in USD; the terms add up to ``cost_usd`` exactly
+        (``billing`` is the per-minute rounding, and ``waiting`` is negative: demand that has arrived but sits on
+        no node counts in the bound while nothing is paid for it)."""
+        return {
+            "fluid_bound": fluid_usd,
+            "waiting": self.fluid_requested - fluid_usd,
+            "packing": self.fluid_capacity - self.fluid_requested,
+            "flavour_mix": self.occupied_nodes - self.fluid_capacity,
+            "empty_nodes": self.empty_nodes,
+            "booting": self.booting,
+            "billing": cost_usd - (self.occupied_nodes + self.empty_nodes + self.booting),
+        }
+
+
+@dataclass(slots=True)
 class SimNode:
     name: str
     allocatable: Resources
@@ -261,6 +289,16 @@ class Simulator:
         self._util_sums_cpu: dict[int, int] = {}
         self._util_sums_mem: dict[int, int] = {}
         self._util_rate = (0.0, 0.0)
+        # what keeps the bill above the fluid bound (issue 33, part 3): per node, its price and (while it holds
+        # pods) its capacity and what they request; counted per price so the rates are sums without drift
+        self._cost_rows: dict[str, tuple[float, bool, int, int, int, int]] = {}
+        self._occupied_by_price: dict[float, int] = {}
+        self._empty_by_price: dict[float, int] = {}
+        self._occupied_capacity = [0, 0]
+        self._occupied_requested = [0, 0]
+        self._provisioning_changed = True
+        self._cost_rates = (0.0, 0.0, 0.0, 0.0, 0.0)  # booting, empty, occupied, fluid(capacity), fluid(requested)
+        self.cost_terms = CostTerms()
         self.util_cpu = 0.0  # integral of requested / allocatable over node-time
         self.util_mem = 0.0
         self.node_seconds_live = 0.0
@@ -353,6 +391,19 @@ class Simulator:
         self.util_cpu += dt * self._util_rate[0]
         self.util_mem += dt * self._util_rate[1]
         self.node_seconds_live += dt * len(self.nodes)
+        if self._fluid is not None:
+            if self._provisioning_changed:
+                self._provisioning_changed = False
+                booting = sum(n.price_per_hour for n in self.provisioning.values())
+                self._cost_rates = (booting, *self._cost_rates[1:])
+            booting, empty, occupied, f_cap, f_req = self._cost_rates
+            h = dt / 3600.0
+            ct = self.cost_terms
+            ct.booting += booting * h
+            ct.empty_nodes += empty * h
+            ct.occupied_nodes += occupied * h
+            ct.fluid_capacity += f_cap * h
+            ct.fluid_requested += f_req * h
         if self._fluid is not None and (self._active_demand.cpu_milli or self._active_demand.memory_bytes):
             key = (self._active_demand.cpu_milli, self._active_demand.memory_bytes)
             rate = self._fluid_cache.get(key)
@@ -385,11 +436,63 @@ class Simulator:
                 self._util_rows[name] = (ac, am, req.cpu_milli, req.memory_bytes)
                 self._util_sums_cpu[ac] = self._util_sums_cpu.get(ac, 0) + req.cpu_milli
                 self._util_sums_mem[am] = self._util_sums_mem.get(am, 0) + req.memory_bytes
+        if self._fluid is not None:
+            self._refresh_cost_rows()
         self._util_dirty.clear()
         self._util_rate = (
             sum(s / a for a, s in sorted(self._util_sums_cpu.items())),
             sum(s / a for a, s in sorted(self._util_sums_mem.items())),
         )
+
+    def _refresh_cost_rows(self) -> None:
+        """The cost terms' rates after the dirty nodes changed: each node is booting (in ``provisioning``, not
+        here), empty, or occupied; the fluid bound is taken of the occupied nodes' capacity and of what their
+        pods request."""
+        cap, req = self._occupied_capacity, self._occupied_requested
+        for name in self._util_dirty:
+            old = self._cost_rows.pop(name, None)
+            if old is not None:
+                price, occupied, cc, cm, rc, rm = old
+                by = self._occupied_by_price if occupied else self._empty_by_price
+                by[price] -= 1
+                cap[0] -= cc
+                cap[1] -= cm
+                req[0] -= rc
+                req[1] -= rm
+            node = self.nodes.get(name)
+            if node is None:
+                continue
+            price = node.price_per_hour
+            if node.pods:
+                r = self._requested(node)
+                a = node.allocatable
+                row = (price, True, a.cpu_milli, a.memory_bytes, r.cpu_milli, r.memory_bytes)
+                self._occupied_by_price[price] = self._occupied_by_price.get(price, 0) + 1
+            else:
+                row = (price, False, 0, 0, 0, 0)
+                self._empty_by_price[price] = self._empty_by_price.get(price, 0) + 1
+            self._cost_rows[name] = row
+            cap[0] += row[2]
+            cap[1] += row[3]
+            req[0] += row[4]
+            req[1] += row[5]
+        self._cost_rates = (
+            self._cost_rates[0],
+            sum(p * k for p, k in sorted(self._empty_by_price.items())),
+            sum(p * k for p, k in sorted(self._occupied_by_price.items())),
+            self._fluid_rate(cap[0], cap[1]),
+            self._fluid_rate(req[0], req[1]),
+        )
+
+    def _fluid_rate(self, cpu_milli: int, memory_bytes: int) -> float:
+        if self._fluid is None or (cpu_milli == 0 and memory_bytes == 0):
+            return 0.0
+        key = (cpu_milli, memory_bytes)
+        rate = self._fluid_cache.get(key)
+        if rate is None:
+            rate = self._fluid.per_hour(Resources(cpu_milli, memory_bytes))
+            self._fluid_cache[key] = rate
+        return rate
 
     def _snapshot_timeline(self) -> None:
         counts: dict[str, int] = {}
@@ -762,6 +865,7 @@ class Simulator:
         node = SimNode(name, flavour.capacity, group, flavour.name, flavour.price_per_hour, self.now, ready)
         node.owned = True
         self.provisioning[name] = node
+        self._provisioning_changed = True
         entry = autoscale.Provisioning(name, flavour, self.now, tuple(pods))
         if self.policy in ("htas", "product"):
             self.scan_state.provisioned(group, entry)
@@ -774,6 +878,7 @@ class Simulator:
 
     def _on_node_ready(self, name: object) -> None:
         node = self.provisioning.pop(str(name))
+        self._provisioning_changed = True
         self.nodes[node.name] = node
         self._touch(node.name)
         self.lag_samples = [*self.lag_samples, self.now - node.requested_at][-self.prod.lag_window :]
@@ -924,6 +1029,7 @@ class Simulator:
         p = self.prod
         for entry in self.scan_state.expire(self.now, p.provisioning_timeout_seconds):
             self.provisioning.pop(entry.node_name, None)  # never happens with lag_max < the timeout
+            self._provisioning_changed = True
         nodes = [self._core_node(n) for n in self.nodes.values()]
         waiting = self._pending()
         demand = [self._pod(r) for r in waiting if self.now - r.since >= p.gated_demand_seconds]
@@ -1047,6 +1153,7 @@ class Simulator:
             classes=self.w.classes,
             cost_usd=cost,
             fluid_usd=self.fluid_usd,
+            cost_terms=self.cost_terms,
             node_seconds=node_seconds,
             counters=self.c,
             util_cpu=self.util_cpu / live,
@@ -1064,6 +1171,7 @@ class SimResult:
     classes: object
     cost_usd: float
     fluid_usd: float
+    cost_terms: CostTerms
     node_seconds: float
     counters: Counters
     util_cpu: float

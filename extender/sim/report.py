@@ -69,6 +69,7 @@ def run_json(res: SimResult) -> dict[str, Any]:
         "cost_usd": res.cost_usd,
         "fluid_lower_bound_usd": res.fluid_usd,
         "cost_over_fluid": res.cost_usd / res.fluid_usd if res.fluid_usd > 0 else None,
+        "cost_breakdown_usd": res.cost_terms.breakdown(res.cost_usd, res.fluid_usd) if res.fluid_usd > 0 else None,
         "node_seconds": res.node_seconds,
         "preemptions": c.preemptions,
         "evictions": c.evictions,
@@ -143,6 +144,11 @@ def format_table(report: Mapping[str, Any]) -> str:
             f"{run['mean_utilization']['cpu']:>5.2f}/{run['mean_utilization']['memory']:<5.2f} "
             f"{run['requests_completed']:>6} {run['wall_seconds']:>7.2f}"
         )
+    for run in report["runs"]:
+        terms, fluid = run.get("cost_breakdown_usd"), run["fluid_lower_bound_usd"]
+        if terms and fluid > 0:
+            parts = ", ".join(f"{k} {v / fluid:+.2f}" for k, v in terms.items() if k != "fluid_bound")
+            lines.append(f"{run['policy']} cost / fluid = 1 {parts} (x the bound)")
     comp = report.get("comparisons") or {}
     for name, c in (comp.get("vs_k8s") or {}).items():
         ok = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in c["slo_fulfillment_at_least_k8s"].items())
