@@ -157,11 +157,92 @@ def _simulate_colocation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _simulate_from_cluster(args: argparse.Namespace, config: Any) -> int:
+    """`--from-cluster`: the cluster's last ``--since`` replayed under `product` (and any other --policy), against
+    what the cluster actually did (extender/sim/from_cluster.py; the reading: extender/processes/history.py)."""
+    import asyncio
+
+    from extender.processes.history import read_history
+    from extender.settings.sections import FLAVOURS_PATH, read_catalogue
+    from extender.sim.engine import POLICIES, PREEMPTIVE, simulate
+    from extender.sim.from_cluster import compare, format_comparison, parse_duration, replay_from_history
+    from extender.sim.report import format_table, report_json, write_plots
+
+    since = parse_duration(args.since)
+    policies = args.policy or ["product"]
+    bad = [p for p in policies if p not in POLICIES or p in PREEMPTIVE]
+    if bad:
+        known = ", ".join(p for p in POLICIES if p not in PREEMPTIVE)
+        raise InvalidInputError(f"--from-cluster replays autoscaled policies only: {bad[0]!r} (known: {known})")
+    flavours_file = Path(args.product_config) / "flavours.yaml" if args.product_config else FLAVOURS_PATH
+    try:
+        flavours = read_catalogue(flavours_file if flavours_file.is_file() else FLAVOURS_PATH)
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        raise InvalidInputError(f"cannot read the flavour catalogue {flavours_file}: {exc}") from exc
+    classes = dict(config.product.classes)
+    history = asyncio.run(
+        read_history(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            since_seconds=since,
+            namespaces=tuple(args.namespace or ()),
+            node_selector=args.node_selector,
+            prometheus_url=args.prometheus,
+            classes=classes,
+        )
+    )
+    replay = replay_from_history(history, flavours, classes, since)
+    if not replay.workload.requests:
+        raise InvalidInputError(
+            f"no pod in the window ({replay.end - replay.start:.0f} s): nothing to replay (--since, --namespace?)"
+        )
+    results = [simulate(replay.workload, p, config) for p in policies]
+    report = report_json(replay.workload.name, results)
+    report["actual"] = replay.actual
+    report["vs_actual"] = {run["policy"]: compare(replay.actual, run) for run in report["runs"]}
+    report["assumptions"] = list(replay.assumptions)
+    print(format_table(report))
+    print(format_comparison(replay.actual, report["vs_actual"][policies[0]], replay.assumptions))
+    for name in policies[1:]:
+        vs = report["vs_actual"][name]
+        if vs["saving"] is not None:
+            print(f"{name}: {-100 * vs['saving']:+.1f} % against the actual bill")
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+        print(f"wrote {args.json}")
+    if args.plots:
+        for path in write_plots(report, results, args.plots):
+            print(f"wrote {path}")
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
     from extender.sim.engine import POLICIES, SimConfig, simulate
     from extender.sim.report import format_table, report_json, write_plots
     from extender.sim.workloads import load_workload
 
+    cluster_only = ("since", "namespace", "node_selector", "prometheus", "kubeconfig", "context")
+    if args.from_cluster:
+        if args.workload or args.hosts or any(v is not None for v in (args.days, args.services, args.batch_per_day)):
+            raise InvalidInputError(
+                "--from-cluster replays the cluster: no --workload, --hosts or services-batch knobs"
+            )
+        if args.plots and importlib.util.find_spec("matplotlib") is None:
+            raise InvalidInputError("--plots needs matplotlib: pip install 'kube-qos-extender[plots]'")
+        overrides = {k: v for k, v in (("seed", args.seed), ("qos_quantum", args.quantum)) if v is not None}
+        if args.alpha is not None:
+            overrides["alpha_cold"] = overrides["alpha_hot"] = args.alpha
+        config = SimConfig(**overrides)
+        if args.product_config:
+            config = dataclasses.replace(config, product=load_product_settings(args.product_config))
+        return _simulate_from_cluster(args, config)
+    if not args.workload:
+        raise InvalidInputError("simulate needs --workload NAME_OR_PATH or --from-cluster")
+    if any(getattr(args, k) not in (None, [], "3h") for k in cluster_only):
+        raise InvalidInputError(
+            "--since, --namespace, --node-selector, --prometheus, --kubeconfig and --context "
+            "are for --from-cluster only"
+        )
     if args.workload == "services-batch":
         return _simulate_colocation(args)
     if any(v is not None for v in (args.days, args.services, args.batch_per_day)):
@@ -198,7 +279,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="replay a workload through the policy core and report SLIs and cost")
-    sim.add_argument("--workload", required=True, help="built-in name or a broker CSV path")
+    sim.add_argument("--workload", help="built-in name or a broker CSV path (or --from-cluster)")
+    sim.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="replay the live cluster's last --since (KUBECONFIG) under product, against what it actually did",
+    )
+    sim.add_argument("--since", default="3h", help="--from-cluster: the window (3h, 90m, 600s; default 3h)")
+    sim.add_argument(
+        "--namespace",
+        action="append",
+        help="--from-cluster: only this namespace's pods (repeat; default all but kube-system)",
+    )
+    sim.add_argument("--node-selector", help="--from-cluster: only the nodes with these labels (k=v,...)")
+    sim.add_argument(
+        "--prometheus", help="--from-cluster: Prometheus URL (kube-state-metrics' series of deleted nodes/pods)"
+    )
+    sim.add_argument("--kubeconfig", help="--from-cluster: kubeconfig (default $KUBECONFIG, ~/.kube/config)")
+    sim.add_argument("--context", help="--from-cluster: kubeconfig context")
     sim.add_argument("--hosts", help="host list (paper-002 infrastructure format) for a CSV workload")
     sim.add_argument(
         "--policy",

@@ -351,7 +351,7 @@ class Simulator:
             self.now = t
             self.c.events += 1
             getattr(self, f"_on_{kind}")(payload)
-            if self.autoscaled and self._all_done():
+            if self.autoscaled and self._all_done() and not (horizon is not None and self.w.bill_to_horizon):
                 break
             if kind in _PROGRESS:
                 last_progress = t

@@ -66,6 +66,9 @@ class Workload:
     """A replayable input. ``hosts`` is a fixed infrastructure; ``initial`` names flavour nodes that an
     autoscaling policy starts with (paper 000 §6.2: 2 x m1.medium workers). ``horizon`` stops the run at
     that time (paper 002 ran its validation for one hour); None runs until every request completes.
+    ``bill_to_horizon``: an autoscaled run keeps going (scaling down, billing) to the horizon after its last
+    request completes, as a cluster's bill over a window does (``simulate --from-cluster``); otherwise it stops
+    at the last completion.
     """
 
     name: str
@@ -76,6 +79,7 @@ class Workload:
     horizon: float | None = None
     classes: Mapping[str, ServiceClass] = field(default_factory=lambda: dict(DEFAULT_CLASSES))
     origin: str = ""
+    bill_to_horizon: bool = False
 
     def flavour(self, name: str) -> Flavour:
         for f in self.flavours:
