@@ -44,6 +44,7 @@ from extender.controller.patches import escape
 from extender.core.characterise import (
     CharacteriseConfig,
     ModelFormatError,
+    OwnLevel,
     ServiceProfile,
     WorkloadModel,
     classify_services,
@@ -133,10 +134,13 @@ def plan(
     classes_by_pod: Mapping[str, Mapping[str, int]],
     at: float,
     horizon_seconds: float,
+    profiles: Mapping[str, ServiceProfile] | None = None,
+    own: OwnLevel | None = None,
 ) -> dict[str, Amount]:
     """Per node, the batch capacity for ``[at, at + horizon)``: Eq. 3 for every service pod that has classes
-    (:func:`extender.core.characterise.classify_services`), summed per node and floored at 0."""
-    return batch_capacity(nodes, predicted_idle(model, nodes, classes_by_pod, at, horizon_seconds))
+    (:func:`extender.core.characterise.classify_services`), corrected by its own level when ``own`` is given
+    (:func:`predicted_idle`), summed per node and floored at 0."""
+    return batch_capacity(nodes, predicted_idle(model, nodes, classes_by_pod, at, horizon_seconds, profiles, own))
 
 
 def predicted_idle(
@@ -145,14 +149,22 @@ def predicted_idle(
     classes_by_pod: Mapping[str, Mapping[str, int]],
     at: float,
     horizon_seconds: float,
+    profiles: Mapping[str, ServiceProfile] | None = None,
+    own: OwnLevel | None = None,
 ) -> dict[str, Amount]:
-    """Eq. 3 per service pod (by key) that has classes: what it is predicted to leave idle, i.e. what is lent."""
+    """Eq. 3 per service pod (by key) that has classes: what it is predicted to leave idle, i.e. what is lent.
+    With ``own`` (``slack.own_level``) each class peak is corrected by the pod's own recent residuals against
+    its centre, read from its profile in ``profiles`` (:func:`extender.core.slack.service_idle`); a pod
+    without a profile gets Eq. 3 alone."""
+    profiles = profiles or {}
     idle: dict[str, Amount] = {}
     for node in nodes:
         for pod in node.pods:
             classes = classes_by_pod.get(pod.key)
             if classes is not None:
-                idle[pod.key] = service_idle(model, classes, pod.requests, at, horizon_seconds)
+                idle[pod.key] = service_idle(
+                    model, classes, pod.requests, at, horizon_seconds, profiles.get(pod.key), own
+                )
     return idle
 
 
@@ -358,6 +370,8 @@ class SlackParams:
     evict: bool = True
     miss_tolerance: float = 0.05
     stale_seconds: float = 1800.0
+    own_level: OwnLevel | None = field(default_factory=OwnLevel)
+    """How each service's own recent residuals correct its class prediction (None: paper 004's Eq. 3 alone)."""
     guard: DisruptionSettings = field(default_factory=DisruptionSettings)
     """The extender's disruption guard rails (budgets, dry-run) for the evictions."""
 
@@ -624,6 +638,7 @@ class SlackController:
         services = _services(nodes)
         now = self._clock()
         classes: dict[str, dict[str, int]] = {}
+        profiles: dict[str, ServiceProfile] = {}
         if self.model is not None and services:
             try:
                 profiles = await self._profiles(services, self.settings.classify_seconds)
@@ -651,7 +666,15 @@ class SlackController:
         if self.model is None:
             amounts = {n.name: Amount(0, 0) for n in nodes}
         else:
-            idle = predicted_idle(self.model, nodes, classes, now, self.settings.config.prediction_seconds)
+            idle = predicted_idle(
+                self.model,
+                nodes,
+                classes,
+                now,
+                self.settings.config.prediction_seconds,
+                profiles,
+                self.settings.own_level,
+            )
             measured = await self._measured(services, now) if services else None
             fresh = self._fresh(idle, now)
             withdrawn = len(fresh) < len(idle)
@@ -867,6 +890,7 @@ def settings_from_config(cfg: SlackConfig, classes: Mapping[str, ServiceClass], 
         evict=cfg.evict,
         miss_tolerance=cfg.miss_tolerance,
         stale_seconds=cfg.stale_seconds,
+        own_level=cfg.own_level.core(),
     )
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "CharacteriseConfig",
     "Clustering",
     "ModelFormatError",
+    "OwnLevel",
     "ResourceClasses",
     "ServiceProfile",
     "WorkloadModel",
@@ -63,6 +64,7 @@ __all__ = [
     "model_from_document",
     "model_to_document",
     "nearest_class",
+    "own_offset",
     "recluster",
     "recluster_model",
     "utilisation",
@@ -451,18 +453,101 @@ def class_peak(centre: Array, at: float, horizon_seconds: float, interval_second
     return float(np.max(c[idx]))
 
 
-def idle_resources(request: int, centre: Array, at: float, horizon_seconds: float, interval_seconds: int = 900) -> int:
+def idle_resources(
+    request: int,
+    centre: Array,
+    at: float,
+    horizon_seconds: float,
+    interval_seconds: int = 900,
+    offset: float = 0.0,
+) -> int:
     """Eq. 3 of paper 004: ``I_i = R_i - max_l(B_i)``, in the request's integer unit (millicores or bytes).
 
     ``B_i`` is the class centre (a rate) scaled by this service's request ``R_i``; the predicted usage is
     rounded *up*, so the idle amount is never over-stated by rounding. The result is signed, exactly as the
     equation: a class that uses more than it requested (rate > 1) predicts negative idle resources, which
     Eq. 4 then takes off the node's available amount (the service eats into what is left, too).
+
+    ``offset``: a rate added to the class peak (the service's own level, :func:`own_offset`); the predicted
+    rate is floored at 0, so no service is predicted to leave more idle than it requested.
     """
     if isinstance(request, bool) or not isinstance(request, int) or request < 0:
         raise InvalidInputError(f"request must be an integer >= 0, got {request!r}")
-    peak = class_peak(centre, at, horizon_seconds, interval_seconds)
-    return request - math.ceil(request * peak)
+    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+        raise InvalidInputError(f"offset must be a finite rate, got {offset!r}")
+    rate = max(0.0, class_peak(centre, at, horizon_seconds, interval_seconds) + offset)
+    return request - math.ceil(request * rate)
+
+
+# --------------------------------------------------------------------------------------------------------
+# 5b. the service's own level against its class (issue 33)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OwnLevel:
+    """How a service's own recent usage corrects its class prediction (:func:`own_offset`).
+
+    Why: with one observed day (the paper has 8 and takes their highest) a class centre is the *mean* of its
+    members' single days, so half the members sit above it; and the usage moves from one sample to the next
+    (memory by a couple of percent) and from one day to the next. Eq. 3 alone then lends more than a service
+    above its centre leaves idle, and the naive rule (the last sample's idle) lends exactly what one noisy
+    sample left, so either is wrong about half of the time. The class keeps the *shape* of the day (a CPU
+    ramp the last samples cannot foresee); the service's own residuals against that shape give its *level*
+    today and how far its samples stray above it.
+
+    window_seconds: how far back the residuals are read (the most recent intervals of the profile, so a
+    day's drift is learnt within the window, not a day later).
+    quantile: which quantile of those residuals is added to the class peak: 0.5 the service's typical level,
+    higher a margin against its own noise (1 = the highest residual seen in the window, the paper's
+    "highest" rule on the recent intervals).
+    """
+
+    window_seconds: float = 7200.0
+    quantile: float = 0.9
+
+    def __post_init__(self) -> None:
+        _finite_positive("window_seconds", self.window_seconds)
+        q = self.quantile
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
+            raise InvalidInputError(f"quantile must be a number in [0, 1], got {q!r}")
+
+
+def own_offset(
+    centre: Array,
+    profile: Array,
+    at: float,
+    own: OwnLevel,
+    interval_seconds: int = 900,
+) -> float | None:
+    """The ``own.quantile`` of a service's residuals ``profile - centre`` (rates) over the intervals of the
+    last ``own.window_seconds`` up to ``at``; None when none of them was observed (then there is nothing of
+    its own to correct the class with).
+
+    The profile is a daily profile (:func:`daily_profile`) of the last day, so interval ``j`` of the day
+    holds the most recent sample near that time of day: the window is the interval nearest ``at`` (the
+    grid point a sample at ``at`` is attached to) and the ``ceil(window / interval) - 1`` before it,
+    wrapping past midnight. Signed: a service below its centre gets a negative offset (it leaves more idle
+    than its class).
+    """
+    _check_interval(interval_seconds)
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
+        raise InvalidInputError(f"at must be a finite number of seconds, got {at!r}")
+    slots = DAY_SECONDS // interval_seconds
+    c = np.asarray(centre, dtype=np.float64)
+    p = np.asarray(profile, dtype=np.float64)
+    if c.shape != (slots,) or not np.all(np.isfinite(c)):
+        raise InvalidInputError(f"a centre must be {slots} finite rates, got shape {c.shape}")
+    if p.shape != (slots,) or np.any(p[np.isfinite(p)] < 0) or np.any(np.isinf(p)):
+        raise InvalidInputError(f"a profile must be {slots} rates >= 0 or NaN, got shape {p.shape}")
+    last = math.ceil(at / interval_seconds - 0.5)
+    count = min(slots, max(1, math.ceil(own.window_seconds / interval_seconds)))
+    idx = np.mod(np.arange(last - count + 1, last + 1), slots)
+    residuals = p[idx] - c[idx]
+    residuals = residuals[np.isfinite(residuals)]
+    if residuals.size == 0:
+        return None
+    return float(np.quantile(residuals, own.quantile))
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.core.characterise import RESOURCES, WorkloadModel, idle_resources
+from extender.core.characterise import RESOURCES, OwnLevel, ServiceProfile, WorkloadModel, idle_resources, own_offset
 from extender.core.model import InvalidInputError, Node, NodeGroup, Resources, WorkloadKind
 from extender.core.packing import to_extender_scores
 from extender.core.qos import time_to_violate
@@ -202,22 +202,31 @@ def service_idle(
     request: Resources,
     at: float,
     horizon_seconds: float,
+    profile: ServiceProfile | None = None,
+    own: OwnLevel | None = None,
 ) -> Amount:
     """Eq. 3 for one service pod of a fitted model: ``I_i`` per resource from the classes it was given
-    (``{"cpu": i, "memory": j}``, :func:`extender.core.characterise.assign_class`), for ``[at, at + horizon)``."""
+    (``{"cpu": i, "memory": j}``, :func:`extender.core.characterise.assign_class`), for ``[at, at + horizon)``.
+
+    With ``own`` and the service's ``profile`` (issue 33) the class peak is corrected per resource by the
+    service's own recent residuals against its centre (:func:`extender.core.characterise.own_offset`): the
+    class gives the shape of the day, the service its level and its margin. Without either, Eq. 3 as the
+    paper has it.
+    """
     for r in RESOURCES:
         if r not in classes:
             raise InvalidInputError(f"no {r} class given (got {dict(classes)})")
         n = model.centres(r).shape[0]
         if not 0 <= classes[r] < n:
             raise InvalidInputError(f"{r} class {classes[r]} does not exist (the model has {n})")
-    cpu = idle_resources(
-        request.cpu_milli, model.centres("cpu")[classes["cpu"]], at, horizon_seconds, model.interval_seconds
-    )
-    mem = idle_resources(
-        request.memory_bytes, model.centres("memory")[classes["memory"]], at, horizon_seconds, model.interval_seconds
-    )
-    return Amount(cpu, mem)
+    out: list[int] = []
+    for r, amount in (("cpu", request.cpu_milli), ("memory", request.memory_bytes)):
+        centre = model.centres(r)[classes[r]]
+        offset = None
+        if own is not None and profile is not None:
+            offset = own_offset(centre, profile.of(r), at, own, model.interval_seconds)
+        out.append(idle_resources(amount, centre, at, horizon_seconds, model.interval_seconds, offset or 0.0))
+    return Amount(out[0], out[1])
 
 
 def batch_capacity(nodes: Sequence[Node], idle_by_pod: Mapping[str, Amount]) -> dict[str, Amount]:

@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from extender.core.characterise import CharacteriseConfig
+from extender.core.characterise import CharacteriseConfig, OwnLevel
 from extender.core.disruption import Budget, DisruptionKind, Window
 from extender.core.model import (
     DEFAULT_CLASSES,
@@ -62,6 +62,7 @@ __all__ = [
     "LeaderElectionConfig",
     "LoggingConfig",
     "NodeGroupsConfig",
+    "OwnLevelSettings",
     "PlacementSettings",
     "PodDefaults",
     "QosSettings",
@@ -660,6 +661,24 @@ class ColocateConfig(Settings):
     """Service classes (of `classes`) whose annotated batch pods are co-located."""
 
 
+class OwnLevelSettings(Settings):
+    """Each service's own recent usage corrects its class prediction (issue 33): the class centre gives the shape
+    of the day, the quantile of the service's residuals against it over the last window_seconds is added to the
+    class peak (extender/core/characterise.py own_offset). Off: Eq. 3 of paper 004 alone."""
+
+    enabled: bool = True
+    """Correct the class prediction by the service's own residuals."""
+    window_seconds: Seconds = 7200.0
+    """How far back the residuals are read (the latest intervals of the service's profile)."""
+    quantile: float = Field(0.9, ge=0.0, le=1.0)
+    """The quantile of those residuals added (0.5: the service's typical level; higher: a margin against its
+    own noise; 1: the highest residual in the window)."""
+
+    def core(self) -> OwnLevel | None:
+        """The core's knobs, None when off."""
+        return OwnLevel(self.window_seconds, self.quantile) if self.enabled else None
+
+
 class SlackConfig(Settings):
     """Batch on the idle capacity of long-running services (paper 004, issue 16): every refresh_seconds the
     controller classifies the running services from their usage in Prometheus, predicts what each will leave idle
@@ -694,6 +713,7 @@ class SlackConfig(Settings):
     stale_seconds: Seconds = 1800.0
     """Seconds the usage may stay unreadable before every node publishes 0 batch capacity."""
     characterise: CharacteriseSettings = CharacteriseSettings()
+    own_level: OwnLevelSettings = OwnLevelSettings()
     colocate: ColocateConfig = ColocateConfig()
 
     @field_validator("prometheus_url")
