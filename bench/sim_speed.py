@@ -171,6 +171,7 @@ def _one(
             "cost_usd": run["cost_usd"],
             "cost_over_fluid": run["cost_over_fluid"],
             "cost_breakdown_usd": run["cost_breakdown_usd"],
+            "occupied_nodes": run["occupied_nodes"],
             "simulated_hours": run["simulated_seconds"] / 3600,
             "classes": run["classes"],
             "preemptions": run["preemptions"],
@@ -230,6 +231,12 @@ def main() -> None:
             print(
                 "  cost / fluid = 1 "
                 + ", ".join(f"{k} {v / fluid:+.3f}" for k, v in terms.items() if k != "fluid_bound")
+            )
+            occ = r["occupied_nodes"]
+            print(
+                f"  occupied nodes: cpu requested {occ['cpu_requested_share']:.3f}, memory requested "
+                f"{occ['memory_requested_share']:.3f}; {occ['under_half_cost_share']:.3f} of their cost on nodes under "
+                "half used"
             )
     if args.json:
         doc = {"commit": _commit(), "trace": args.trace, "tasks": args.tasks or "all", "pods": n, "runs": results}

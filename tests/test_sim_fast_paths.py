@@ -198,14 +198,23 @@ def test_cost_terms_add_up_to_the_bill_and_match_a_full_recount() -> None:
             full.occupied_nodes += h * sum(n.price_per_hour for n in occupied)
             full.fluid_capacity += h * bound.per_hour(cap)
             full.fluid_requested += h * bound.per_hour(req)
+            full.capacity_core_hours += h * cap.cpu_milli / 1000
+            full.requested_gib_hours += h * req.memory_bytes / 2**30
+            full.under_half_nodes += h * sum(
+                n.price_per_hour
+                for n in occupied
+                if 2 * sim._requested(n).cpu_milli < n.allocatable.cpu_milli
+                and 2 * sim._requested(n).memory_bytes < n.allocatable.memory_bytes
+            )
         integrate(t)
 
     sim._integrate = checked  # type: ignore[method-assign]
     res = sim.run()
     got = res.cost_terms
-    for name in ("booting", "empty_nodes", "occupied_nodes", "fluid_capacity", "fluid_requested"):
+    names = ("booting", "empty_nodes", "occupied_nodes", "fluid_capacity", "fluid_requested", "under_half_nodes")
+    for name in (*names, "capacity_core_hours", "requested_gib_hours"):
         assert getattr(got, name) == pytest.approx(getattr(full, name), rel=1e-9, abs=1e-12), name
-    assert got.booting > 0 and got.empty_nodes > 0 and got.occupied_nodes > 0
+    assert got.booting > 0 and got.empty_nodes > 0 and 0 < got.under_half_nodes < got.occupied_nodes
     terms = got.breakdown(res.cost_usd, res.fluid_usd)
     assert sum(terms.values()) == pytest.approx(res.cost_usd, rel=1e-12)
     assert terms["waiting"] <= 1e-12

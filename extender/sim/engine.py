@@ -131,6 +131,10 @@ class Req:
         return self.e, self.p
 
 
+def _under_half(cap_cpu: int, cap_mem: int, req_cpu: int, req_mem: int) -> bool:
+    return 2 * req_cpu < cap_cpu and 2 * req_mem < cap_mem
+
+
 @dataclass(slots=True)
 class CostTerms:
     """Integrals (USD) that split the bill against the fluid lower bound (issue 33, part 3): at every instant a
@@ -143,6 +147,13 @@ class CostTerms:
     occupied_nodes: float = 0.0  # Ready with at least one pod
     fluid_capacity: float = 0.0  # fluid bound of the occupied nodes' capacity
     fluid_requested: float = 0.0  # fluid bound of what the pods on them request
+    # where the packing term sits: the occupied nodes' capacity and requests (core-hours, GiB-hours), and the
+    # price of the occupied nodes whose pods request under half of both resources (drain tails, thin packing)
+    capacity_core_hours: float = 0.0
+    capacity_gib_hours: float = 0.0
+    requested_core_hours: float = 0.0
+    requested_gib_hours: float = 0.0
+    under_half_nodes: float = 0.0
 
     def breakdown(self, cost_usd: float, fluid_usd: float) -> dict[str, float]:
         """The bill as the bound plus one term per cause, in USD; the terms add up to ``cost_usd`` exactly
@@ -293,11 +304,12 @@ class Simulator:
         # pods) its capacity and what they request; counted per price so the rates are sums without drift
         self._cost_rows: dict[str, tuple[float, bool, int, int, int, int]] = {}
         self._occupied_by_price: dict[float, int] = {}
+        self._under_half_by_price: dict[float, int] = {}
         self._empty_by_price: dict[float, int] = {}
         self._occupied_capacity = [0, 0]
         self._occupied_requested = [0, 0]
         self._provisioning_changed = True
-        self._cost_rates = (0.0, 0.0, 0.0, 0.0, 0.0)  # booting, empty, occupied, fluid(capacity), fluid(requested)
+        self._cost_rates = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # booting, empty, occupied, fluid(cap), fluid(req), thin
         self.cost_terms = CostTerms()
         self.util_cpu = 0.0  # integral of requested / allocatable over node-time
         self.util_mem = 0.0
@@ -396,9 +408,14 @@ class Simulator:
                 self._provisioning_changed = False
                 booting = sum(n.price_per_hour for n in self.provisioning.values())
                 self._cost_rates = (booting, *self._cost_rates[1:])
-            booting, empty, occupied, f_cap, f_req = self._cost_rates
+            booting, empty, occupied, f_cap, f_req, thin = self._cost_rates
             h = dt / 3600.0
             ct = self.cost_terms
+            ct.under_half_nodes += thin * h
+            ct.capacity_core_hours += self._occupied_capacity[0] / 1000.0 * h
+            ct.capacity_gib_hours += self._occupied_capacity[1] / 2**30 * h
+            ct.requested_core_hours += self._occupied_requested[0] / 1000.0 * h
+            ct.requested_gib_hours += self._occupied_requested[1] / 2**30 * h
             ct.booting += booting * h
             ct.empty_nodes += empty * h
             ct.occupied_nodes += occupied * h
@@ -455,6 +472,8 @@ class Simulator:
                 price, occupied, cc, cm, rc, rm = old
                 by = self._occupied_by_price if occupied else self._empty_by_price
                 by[price] -= 1
+                if occupied and _under_half(cc, cm, rc, rm):
+                    self._under_half_by_price[price] -= 1
                 cap[0] -= cc
                 cap[1] -= cm
                 req[0] -= rc
@@ -468,6 +487,8 @@ class Simulator:
                 a = node.allocatable
                 row = (price, True, a.cpu_milli, a.memory_bytes, r.cpu_milli, r.memory_bytes)
                 self._occupied_by_price[price] = self._occupied_by_price.get(price, 0) + 1
+                if _under_half(*row[2:]):
+                    self._under_half_by_price[price] = self._under_half_by_price.get(price, 0) + 1
             else:
                 row = (price, False, 0, 0, 0, 0)
                 self._empty_by_price[price] = self._empty_by_price.get(price, 0) + 1
@@ -482,6 +503,7 @@ class Simulator:
             sum(p * k for p, k in sorted(self._occupied_by_price.items())),
             self._fluid_rate(cap[0], cap[1]),
             self._fluid_rate(req[0], req[1]),
+            sum(p * k for p, k in sorted(self._under_half_by_price.items())),
         )
 
     def _fluid_rate(self, cpu_milli: int, memory_bytes: int) -> float:

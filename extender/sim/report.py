@@ -52,6 +52,10 @@ def summarize_classes(
     return {name: class_stats(vals, classes[name]) for name, vals in sorted(grouped.items())}, penalty
 
 
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
+
+
 def run_json(res: SimResult) -> dict[str, Any]:
     classes: Mapping[str, ServiceClass] = res.classes  # type: ignore[assignment]
     pairs = [
@@ -70,6 +74,11 @@ def run_json(res: SimResult) -> dict[str, Any]:
         "fluid_lower_bound_usd": res.fluid_usd,
         "cost_over_fluid": res.cost_usd / res.fluid_usd if res.fluid_usd > 0 else None,
         "cost_breakdown_usd": res.cost_terms.breakdown(res.cost_usd, res.fluid_usd) if res.fluid_usd > 0 else None,
+        "occupied_nodes": {
+            "cpu_requested_share": _share(res.cost_terms.requested_core_hours, res.cost_terms.capacity_core_hours),
+            "memory_requested_share": _share(res.cost_terms.requested_gib_hours, res.cost_terms.capacity_gib_hours),
+            "under_half_cost_share": _share(res.cost_terms.under_half_nodes, res.cost_terms.occupied_nodes),
+        },
         "node_seconds": res.node_seconds,
         "preemptions": c.preemptions,
         "evictions": c.evictions,
