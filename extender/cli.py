@@ -48,6 +48,7 @@ def product_settings(
         overhead_cap=pol.overhead_cap,
         relax_by_importance=pol.relax_by_importance,
         peer_rescue_only=pol.peer_rescue_only,
+        peer_victim_wait_seconds=pol.peer_victim_wait_seconds,
         profile=extender.scheduling.profile,
         scaling_cycle_seconds=extender.scheduling.scaling_cycle_seconds,
         enforce_node_groups=extender.node_groups.enforce,

@@ -510,6 +510,9 @@ class _Hosts:
             ok &= ~(same & self.over_cap)
         if peer_rule and not rescue:
             ok &= ~same
+        wait = policy.peer_victim_wait_seconds
+        if wait > 0 and not qos.judged_at_completion(pending.pod):
+            ok &= ~(same & (self.q - wait < v_margin))
         q_beats = self.q > q_p + np.where(same, policy.q_hysteresis_seconds, 0.0)
         base = self.q >= v_margin
         if not policy.relax_by_importance or q_p >= p_cls.safety_margin_seconds:

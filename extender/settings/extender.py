@@ -140,6 +140,7 @@ class ExtenderConfig(Settings):
             overhead_cap=q.overhead_cap,
             relax_by_importance=q.relax_by_importance,
             peer_rescue_only=q.peer_rescue_only,
+            peer_victim_wait_seconds=q.peer_victim_wait_seconds,
         )
 
     @model_validator(mode="after")

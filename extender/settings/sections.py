@@ -38,7 +38,12 @@ from extender.core.model import (
     cpu_millicores,
     memory_bytes,
 )
-from extender.core.qos import RECOMMENDED_HYSTERESIS_SECONDS, RECOMMENDED_QUANTUM_SECONDS, QosPolicy
+from extender.core.qos import (
+    RECOMMENDED_HYSTERESIS_SECONDS,
+    RECOMMENDED_PEER_VICTIM_WAIT_SECONDS,
+    RECOMMENDED_QUANTUM_SECONDS,
+    QosPolicy,
+)
 from extender.settings.base import ExistingFile, RelativePath, Settings, load_settings
 
 __all__ = [
@@ -360,6 +365,12 @@ class QosSettings(Settings):
     class's safety margin (about to miss its SLO), and such a rescue is not held back by min_run_quantum_seconds;
     false gives paper 002's rule (any peer with a lower Q). Services keep the paper's rule. On Alibaba 2017 the
     paper's rule bounced long tasks for peers that could still wait (issue 33, extender/sim/README.md)."""
+    peer_victim_wait_seconds: NonNegSeconds = RECOMMENDED_PEER_VICTIM_WAIT_SECONDS
+    """How long a preempted pod expects to wait for room again; a pending service preempts a pod of its own class
+    only if that pod keeps Q - this >= its safety margin. The default is two rounds of the autoscaler (its
+    lag.default_seconds 120 + scan_interval_seconds 30): set it to your autoscaler's, and to 0 on a cluster that
+    does not autoscale (paper 002's rule; its validation 1 runs on fixed nodes). Issue 33, extender/sim/README.md:
+    a service waiting for its node took a peer's room, and the peer then waited as long for a node itself."""
 
 
 class ClassSettings(Settings):

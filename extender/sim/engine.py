@@ -16,7 +16,7 @@ import math
 import random
 import time as wallclock
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol, cast
 
@@ -241,6 +241,9 @@ class Simulator:
             if unknown:
                 raise InvalidInputError(f"workload {workload.name}: classes {unknown} are not configured")
             self.qpol = self.prod.qos_policy()
+            if not self.autoscaled:
+                # fixed hosts: no autoscaler, no node to wait for; the setting's doc says 0 there (validation 1)
+                self.qpol = replace(self.qpol, peer_victim_wait_seconds=0.0)
             # The controller as config/controller ships it: pinned releases on the prioritize verb's own score.
             self._decide_settings = decide.Settings(
                 max_gate_seconds=self.prod.max_gate_seconds,

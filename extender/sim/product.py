@@ -34,6 +34,8 @@ class ProductSettings:
     overhead_cap: bool = True  # qos.overhead_cap
     relax_by_importance: bool = True  # qos.relax_by_importance
     peer_rescue_only: bool = True  # qos.peer_rescue_only
+    # qos.peer_victim_wait_seconds; the simulator runs it at 0 on fixed hosts (no autoscaler: see Simulator)
+    peer_victim_wait_seconds: float = qos.RECOMMENDED_PEER_VICTIM_WAIT_SECONDS
     profile: str = "cost"  # scheduling.profile
     scaling_cycle_seconds: float = 300.0  # scheduling.scaling_cycle_seconds
     enforce_node_groups: bool = True  # node_groups.enforce
@@ -90,4 +92,5 @@ class ProductSettings:
             overhead_cap=self.overhead_cap,
             relax_by_importance=self.relax_by_importance,
             peer_rescue_only=self.peer_rescue_only,
+            peer_victim_wait_seconds=self.peer_victim_wait_seconds,
         )
