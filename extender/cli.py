@@ -138,7 +138,7 @@ def _simulate_colocation(args: argparse.Namespace) -> int:
         "alibaba_path": os.environ.get("QOS_ALIBABA_TRACE"),  # as bench/sim_speed.py: where batch_task.csv is
     }
     params = ServiceUsageParams(**{k: v for k, v in knobs.items() if v is not None})
-    policies = args.policy or ["product-colocate", "product-colocate-last", "product", "k8s"]
+    policies = args.policy or ["product-colocate", "product-colocate-eq3", "product-colocate-last", "product", "k8s"]
     known = (*COLOCATE_POLICIES, *POLICIES)
     unknown = [p for p in policies if p not in known]
     if unknown:
@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         help="qos-driven | qos-paper | priority | htas | k8s | product (repeat); services-batch also"
-        " product-colocate | product-colocate-last",
+        " product-colocate | product-colocate-eq3 | product-colocate-last",
     )
     sim.add_argument(
         "--product-config",

@@ -29,9 +29,10 @@ from extender.core.characterise import (
     fit_model,
     idle_resources,
     own_offset,
+    own_spread,
 )
 from extender.core.model import DEFAULT_CLASSES, InvalidInputError, Node, Pod, Resources, WorkloadKind
-from extender.core.slack import Amount, service_idle
+from extender.core.slack import Amount, batch_capacity, pooled_margin, service_idle, service_spread
 from extender.settings.sections import OwnLevelSettings, PodDefaults, SlackConfig
 
 SLOTS = 96
@@ -187,6 +188,17 @@ def test_plan_passes_each_pods_profile() -> None:
     a = service_idle(m, classes["ns/a"], req, 12 * HOUR, 900.0, profiles["ns/a"], OwnLevel())
     assert got == {"n1": a + Amount(1500, 3 * GI)}
     assert plan(m, [node], classes, 12 * HOUR, 900.0) == {"n1": Amount(3000, 6 * GI)}
+    # a's memory strays: the node holds back node_sigmas of it (b has no profile: no spread)
+    noisy = _flat(0.3)
+    noisy[47] = 0.4
+    profiles = {"ns/a": ServiceProfile(_flat(0.3), noisy, DAY_SECONDS)}
+    own = OwnLevel(7200.0, 0.5, 2.0)
+    a = service_idle(m, classes["ns/a"], req, 12 * HOUR, 900.0, profiles["ns/a"], own)
+    margin = service_spread(m, classes["ns/a"], req, 12 * HOUR, profiles["ns/a"], own)
+    assert margin.memory_bytes > 0
+    want = a + Amount(1500, 3 * GI)
+    got = plan(m, [node], classes, 12 * HOUR, 900.0, profiles, own)
+    assert got == {"n1": Amount(want.cpu_milli, want.memory_bytes - math.ceil(2.0 * margin.memory_bytes))}
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -194,15 +206,79 @@ def test_plan_passes_each_pods_profile() -> None:
 
 def test_the_setting_reaches_the_controller() -> None:
     on = SlackConfig()
-    assert on.own_level.core() == OwnLevel(7200.0, 0.9)
+    assert on.own_level.core() == OwnLevel(7200.0, 0.5, 1.0) == OwnLevel()
     params = settings_from_config(on, DEFAULT_CLASSES, PodDefaults())
-    assert params.own_level == OwnLevel(7200.0, 0.9)
+    assert params.own_level == OwnLevel()
     off = SlackConfig(own_level=OwnLevelSettings(enabled=False))
     assert settings_from_config(off, DEFAULT_CLASSES, PodDefaults()).own_level is None
-    custom = SlackConfig.model_validate({"own_level": {"window_seconds": 3600, "quantile": 1}})
-    assert custom.own_level.core() == OwnLevel(3600.0, 1.0)
+    custom = SlackConfig.model_validate({"own_level": {"window_seconds": 3600, "quantile": 1, "node_sigmas": 0}})
+    assert custom.own_level.core() == OwnLevel(3600.0, 1.0, 0.0)
     with pytest.raises(ValueError, match="quantile"):
         SlackConfig.model_validate({"own_level": {"quantile": 1.5}})
+    with pytest.raises(ValueError, match="node_sigmas"):
+        SlackConfig.model_validate({"own_level": {"node_sigmas": -1}})
+
+
+# ------------------------------------------------------------------------------------------------ the node's margin
+
+
+def test_spread_is_the_sample_standard_deviation_of_the_windows_residuals() -> None:
+    centre = _flat(0.5)
+    profile = _flat(0.5)
+    profile[[45, 46, 47]] = [0.4, 0.6, 0.5]  # 11:15, 11:30, 11:45; noon is 0.5 too
+    own = OwnLevel(4 * 900.0)
+    assert own_spread(centre, profile, 12 * HOUR, own) == pytest.approx(np.std([-0.1, 0.1, 0.0, 0.0], ddof=1))
+    one = np.full(SLOTS, np.nan)
+    one[48] = 0.7
+    assert own_spread(centre, one, 12 * HOUR, own) is None  # one interval: no spread
+    assert own_spread(centre, _flat(0.9), 12 * HOUR, own) == 0.0  # a constant offset is a level, not a spread
+
+
+def test_the_pooled_margin_is_sigmas_times_the_root_of_the_summed_squares() -> None:
+    assert pooled_margin([Amount(30, 3), Amount(40, 4)], 1.0) == Amount(50, 5)
+    assert pooled_margin([Amount(30, 3), Amount(40, 4)], 2.0) == Amount(100, 10)
+    assert pooled_margin([Amount(10, 1)] * 4, 1.0) == Amount(20, 2)  # 4 alike: 2 sd, not 4
+    assert pooled_margin([], 3.0) == Amount(0, 0)
+    assert pooled_margin([Amount(1, 1)], 0.5) == Amount(1, 1)  # rounded up: never hold back less
+    with pytest.raises(InvalidInputError, match="sigmas"):
+        pooled_margin([Amount(1, 1)], -1.0)
+    with pytest.raises(InvalidInputError, match="negative"):
+        pooled_margin([Amount(-1, 1)], 1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sds=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**9)), max_size=12), z=st.floats(0.0, 5.0))
+def test_pooling_never_holds_back_more_than_the_per_service_margins(sds: list[tuple[int, int]], z: float) -> None:
+    spreads = [Amount(c, m) for c, m in sds]
+    got = pooled_margin(spreads, z)
+    assert got.cpu_milli <= math.ceil(z * sum(a.cpu_milli for a in spreads)) + 1
+    assert got.memory_bytes <= math.ceil(z * sum(a.memory_bytes for a in spreads)) + 1
+    assert got.cpu_milli >= z * max((a.cpu_milli for a in spreads), default=0) - 1e-6
+
+
+def test_a_node_publishes_its_predicted_idle_less_the_pooled_margin() -> None:
+    req = Resources.request(1000, GI)
+    pods = [Pod(n, req, namespace="ns", kind=WorkloadKind.SERVICE) for n in ("a", "b", "c")]
+    node = Node("n1", Resources(8000, 16 * GI, 110), pods=tuple(pods))
+    idle = {"ns/a": Amount(500, GI // 2), "ns/b": Amount(500, GI // 2)}  # c has no prediction: lends nothing
+    spread = {"ns/a": Amount(30, 3 * 2**20), "ns/b": Amount(40, 4 * 2**20), "ns/c": Amount(10**6, GI)}
+    assert batch_capacity([node], idle) == {"n1": Amount(1000, GI)}
+    assert batch_capacity([node], idle, spread, 2.0) == {"n1": Amount(1000 - 100, GI - 10 * 2**20)}
+    assert batch_capacity([node], idle, spread, 1000.0) == {"n1": Amount(0, 0)}  # floored at 0
+
+
+def test_service_spread_is_the_residual_spread_times_the_request() -> None:
+    m = _model()
+    cls = m.assignments["fixture/quarter"]
+    profile = _flat(0.25)
+    profile[[46, 47]] = [0.2, 0.3]
+    prof = ServiceProfile(profile, _flat(0.25), DAY_SECONDS)
+    own = OwnLevel(4 * 900.0)
+    sd = float(np.std([-0.05, 0.05, 0.0, 0.0], ddof=1))
+    assert service_spread(m, cls, Resources.request(2000, 4 * GI), 12 * HOUR, prof, own) == Amount(
+        math.ceil(2000 * sd), 0
+    )
+    assert service_spread(m, cls, Resources.request(2000, 4 * GI), 12 * HOUR, None, own) == Amount(0, 0)
 
 
 # ------------------------------------------------------------------------------------------------ the live controller

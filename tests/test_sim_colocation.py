@@ -61,9 +61,15 @@ class CheckingColocation(Colocation):
             np.testing.assert_array_equal(prof.cpu, want)
         # the classes and Eq. 3 per service, then what the live controller would publish
         assert rec.classes == characterise.classify_services(self.model, rec.profiles, cfg.observation_seconds)
+        # (Eq. 3 corrected by each service's own level, slack.own_level: the same function with the same inputs)
+        own = self.settings.own_level.core() if self.predictor == "class" else None
         for key, cls in rec.classes.items():
-            assert rec.idle[key] == slack.service_idle(self.model, cls, requests[key], rec.at, cfg.prediction_seconds)
-        assert rec.planned == plan(self.model, list(rec.nodes), rec.classes, rec.at, cfg.prediction_seconds)
+            assert rec.idle[key] == slack.service_idle(
+                self.model, cls, requests[key], rec.at, cfg.prediction_seconds, rec.profiles.get(key), own
+            )
+        assert rec.planned == plan(
+            self.model, list(rec.nodes), rec.classes, rec.at, cfg.prediction_seconds, rec.profiles, own
+        )
         # the safety check: a node without a miss publishes its plan; a missed one no more than its real slack
         for name, amount in rec.published.items():
             lent = {p.key: rec.idle[p.key] for n in rec.nodes if n.name == name for p in n.pods if p.key in rec.idle}
@@ -83,9 +89,12 @@ def _run(w: Workload, usage: ServiceUsage, cls: type[Colocation] = Colocation, p
     return layer
 
 
-def test_the_layer_publishes_what_the_core_computes() -> None:
+@pytest.mark.parametrize("predictor", ["class", "class-eq3"])
+def test_the_layer_publishes_what_the_core_computes(predictor: str) -> None:
+    """``class`` (product-colocate: Eq. 3 corrected by each service's own level) and ``class-eq3``
+    (product-colocate-eq3: the paper's Eq. 3 alone)."""
     w, usage = services_batch(SMALL)
-    layer = _run(_with_batch(w, 200, 2), usage, CheckingColocation)
+    layer = _run(_with_batch(w, 200, 2), usage, CheckingColocation, predictor)
     assert isinstance(layer, CheckingColocation)
     # day 1 is the observation: the model comes once a service has a whole day, then 4 refreshes an hour
     assert layer.stats.fits == 1

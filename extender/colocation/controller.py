@@ -78,6 +78,7 @@ from extender.core.slack import (
     prediction_misses,
     real_slack,
     service_idle,
+    service_spread,
     usage_stale,
 )
 from extender.kube.client import ApiError, read_json
@@ -109,6 +110,7 @@ __all__ = [
     "load_or_refit",
     "plan",
     "predicted_idle",
+    "predicted_spread",
     "refresh_every",
     "run_slack_controller",
     "save_model",
@@ -139,8 +141,13 @@ def plan(
 ) -> dict[str, Amount]:
     """Per node, the batch capacity for ``[at, at + horizon)``: Eq. 3 for every service pod that has classes
     (:func:`extender.core.characterise.classify_services`), corrected by its own level when ``own`` is given
-    (:func:`predicted_idle`), summed per node and floored at 0."""
-    return batch_capacity(nodes, predicted_idle(model, nodes, classes_by_pod, at, horizon_seconds, profiles, own))
+    (:func:`predicted_idle`), summed per node less the pooled margin of the pods' spreads
+    (:func:`predicted_spread`, ``own.node_sigmas``), floored at 0."""
+    idle = predicted_idle(model, nodes, classes_by_pod, at, horizon_seconds, profiles, own)
+    if own is None:
+        return batch_capacity(nodes, idle)
+    spread = predicted_spread(model, nodes, classes_by_pod, at, profiles or {}, own)
+    return batch_capacity(nodes, idle, spread, own.node_sigmas)
 
 
 def predicted_idle(
@@ -166,6 +173,24 @@ def predicted_idle(
                     model, classes, pod.requests, at, horizon_seconds, profiles.get(pod.key), own
                 )
     return idle
+
+
+def predicted_spread(
+    model: WorkloadModel,
+    nodes: Sequence[Node],
+    classes_by_pod: Mapping[str, Mapping[str, int]],
+    at: float,
+    profiles: Mapping[str, ServiceProfile],
+    own: OwnLevel,
+) -> dict[str, Amount]:
+    """Per service pod that has classes, the spread of its usage around its predicted level
+    (:func:`extender.core.slack.service_spread`), which its node holds back pooled."""
+    return {
+        pod.key: service_spread(model, classes_by_pod[pod.key], pod.requests, at, profiles.get(pod.key), own)
+        for node in nodes
+        for pod in node.pods
+        if pod.key in classes_by_pod
+    }
 
 
 def batch_demand(obj: Mapping[str, Any]) -> Amount | None:
@@ -686,7 +711,12 @@ class SlackController:
                 )
             self.metrics.withdrawn.set(1 if withdrawn else 0)
             idle = fresh
-            amounts = batch_capacity(nodes, idle)
+            own = self.settings.own_level
+            if own is None:
+                amounts = batch_capacity(nodes, idle)
+            else:
+                spread = predicted_spread(self.model, nodes, classes, now, profiles, own)
+                amounts = batch_capacity(nodes, idle, spread, own.node_sigmas)
             if idle and measured is not None:
                 await self._safety(cluster, services, idle, amounts, now, measured)
         await self.publisher.publish(cluster.statuses, amounts)

@@ -65,6 +65,7 @@ __all__ = [
     "model_to_document",
     "nearest_class",
     "own_offset",
+    "own_spread",
     "recluster",
     "recluster_model",
     "utilisation",
@@ -486,7 +487,8 @@ def idle_resources(
 
 @dataclass(frozen=True, slots=True)
 class OwnLevel:
-    """How a service's own recent usage corrects its class prediction (:func:`own_offset`).
+    """How a service's own recent usage corrects its class prediction (:func:`own_offset`) and how much of
+    its node's pooled spread is held back (:func:`own_spread`, :func:`extender.core.slack.pooled_margin`).
 
     Why: with one observed day (the paper has 8 and takes their highest) a class centre is the *mean* of its
     members' single days, so half the members sit above it; and the usage moves from one sample to the next
@@ -494,41 +496,39 @@ class OwnLevel:
     above its centre leaves idle, and the naive rule (the last sample's idle) lends exactly what one noisy
     sample left, so either is wrong about half of the time. The class keeps the *shape* of the day (a CPU
     ramp the last samples cannot foresee); the service's own residuals against that shape give its *level*
-    today and how far its samples stray above it.
+    today and how far its samples stray from it.
 
     window_seconds: how far back the residuals are read (the most recent intervals of the profile, so a
     day's drift is learnt within the window, not a day later).
     quantile: which quantile of those residuals is added to the class peak: 0.5 the service's typical level,
-    higher a margin against its own noise (1 = the highest residual seen in the window, the paper's
-    "highest" rule on the recent intervals).
+    higher a margin per service (1 = the highest residual seen in the window, the paper's "highest" rule on
+    the recent intervals).
+    node_sigmas: a node publishes its services' predicted idle minus this many standard deviations of their
+    residuals, pooled (``sqrt(sum sd_i^2)``): batch pods are evicted when the *node's* real slack falls short,
+    and the services' independent noise partly cancels in the node's sum, so a margin on the sum holds back
+    less than the same margin on each service for the same risk. 0: no margin.
     """
 
     window_seconds: float = 7200.0
-    quantile: float = 0.9
+    quantile: float = 0.5
+    node_sigmas: float = 1.0
 
     def __post_init__(self) -> None:
         _finite_positive("window_seconds", self.window_seconds)
         q = self.quantile
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
             raise InvalidInputError(f"quantile must be a number in [0, 1], got {q!r}")
+        z = self.node_sigmas
+        if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z) or z < 0:
+            raise InvalidInputError(f"node_sigmas must be a finite number >= 0, got {z!r}")
 
 
-def own_offset(
-    centre: Array,
-    profile: Array,
-    at: float,
-    own: OwnLevel,
-    interval_seconds: int = 900,
-) -> float | None:
-    """The ``own.quantile`` of a service's residuals ``profile - centre`` (rates) over the intervals of the
-    last ``own.window_seconds`` up to ``at``; None when none of them was observed (then there is nothing of
-    its own to correct the class with).
+def _recent_residuals(centre: Array, profile: Array, at: float, window_seconds: float, interval_seconds: int) -> Array:
+    """``profile - centre`` over the intervals of the last ``window_seconds`` up to ``at`` that were observed.
 
-    The profile is a daily profile (:func:`daily_profile`) of the last day, so interval ``j`` of the day
-    holds the most recent sample near that time of day: the window is the interval nearest ``at`` (the
-    grid point a sample at ``at`` is attached to) and the ``ceil(window / interval) - 1`` before it,
-    wrapping past midnight. Signed: a service below its centre gets a negative offset (it leaves more idle
-    than its class).
+    The profile is a daily profile (:func:`daily_profile`) of the last day, so interval ``j`` of the day holds
+    the most recent sample near that time of day: the window is the interval nearest ``at`` (the grid point a
+    sample at ``at`` is attached to) and the ``ceil(window / interval) - 1`` before it, wrapping past midnight.
     """
     _check_interval(interval_seconds)
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
@@ -541,13 +541,42 @@ def own_offset(
     if p.shape != (slots,) or np.any(p[np.isfinite(p)] < 0) or np.any(np.isinf(p)):
         raise InvalidInputError(f"a profile must be {slots} rates >= 0 or NaN, got shape {p.shape}")
     last = math.ceil(at / interval_seconds - 0.5)
-    count = min(slots, max(1, math.ceil(own.window_seconds / interval_seconds)))
+    count = min(slots, max(1, math.ceil(window_seconds / interval_seconds)))
     idx = np.mod(np.arange(last - count + 1, last + 1), slots)
     residuals = p[idx] - c[idx]
-    residuals = residuals[np.isfinite(residuals)]
+    return residuals[np.isfinite(residuals)]
+
+
+def own_offset(
+    centre: Array,
+    profile: Array,
+    at: float,
+    own: OwnLevel,
+    interval_seconds: int = 900,
+) -> float | None:
+    """The ``own.quantile`` of a service's residuals ``profile - centre`` (rates) over the intervals of the
+    last ``own.window_seconds`` up to ``at`` (:func:`_recent_residuals`); None when none of them was observed
+    (then there is nothing of its own to correct the class with). Signed: a service below its centre gets a
+    negative offset (it leaves more idle than its class)."""
+    residuals = _recent_residuals(centre, profile, at, own.window_seconds, interval_seconds)
     if residuals.size == 0:
         return None
     return float(np.quantile(residuals, own.quantile))
+
+
+def own_spread(
+    centre: Array,
+    profile: Array,
+    at: float,
+    own: OwnLevel,
+    interval_seconds: int = 900,
+) -> float | None:
+    """The standard deviation (rates) of the same residuals as :func:`own_offset`, with Bessel's correction;
+    None with fewer than two observed intervals in the window (no spread can be estimated from one)."""
+    residuals = _recent_residuals(centre, profile, at, own.window_seconds, interval_seconds)
+    if residuals.size < 2:
+        return None
+    return float(np.std(residuals, ddof=1))
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -17,7 +17,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from extender.core.characterise import RESOURCES, OwnLevel, ServiceProfile, WorkloadModel, idle_resources, own_offset
+from extender.core.characterise import (
+    RESOURCES,
+    OwnLevel,
+    ServiceProfile,
+    WorkloadModel,
+    idle_resources,
+    own_offset,
+    own_spread,
+)
 from extender.core.model import InvalidInputError, Node, NodeGroup, Resources, WorkloadKind
 from extender.core.packing import to_extender_scores
 from extender.core.qos import time_to_violate
@@ -46,10 +54,12 @@ __all__ = [
     "node_available",
     "node_available_for_batch",
     "node_groups_for",
+    "pooled_margin",
     "prediction_misses",
     "real_slack",
     "reclaimable",
     "service_idle",
+    "service_spread",
     "slack_demand",
     "usage_stale",
     "with_batch_resources",
@@ -229,13 +239,64 @@ def service_idle(
     return Amount(out[0], out[1])
 
 
-def batch_capacity(nodes: Sequence[Node], idle_by_pod: Mapping[str, Amount]) -> dict[str, Amount]:
+def service_spread(
+    model: WorkloadModel,
+    classes: Mapping[str, int],
+    request: Resources,
+    at: float,
+    profile: ServiceProfile | None,
+    own: OwnLevel,
+) -> Amount:
+    """How far one service's usage strays from its predicted level, in its request's units: the standard
+    deviation of its recent residuals against its class centre (:func:`extender.core.characterise.own_spread`)
+    times its request, rounded up; 0 for a resource without two observed intervals in the window (or no
+    profile: nothing to estimate from)."""
+    out: list[int] = []
+    for r, amount in (("cpu", request.cpu_milli), ("memory", request.memory_bytes)):
+        sd = None
+        if profile is not None:
+            sd = own_spread(model.centres(r)[classes[r]], profile.of(r), at, own, model.interval_seconds)
+        out.append(math.ceil(amount * sd) if sd is not None else 0)
+    return Amount(out[0], out[1])
+
+
+def pooled_margin(spreads: Iterable[Amount], sigmas: float) -> Amount:
+    """What a node holds back of its services' predicted idle: ``sigmas`` standard deviations of their summed
+    usage, taking their deviations as independent: ``sigmas * sqrt(sum sd_i^2)`` per resource, rounded up.
+
+    Why pooled: batch pods are evicted when the node's real slack (the *sum* over its services) falls short,
+    and independent deviations partly cancel in a sum (n alike services: sqrt(n) sd, not n sd), so the same
+    risk needs less held back on the sum than on each service."""
+    if isinstance(sigmas, bool) or not isinstance(sigmas, (int, float)) or not math.isfinite(sigmas) or sigmas < 0:
+        raise InvalidInputError(f"sigmas must be a finite number >= 0, got {sigmas!r}")
+    cpu = mem = 0
+    for a in spreads:
+        if a.cpu_milli < 0 or a.memory_bytes < 0:
+            raise InvalidInputError(f"a spread cannot be negative, got {a}")
+        cpu += a.cpu_milli**2
+        mem += a.memory_bytes**2
+    return Amount(math.ceil(sigmas * math.sqrt(cpu)), math.ceil(sigmas * math.sqrt(mem)))
+
+
+def batch_capacity(
+    nodes: Sequence[Node],
+    idle_by_pod: Mapping[str, Amount],
+    spread_by_pod: Mapping[str, Amount] | None = None,
+    sigmas: float = 0.0,
+) -> dict[str, Amount]:
     """Per node, what it publishes as batch capacity: :func:`reclaimable` over its *service* pods' predictions
-    (by pod key). A node without a predicted service publishes 0: batch pods then fit nowhere on its slack."""
+    (by pod key), less the :func:`pooled_margin` of their spreads (``spread_by_pod``, for the pods with a
+    prediction) when given, floored at 0. A node without a predicted service publishes 0: batch pods then fit
+    nowhere on its slack."""
     out: dict[str, Amount] = {}
+    spreads = spread_by_pod or {}
     for node in nodes:
-        idle = (idle_by_pod[p.key] for p in node.pods if p.kind is WorkloadKind.SERVICE and p.key in idle_by_pod)
-        out[node.name] = reclaimable(idle)
+        lent = [p.key for p in node.pods if p.kind is WorkloadKind.SERVICE and p.key in idle_by_pod]
+        total = Amount.total(idle_by_pod[k] for k in lent)
+        if spreads:
+            m = pooled_margin((spreads[k] for k in lent if k in spreads), sigmas)
+            total = Amount(total.cpu_milli - m.cpu_milli, total.memory_bytes - m.memory_bytes)
+        out[node.name] = reclaimable((total,))
     return out
 
 

@@ -675,19 +675,23 @@ class ColocateConfig(Settings):
 class OwnLevelSettings(Settings):
     """Each service's own recent usage corrects its class prediction (issue 33): the class centre gives the shape
     of the day, the quantile of the service's residuals against it over the last window_seconds is added to the
-    class peak (extender/core/characterise.py own_offset). Off: Eq. 3 of paper 004 alone."""
+    class peak, and each node holds back node_sigmas standard deviations of its services' residuals, pooled
+    (extender/core/characterise.py OwnLevel). Off: Eq. 3 of paper 004 alone."""
 
     enabled: bool = True
     """Correct the class prediction by the service's own residuals."""
     window_seconds: Seconds = 7200.0
     """How far back the residuals are read (the latest intervals of the service's profile)."""
-    quantile: float = Field(0.9, ge=0.0, le=1.0)
-    """The quantile of those residuals added (0.5: the service's typical level; higher: a margin against its
-    own noise; 1: the highest residual in the window)."""
+    quantile: float = Field(0.5, ge=0.0, le=1.0)
+    """The quantile of those residuals added to the class peak (0.5: the service's typical level; 1: the highest
+    residual in the window)."""
+    node_sigmas: float = Field(1.0, ge=0.0, le=10.0, allow_inf_nan=False)
+    """Standard deviations of the node's summed residuals (sqrt of the sum of its services' squared spreads) held
+    back from what the node publishes; 0: none."""
 
     def core(self) -> OwnLevel | None:
         """The core's knobs, None when off."""
-        return OwnLevel(self.window_seconds, self.quantile) if self.enabled else None
+        return OwnLevel(self.window_seconds, self.quantile, self.node_sigmas) if self.enabled else None
 
 
 class SlackConfig(Settings):

@@ -73,6 +73,7 @@ from extender.core.slack import (
     prediction_misses,
     real_slack,
     service_idle,
+    service_spread,
 )
 from extender.settings.sections import ColocateConfig, SlackConfig
 from extender.sim.engine import Req, SimConfig, SimResult, Simulator, State
@@ -89,8 +90,12 @@ __all__ = [
 ]
 
 # policy name -> predictor; both run `product` underneath
-COLOCATE_POLICIES: Mapping[str, str] = {"product-colocate": "class", "product-colocate-last": "last-usage"}
-PREDICTORS = ("class", "last-usage")
+COLOCATE_POLICIES: Mapping[str, str] = {
+    "product-colocate": "class",
+    "product-colocate-eq3": "class-eq3",
+    "product-colocate-last": "last-usage",
+}
+PREDICTORS = ("class", "class-eq3", "last-usage")
 
 
 def colocation_settings() -> SlackConfig:
@@ -147,6 +152,10 @@ class ColocationStats:
     lost_work_seconds: float = 0.0
     published_cpu_milli_last: int = 0
     published_memory_bytes_last: int = 0
+    # what was lent over the run: each refresh's published total x the refresh interval (the lending a predictor
+    # buys its evictions with, independent of how the batch pods then happened to fill it)
+    published_cpu_milli_seconds: float = 0.0
+    published_memory_byte_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         def ratio(a: float, b: float) -> float | None:
@@ -180,6 +189,8 @@ class ColocationStats:
                 "pods_evicted_more_than_once": sum(1 for n in self.evicted_pods.values() if n > 1),
                 "evictions_short_of": dict(self.evictions_short_of),
                 "lost_work_seconds_wrong_prediction": self.lost_work_seconds,
+                "published_cpu_core_hours": self.published_cpu_milli_seconds / 1000.0 / 3600.0,
+                "published_memory_gib_hours": self.published_memory_byte_seconds / 2**30 / 3600.0,
             },
         }
 
@@ -372,8 +383,19 @@ class Colocation(UsageMeter):
             self.published = {}
             self.previous_usage = dict(self.last_usage)
             return
-        idle = self._predict(nodes, classes, now)
-        amounts = batch_capacity(nodes, idle)
+        idle = self._predict(nodes, classes, profiles, now)
+        own = self.settings.own_level.core() if self.predictor == "class" else None
+        if own is None:
+            amounts = batch_capacity(nodes, idle)
+        else:
+            # the controller's predicted_spread: each service's spread, held back pooled per node
+            spread = {
+                pod.key: service_spread(self.model, classes[pod.key], pod.requests, now, profiles.get(pod.key), own)
+                for node in nodes
+                for pod in node.pods
+                if pod.key in classes
+            }
+            amounts = batch_capacity(nodes, idle, spread, own.node_sigmas)
         planned = dict(amounts)
         measured = {k: measured_idle(services[k], c, m) for k, (c, m) in self.last_usage.items() if k in services}
         if idle:
@@ -385,14 +407,26 @@ class Colocation(UsageMeter):
         self.previous_usage = dict(self.last_usage)
         st.published_cpu_milli_last = sum(a.cpu_milli for a in amounts.values())
         st.published_memory_bytes_last = sum(a.memory_bytes for a in amounts.values())
+        st.published_cpu_milli_seconds += st.published_cpu_milli_last * self.settings.refresh_seconds
+        st.published_memory_byte_seconds += st.published_memory_bytes_last * self.settings.refresh_seconds
 
-    def _predict(self, nodes: Sequence[Any], classes: Mapping[str, Mapping[str, int]], now: float) -> dict[str, Amount]:
+    def _predict(
+        self,
+        nodes: Sequence[Any],
+        classes: Mapping[str, Mapping[str, int]],
+        profiles: Mapping[str, ServiceProfile],
+        now: float,
+    ) -> dict[str, Amount]:
         assert self.model is not None
-        if self.predictor == "class":
-            # the live controller's predicted_idle: Eq. 3 for every service pod that has classes
+        if self.predictor in ("class", "class-eq3"):
+            # the live controller's predicted_idle: Eq. 3 for every service pod that has classes, corrected by
+            # the service's own level (slack.own_level) unless the paper's Eq. 3 alone is asked for
             horizon = self.settings.characterise.prediction_seconds
+            own = self.settings.own_level.core() if self.predictor == "class" else None
             return {
-                pod.key: service_idle(self.model, classes[pod.key], pod.requests, now, horizon)
+                pod.key: service_idle(
+                    self.model, classes[pod.key], pod.requests, now, horizon, profiles.get(pod.key), own
+                )
                 for node in nodes
                 for pod in node.pods
                 if pod.key in classes

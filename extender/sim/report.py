@@ -353,8 +353,17 @@ def colocation_report(
             "cut": 1.0 - ev_p / ev_n if ev_n > 0 else None,
             "per_placement_class": _ratio(ev_p, paper["slack"]["placements_on_slack"]),
             "per_placement_last_usage": _ratio(ev_n, naive["slack"]["placements_on_slack"]),
+            "cost_class": paper["cost_usd"],
+            "cost_last_usage": naive["cost_usd"],
+            # issue 33's target: at most half the naive predictor's evictions, at its cost or lower
+            "at_most_half_at_no_more_cost": 2 * ev_p <= ev_n and paper["cost_usd"] <= naive["cost_usd"],
             "paper_004_table_v": "CTCL 20c-24h 1,894 rescheduled vs 210,503 in the Alibaba 2018 trace (-99 %)",
         }
+        eq3 = by.get("product-colocate-eq3")
+        if eq3 is not None:
+            # the paper's Eq. 3 alone (no correction by the service's own level): what the correction changed
+            comp["evictions_class_vs_last_usage"]["eq3_predictor"] = eq3["slack"]["evictions_wrong_prediction"]
+            comp["evictions_class_vs_last_usage"]["cost_eq3"] = eq3["cost_usd"]
     return {
         "workload": workload,
         "origin": origin,
