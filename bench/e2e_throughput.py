@@ -19,6 +19,12 @@ API server's apiserver_request_total (everything written between the first creat
 creation, bindings, status updates by kwok, our gates, pins, annotations and events), so the qos phase's extra
 writes per pod are its difference to the default phase. --loopback PORT has kube-scheduler call the verbs
 over plain HTTP on 127.0.0.1:PORT (server.loopback_verbs_port, the sidecar topology's transport).
+
+Latencies per phase (p50 / p99, interpolated in the histograms' buckets like histogram_quantile): the extender's
+bind and filter verbs (qos_extender_request_duration_seconds), the API server's own POST pods/binding
+(kube-scheduler's Bindings in the default phase, the extender's in the qos phase), POST pods (pod creation,
+the admission webhook included) and the admission webhook call as the API server times it
+(apiserver_admission_webhook_admission_duration_seconds; its buckets are coarse: 5, 25, 100, 500 ms, ...).
 """
 
 from __future__ import annotations
@@ -93,15 +99,50 @@ COMPONENTS = ("kube-scheduler", "qos-extender", "kube-apiserver", "etcd", "kwok"
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 
 
-def api_writes(kube: Kube) -> dict[str, float]:
-    """Mutating requests the API server has served so far, by "VERB resource[/subresource]"; and, keyed
-    "429 VERB resource" and "rejected LEVEL reason", the requests API priority and fairness turned away (a
-    phase that collapses into retries shows there first)."""
+Buckets = dict[float, float]
+"""A histogram's cumulative counts by upper bound (``le``), summed over the labels not asked for."""
+
+# The API server's latencies each phase reports: its own POST pods/binding (kube-scheduler's in the default
+# phase, the extender's in the qos phase), pod creation (POST pods, the admission webhook included) and the
+# mutating webhook's call as the API server times it.
+API_LATENCIES = {
+    "POST pods/binding": (
+        "apiserver_request_duration_seconds",
+        {"verb": "POST", "resource": "pods", "subresource": "binding"},
+    ),
+    "POST pods": ("apiserver_request_duration_seconds", {"verb": "POST", "resource": "pods", "subresource": ""}),
+    "admission webhook": (
+        "apiserver_admission_webhook_admission_duration_seconds",
+        {"operation": "CREATE", "type": "admit", "rejected": "false"},
+    ),
+}
+
+
+def _add_bucket(hists: dict[str, Buckets], key: str, labels: dict[str, str], value: float) -> None:
+    le = labels.get("le", "")
+    bound = float("inf") if le in ("+Inf", "inf") else float(le)
+    h = hists.setdefault(key, {})
+    h[bound] = h.get(bound, 0.0) + value
+
+
+def api_scrape(kube: Kube) -> tuple[dict[str, float], dict[str, Buckets]]:
+    """One read of the API server's /metrics: the writes (``api_writes``) and the latency histograms of
+    API_LATENCIES."""
     from prometheus_client.parser import text_string_to_metric_families
 
     resp = kube.http.request("GET", kube.server + "/metrics", headers={"Accept": "text/plain"})
     out: dict[str, float] = {}
+    hists: dict[str, Buckets] = {}
+    wanted = {name for name, _ in API_LATENCIES.values()}
     for family in text_string_to_metric_families(resp.data.decode()):
+        if family.name in wanted:
+            for sample in family.samples:
+                if not sample.name.endswith("_bucket"):
+                    continue
+                for key, (name, match) in API_LATENCIES.items():
+                    if family.name == name and all(sample.labels.get(k, "") == v for k, v in match.items()):
+                        _add_bucket(hists, key, sample.labels, sample.value)
+            continue
         if family.name == "apiserver_flowcontrol_rejected_requests":
             for sample in family.samples:
                 if sample.name.endswith("_total"):
@@ -120,7 +161,46 @@ def api_writes(kube: Kube) -> dict[str, float]:
             if sample.labels.get("code") == "429":
                 out["429 " + key] = out.get("429 " + key, 0.0) + sample.value
             out[key] = out.get(key, 0.0) + sample.value
+    return out, hists
+
+
+def api_writes(kube: Kube) -> dict[str, float]:
+    """Mutating requests the API server has served so far, by "VERB resource[/subresource]"; and, keyed
+    "429 VERB resource" and "rejected LEVEL reason", the requests API priority and fairness turned away (a
+    phase that collapses into retries shows there first)."""
+    return api_scrape(kube)[0]
+
+
+def quantiles(before: Buckets, after: Buckets, qs: tuple[float, ...] = (0.5, 0.99)) -> dict[str, float]:
+    """n and the quantiles (ms) of the observations between two reads of one cumulative histogram, interpolated
+    linearly inside a bucket as Prometheus' histogram_quantile does (so no finer than the buckets)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    out: dict[str, float] = {"n": total}
+    if total <= 0:
+        return out
+    for q in qs:
+        rank = q * total
+        lo, prev = 0.0, 0.0
+        for b, c in zip(bounds, counts, strict=True):
+            if c >= rank:
+                share = (rank - prev) / (c - prev) if c > prev else 1.0
+                value = lo if b == float("inf") else lo + (b - lo) * share  # +Inf: the last finite bound
+                out[f"p{round(q * 100):d}_ms"] = 1000 * value
+                break
+            lo, prev = b, c
     return out
+
+
+def extender_histograms(values: dict[str, str]) -> dict[str, Buckets]:
+    """The extender's verb latency histograms (qos_extender_request_duration_seconds), by verb."""
+    hists: dict[str, Buckets] = {}
+    for (name, labels), v in extender_metrics(values).items():
+        if name == "qos_extender_request_duration_seconds_bucket":
+            d = dict(labels)
+            _add_bucket(hists, f"extender {d.get('verb')}", d, v)
+    return hists
 
 
 def extender_metrics(values: dict[str, str]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -283,8 +363,9 @@ def phase(
 ) -> dict[str, Any]:
     kube.ensure_namespace(ns, labels)
     sched_pid = int((state / "pids" / "kube-scheduler.pid").read_text())
-    writes0 = api_writes(kube)
+    writes0, lat0 = api_scrape(kube)
     ext0 = extender_outcomes(values)
+    elat0 = extender_histograms(values)
     cpu_start = {c: cpu_seconds(state, c) for c in COMPONENTS}
     timeline = Timeline(kube, ns)
     os.kill(sched_pid, signal.SIGSTOP)
@@ -323,7 +404,10 @@ def phase(
     tl = timeline.summary(t0)
     cpu_end = {c: cpu_seconds(state, c) for c in COMPONENTS}
     cpu = {c: cpu_end[c] - cpu0[c] for c in COMPONENTS}
-    writes1 = api_writes(kube)
+    writes1, lat1 = api_scrape(kube)
+    elat1 = extender_histograms(values)
+    latencies = {k: quantiles(lat0.get(k, {}), v) for k, v in lat1.items()}
+    latencies.update({k: quantiles(elat0.get(k, {}), v) for k, v in elat1.items()})
     delta = {k: v - writes0.get(k, 0.0) for k, v in writes1.items() if v - writes0.get(k, 0.0) > 0}
     refused = {k: v for k, v in delta.items() if k.startswith(("429 ", "rejected "))}
     writes = {k: v for k, v in delta.items() if k not in refused}
@@ -356,6 +440,15 @@ def phase(
         flush=True,
     )
     print("    extender: " + (", ".join(f"{k} {v:.0f}" for k, v in sorted(ext.items())) or "no calls"), flush=True)
+    print(
+        "    latency p50 / p99 (ms; whole phase, from the histograms' buckets): "
+        + "; ".join(
+            f"{k} n={st['n']:.0f} {st.get('p50_ms', 0):.1f} / {st.get('p99_ms', 0):.1f}"
+            for k, st in sorted(latencies.items())
+            if st.get("n") and k in ("extender bind", "extender filter", *API_LATENCIES)
+        ),
+        flush=True,
+    )
     print(f"    released before the resume: {tl['released_before_resume']}; stage latencies:", flush=True)
     for stage, st in tl["stages"].items():
         if st:
@@ -384,6 +477,7 @@ def phase(
         "api_writes_per_pod_by_kind": {k: v / n for k, v in sorted(writes.items())},
         "api_refused": refused,
         "extender_outcomes": ext,
+        "latencies": latencies,
     }
 
 
