@@ -97,3 +97,25 @@ async def test_the_binders_client_shares_credentials_not_connections(tmp_path: P
     assert len(heads) == 2
     for head in heads:
         assert "authorization: bearer t0k3n" in head.lower(), head
+
+
+async def test_the_binders_pool_has_no_cap_and_leaves_the_main_one_alone(tmp_path: Path) -> None:
+    """binder_client (issue 34): no cap on the binder's connections (a cap queued binds in front of the API
+    server; tests/test_binder_live.py bursts past it), same identity, and the main client keeps its own cap."""
+    from extender.kube.client import binder_client
+
+    heads: list[str] = []
+    server = await _namespace_server(heads)
+    port = server.sockets[0].getsockname()[1]
+    kubeconfig = _kubeconfig(tmp_path, port, "{token: t0k3n}")
+    api = await new_api_client(KubernetesConfig(kubeconfig=str(kubeconfig)))
+    binder = binder_client(api)
+    try:
+        assert binder.rest_client.pool_manager.connector.limit == 0
+        assert api.rest_client.pool_manager.connector.limit == api.configuration.connection_pool_maxsize > 0
+        await read_json(await k8s.CoreV1Api(binder).list_namespace(_preload_content=False))
+    finally:
+        await binder.close()
+        await api.close()
+        server.close()
+    assert len(heads) == 1 and "authorization: bearer t0k3n" in heads[0].lower()

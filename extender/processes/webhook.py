@@ -19,7 +19,7 @@ from extender.controller.loop import ControllerEvents, QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
 from extender.kube.binder import KubeBinder
-from extender.kube.client import ApiError, new_api_client, read_json, sibling_client
+from extender.kube.client import ApiError, binder_client, new_api_client, read_json
 from extender.kube.events import KubeEventSink
 from extender.kube.snapshot import Snapshot
 from extender.kube.watch import Reflector, node_reflector, pod_reflector
@@ -96,7 +96,8 @@ async def start(config: ExtenderConfig) -> Running:
     # The Binding POSTs get their own connection pool: they are kube-scheduler's critical path, and in the shared
     # pool they waited for connections behind a burst of the controller's release PATCHes
     # (controller.release_concurrency), account writes, Events and the watches' long-lived connections.
-    bind_client = sibling_client(api_client)
+    # No cap on its connections (binder_client, issue 34): a cap queued binds in front of the API server.
+    bind_client = binder_client(api_client)
     binder = KubeBinder(bind_client, config.bind)
     read_pod = _pod_reader(bind_client, config.bind.attempt_seconds)
     app = make_app(config, snapshot, binder, events=events, metrics=metrics, clock=time.time, read_pod=read_pod)

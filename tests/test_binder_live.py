@@ -1,0 +1,128 @@
+"""The binder against a real kube-apiserver: a burst of binds all reach the API server at once (issue 34).
+
+kube-scheduler calls /bind for every pod it scheduled without waiting for the others, so a 2,000-pod burst has
+hundreds of binds in flight. aiohttp speaks HTTP/1.1, one request per connection: a cap on the binder's pool
+(it was 128) made the rest wait in the extender, first come first served, for a connection to come free (1,681
+of 2,000 binds, p50 1.4 s, in bench/e2e_throughput.py). Here more binds than that cap are started together
+through the client ``serve`` builds (``binder_client``); none may wait for a connection, all must be in flight
+before any answer comes back, and every pod ends bound to the requested node. Ordering and counts only, never
+wall-clock limits (timings are bench/e2e_throughput.py's).
+
+Needs KUBECONFIG (hack/local-up.sh; phase 1 of hack/run-live-tests.sh). The pods use a schedulerName no
+scheduler serves, on a plain Node object of this test's own; both are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client as k8s
+
+from extender.kube.binder import KubeBinder
+from extender.kube.binding import BindArgs
+from extender.kube.client import ApiError, binder_client, new_api_client, read_json
+from extender.settings.extender import BindConfig, KubernetesConfig
+from tests.live import require_kubeconfig
+
+pytestmark = [pytest.mark.live]
+
+BURST = 160  # more than the old pool cap of 128
+SCHEDULER = "qos-live-nobody"  # no scheduler serves it: the pods stay pending until our Binding
+
+
+class _Flight:
+    """What the binder's pool did with each request, from aiohttp's tracing hooks."""
+
+    def __init__(self) -> None:
+        self.queued = 0  # requests that waited for a connection (the pool was at its cap)
+        self.created = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.started_before_first_answer = 0
+        self.answered = 0
+
+    def trace(self) -> aiohttp.TraceConfig:
+        tc = aiohttp.TraceConfig()
+
+        async def start(_s: Any, _ctx: SimpleNamespace, _p: Any) -> None:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            if not self.answered:
+                self.started_before_first_answer += 1
+
+        async def end(_s: Any, _ctx: SimpleNamespace, _p: Any) -> None:
+            self.in_flight -= 1
+            self.answered += 1
+
+        async def queued(_s: Any, _ctx: SimpleNamespace, _p: Any) -> None:
+            self.queued += 1
+
+        async def created(_s: Any, _ctx: SimpleNamespace, _p: Any) -> None:
+            self.created += 1
+
+        tc.on_request_start.append(start)
+        tc.on_request_end.append(end)
+        tc.on_request_exception.append(end)
+        tc.on_connection_queued_start.append(queued)
+        tc.on_connection_create_start.append(created)
+        tc.freeze()
+        return tc
+
+
+async def _create(core: Any, call: str, *args: Any) -> Any:
+    return await read_json(await getattr(core, call)(*args, _preload_content=False))
+
+
+async def test_a_burst_of_binds_never_waits_for_a_connection() -> None:
+    kubeconfig = require_kubeconfig()
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    core = k8s.CoreV1Api(api)
+    run = f"qos-bind-burst-{uuid.uuid4().hex[:6]}"
+    node = f"{run}-node"
+    binder_api = binder_client(api)
+    flight = _Flight()
+    binder_api.rest_client.pool_manager.trace_configs.append(flight.trace())
+    try:
+        await _create(core, "create_namespace", {"metadata": {"name": run}})
+        await _create(core, "create_node", {"metadata": {"name": node}, "spec": {}})
+        sem = asyncio.Semaphore(16)  # creating the pods is not what is measured
+
+        async def make(i: int) -> BindArgs:
+            body = {
+                "metadata": {"name": f"p{i:04d}"},
+                "spec": {
+                    "schedulerName": SCHEDULER,
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "c", "image": "registry.invalid/pause:3.9"}],
+                },
+            }
+            async with sem:
+                made = await _create(core, "create_namespaced_pod", run, body)
+            return BindArgs(run, made["metadata"]["name"], made["metadata"]["uid"], node)
+
+        pods = await asyncio.gather(*(make(i) for i in range(BURST)))
+        binder = KubeBinder(binder_api, BindConfig(timeout_seconds=60.0, backoff_initial_seconds=0.05))
+        await asyncio.gather(*(binder.bind(args) for args in pods))
+
+        assert flight.queued == 0, f"{flight.queued} of {BURST} binds waited for a connection of the binder's pool"
+        # every bind was on its way to the API server before the first answer came back: none was held back
+        assert flight.started_before_first_answer == BURST
+        assert flight.most_in_flight == BURST
+        assert flight.created == BURST  # a fresh pool: one connection per bind in flight
+        listed = await read_json(await core.list_namespaced_pod(run, _preload_content=False))
+        bound = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in listed["items"]}
+        assert bound == {args.name: node for args in pods}
+    finally:
+        await binder_api.close()
+        for call, args in (("delete_namespace", (run,)), ("delete_node", (node,))):
+            try:
+                await read_json(await getattr(core, call)(*args, _preload_content=False))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        await api.close()
