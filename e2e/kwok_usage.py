@@ -119,7 +119,8 @@ def slack_test_settings(prom: str, model_path: Path, ns: str) -> dict[str, Any]:
         "node_selector": f"e2e-run={ns}",
         "characterise": {"k": 2, "seeds": 1, "observation_seconds": 20},
         # the tests check paper 004's Eq. 3 on the fixture model to the byte; the correction by each service's
-        # own level (on by default) is checked by tests/test_own_level.py and the simulator
+        # own level (on by default) is checked by test_slack_kwok.py's own-level test, tests/test_own_level.py
+        # and the simulator
         "own_level": {"enabled": False},
     }
 

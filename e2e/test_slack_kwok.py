@@ -12,6 +12,8 @@ them. Without a model (no file, no day of history) the same controller publishes
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +32,7 @@ from e2e.kwok_usage import (
     until_classified,
 )
 from extender.colocation.controller import BATCH_CPU, BATCH_MEMORY, SlackController
+from extender.core.characterise import OwnLevel
 from extender.core.slack import Amount
 from extender.kube.client import new_api_client
 from extender.kube.usage import PrometheusUsage
@@ -115,3 +118,42 @@ async def test_published_slack_admits_a_batch_pod_and_no_more(env: tuple[Kube, s
     assert not kube.get(f"/api/v1/namespaces/{ns}/pods/batch-2")["spec"].get("nodeName")
     # kwok's heartbeats kept what was published
     assert kube.get(f"/api/v1/nodes/{node}")["status"]["allocatable"][BATCH_CPU] == "1500"
+
+
+async def test_own_level_lends_what_a_service_above_its_class_leaves(
+    env: tuple[Kube, str, str, str], tmp_path: Path
+) -> None:
+    """``slack.own_level`` as shipped (issue 33 part 4), through the real API server and Prometheus: svc uses
+    0.28125 of its request (562m, 1.125 GiB: kwok's emulated usage), nearest the "a quarter" class, and within
+    the safety check's 5 % miss tolerance of it, so Eq. 3 alone would publish 1500m / 3 GiB and nothing would
+    correct it until a batch pod were evicted. With the own level the node publishes the class's prediction
+    moved by the service's own median residual: memory 4 GiB - 1.125 GiB to the byte (its working set does not
+    move: no spread, no margin), CPU below Eq. 3's 1500m by the ~62m svc uses above its class (less the pooled
+    margin of the rate's jitter)."""
+    kube, prom, ns, kubeconfig = env
+    node = f"{ns}-node"
+    pod = service_pod(node)
+    pod["metadata"]["annotations"] = {"kwok.x-k8s.io/usage-cpu": "562m", "kwok.x-k8s.io/usage-memory": str(9 * GI // 8)}
+    kube.create_pod(ns, pod)
+    kube.wait(lambda: kube.pods(ns) and kube.pods(ns)[0].get("status", {}).get("phase") == "Running", "svc Running")
+
+    settings = dataclasses.replace(controller_settings(tmp_path / "model.json", f"e2e-run={ns}"), own_level=OwnLevel())
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    try:
+        async with aiohttp.ClientSession() as session:
+            ctl = SlackController(settings, k8s.CoreV1Api(api), PrometheusUsage(prom, session, rate_window="30s"),
+                                  model=fixture_model())  # fmt: skip
+            assert await ctl.start() == "given"
+            await until_classified(ctl, node)
+            # a rate window more of samples: the first rates read a window svc was not in all along
+            for _ in range(12):
+                await asyncio.sleep(3)
+                amounts = await ctl.step()
+    finally:
+        await api.close()
+    got = amounts[node]
+    assert got.memory_bytes == 4 * GI - 9 * GI // 8, got
+    assert 2000 - 562 - 60 <= got.cpu_milli < 1500 - 30, got
+    status = kube.get(f"/api/v1/nodes/{node}")["status"]
+    assert status["allocatable"][BATCH_MEMORY] == str(got.memory_bytes)
+    assert status["allocatable"][BATCH_CPU] == str(got.cpu_milli)

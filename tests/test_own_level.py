@@ -1,26 +1,19 @@
 """The class prediction corrected by each service's own level (issue 33 part 4): ``core.characterise.own_offset``
 (the quantile of a service's recent residuals against its class centre), ``core.slack.service_idle`` with it,
-the ``slack.own_level`` setting, and the live controller publishing the same numbers."""
+the ``slack.own_level`` setting and the controller's plan. The live controller publishing it through the real
+API server and Prometheus is e2e/test_slack_kwok.py's."""
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubernetes_asyncio import client as k8s
-from prometheus_client import CollectorRegistry
 
-from extender.colocation.controller import SlackController, SlackMetrics, SlackParams, plan, settings_from_config
+from extender.colocation.controller import plan, settings_from_config
 from extender.core.characterise import (
     DAY_SECONDS,
     CharacteriseConfig,
@@ -279,98 +272,3 @@ def test_service_spread_is_the_residual_spread_times_the_request() -> None:
         math.ceil(2000 * sd), 0
     )
     assert service_spread(m, cls, Resources.request(2000, 4 * GI), 12 * HOUR, None, own) == Amount(0, 0)
-
-
-# ------------------------------------------------------------------------------------------------ the live controller
-
-
-def _app(cpu_cores: float, memory_bytes: float, patches: list[Any]) -> web.Application:
-    """An API server with one node and one service pod (2 CPU / 4 GiB requested) and a Prometheus that says
-    the pod uses ``cpu_cores`` and ``memory_bytes`` all the time."""
-    node = {"metadata": {"name": "n1", "uid": "u-n1"}, "spec": {},
-            "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}  # fmt: skip
-    requests = {"requests": {"cpu": "2", "memory": "4Gi"}}
-    pod = {
-        "metadata": {"name": "svc", "namespace": "ns", "uid": "u-svc"},
-        "spec": {"nodeName": "n1", "containers": [{"name": "c", "resources": requests}]},
-        "status": {"phase": "Running"},
-    }
-    series = {"namespace": "ns", "pod": "svc", "container": "c"}
-
-    def usage(query: str) -> float:
-        return memory_bytes if "memory" in query else cpu_cores
-
-    async def nodes(_: web.Request) -> web.Response:
-        return web.json_response({"kind": "NodeList", "items": [node]})
-
-    async def pods(_: web.Request) -> web.Response:
-        return web.json_response({"kind": "PodList", "items": [pod]})
-
-    async def patch(request: web.Request) -> web.Response:
-        patches.append(await request.json())
-        return web.json_response({"kind": "Node", "metadata": {"name": "n1"}})
-
-    async def query_range(request: web.Request) -> web.Response:
-        start, end, step = (float(request.query[k]) for k in ("start", "end", "step"))
-        times = [start + i * step for i in range(int((end - start) // step) + 1)]
-        v = usage(request.query["query"])
-        result = [{"metric": series, "values": [[t, str(v)] for t in times]}]
-        return web.json_response({"status": "success", "data": {"resultType": "matrix", "result": result}})
-
-    async def query(request: web.Request) -> web.Response:
-        result = [{"metric": series, "value": [time.time(), str(usage(request.query["query"]))]}]
-        return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
-
-    app = web.Application()
-    app.router.add_get("/api/v1/nodes", nodes)
-    app.router.add_get("/api/v1/pods", pods)
-    app.router.add_patch("/api/v1/nodes/{name}/status", patch)
-    app.router.add_get("/api/v1/query_range", query_range)
-    app.router.add_get("/api/v1/query", query)
-    return app
-
-
-@pytest.fixture
-async def above_its_class() -> AsyncIterator[str]:
-    """The service uses 0.5625 CPU and 1.125 GiB of its 2 CPU / 4 GiB: 0.28125 of its request (exact in
-    binary), above the 0.25 class it is nearest to, and within the 5 % miss tolerance of it (so Eq. 3 alone is
-    published as planned, without the safety check's cut)."""
-    srv = TestServer(_app(0.5625, 1.125 * GI, []))
-    await srv.start_server()
-    try:
-        yield str(srv.make_url("")).rstrip("/")
-    finally:
-        await srv.close()
-
-
-@pytest.mark.parametrize("own", [OwnLevel(), None])
-async def test_the_live_controller_publishes_the_corrected_prediction(
-    above_its_class: str, tmp_path: Path, own: OwnLevel | None
-) -> None:
-    from extender.kube.usage import PrometheusUsage
-
-    now = time.time()
-    model = _model(now)
-    params = SlackParams(
-        model_path=tmp_path / "model.json", config=CFG, history_seconds=600.0, classify_seconds=600.0,
-        step_seconds=30.0, own_level=own,
-    )  # fmt: skip
-    api = k8s.ApiClient(configuration=k8s.Configuration(host=above_its_class))
-    try:
-        async with aiohttp.ClientSession() as session:
-            ctl = SlackController(
-                params, k8s.CoreV1Api(api), PrometheusUsage(above_its_class, session), model=model,
-                clock=lambda: now, metrics=SlackMetrics(CollectorRegistry()),
-            )  # fmt: skip
-            got = (await ctl.step())["n1"]
-    finally:
-        await api.close()
-    req = Resources(2000, 4 * GI)
-    if own is None:
-        assert got == Amount(1500, 3 * GI)  # Eq. 3: the class's quarter
-    else:
-        # the class's quarter + the service's own 0.03125 above it: 0.28125 of the request predicted used
-        assert got == Amount(2000 - 563, 4 * GI - 9 * GI // 8)
-        # the same function the simulator calls, on the controller's own profile of the service
-        prof = ServiceProfile(_flat(0.28125), _flat(0.28125), DAY_SECONDS)
-        assert got == service_idle(model, model.assignments["fixture/quarter"], req, now, 900.0, prof, own)
