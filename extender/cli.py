@@ -8,7 +8,7 @@ import dataclasses
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -167,7 +167,7 @@ def _simulate_from_cluster(args: argparse.Namespace, config: Any) -> int:
     from extender.settings.sections import FLAVOURS_PATH, read_catalogue
     from extender.sim.engine import POLICIES, PREEMPTIVE, simulate
     from extender.sim.from_cluster import compare, format_comparison, parse_duration, replay_from_history
-    from extender.sim.report import format_table, report_json, write_plots
+    from extender.sim.report import format_table, report_json
 
     since = parse_duration(args.since)
     policies = args.policy or ["product"]
@@ -208,18 +208,25 @@ def _simulate_from_cluster(args: argparse.Namespace, config: Any) -> int:
         vs = report["vs_actual"][name]
         if vs["saving"] is not None:
             print(f"{name}: {-100 * vs['saving']:+.1f} % against the actual bill")
+    _write_outputs(args, report, results)
+    return 0
+
+
+def _write_outputs(args: argparse.Namespace, report: Mapping[str, Any], results: Sequence[Any]) -> None:
+    """--json and --plots of a simulation, the same for a built-in workload and a cluster's replay."""
+    from extender.sim.report import write_plots
+
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
         print(f"wrote {args.json}")
     if args.plots:
         for path in write_plots(report, results, args.plots):
             print(f"wrote {path}")
-    return 0
 
 
 def _simulate(args: argparse.Namespace) -> int:
     from extender.sim.engine import POLICIES, SimConfig, simulate
-    from extender.sim.report import format_table, report_json, write_plots
+    from extender.sim.report import format_table, report_json
     from extender.sim.workloads import load_workload
 
     cluster_only = ("since", "namespace", "node_selector", "prometheus", "kubeconfig", "context")
@@ -266,12 +273,7 @@ def _simulate(args: argparse.Namespace) -> int:
     results = [simulate(workload, p, config) for p in policies]
     report = report_json(workload.name, results)
     print(format_table(report))
-    if args.json:
-        Path(args.json).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
-        print(f"wrote {args.json}")
-    if args.plots:
-        for path in write_plots(report, results, args.plots):
-            print(f"wrote {path}")
+    _write_outputs(args, report, results)
     return 0
 
 
