@@ -29,6 +29,7 @@ from extender.settings import SettingsError
 from extender.settings.extender import ExtenderConfig, deep_merge, parse_config
 
 if TYPE_CHECKING:
+    from extender.sim.engine import SimConfig
     from extender.sim.product import ProductSettings
 
 
@@ -212,6 +213,25 @@ def _simulate_from_cluster(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
+def _need_plots(args: argparse.Namespace) -> None:
+    """matplotlib is the `plots` extra (not in the image): say so before minutes of simulation, not after."""
+    if args.plots and importlib.util.find_spec("matplotlib") is None:
+        raise InvalidInputError("--plots needs matplotlib: pip install 'kube-qos-extender[plots]'")
+
+
+def _sim_config(args: argparse.Namespace) -> SimConfig:
+    """The engine's SimConfig from --seed, --quantum, --alpha and --product-config, for a workload and a replay."""
+    from extender.sim.engine import SimConfig
+
+    overrides = {k: v for k, v in (("seed", args.seed), ("qos_quantum", args.quantum)) if v is not None}
+    if args.alpha is not None:
+        overrides["alpha_cold"] = overrides["alpha_hot"] = args.alpha
+    config = SimConfig(**overrides)
+    if args.product_config:
+        config = dataclasses.replace(config, product=load_product_settings(args.product_config))
+    return config
+
+
 def _write_outputs(args: argparse.Namespace, report: Mapping[str, Any], results: Sequence[Any]) -> None:
     """--json and --plots of a simulation, the same for a built-in workload and a cluster's replay."""
     from extender.sim.report import write_plots
@@ -225,7 +245,7 @@ def _write_outputs(args: argparse.Namespace, report: Mapping[str, Any], results:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from extender.sim.engine import POLICIES, SimConfig, simulate
+    from extender.sim.engine import POLICIES, simulate
     from extender.sim.report import format_table, report_json
     from extender.sim.workloads import load_workload
 
@@ -235,15 +255,8 @@ def _simulate(args: argparse.Namespace) -> int:
             raise InvalidInputError(
                 "--from-cluster replays the cluster: no --workload, --hosts or services-batch knobs"
             )
-        if args.plots and importlib.util.find_spec("matplotlib") is None:
-            raise InvalidInputError("--plots needs matplotlib: pip install 'kube-qos-extender[plots]'")
-        overrides = {k: v for k, v in (("seed", args.seed), ("qos_quantum", args.quantum)) if v is not None}
-        if args.alpha is not None:
-            overrides["alpha_cold"] = overrides["alpha_hot"] = args.alpha
-        config = SimConfig(**overrides)
-        if args.product_config:
-            config = dataclasses.replace(config, product=load_product_settings(args.product_config))
-        return _simulate_from_cluster(args, config)
+        _need_plots(args)
+        return _simulate_from_cluster(args, _sim_config(args))
     if not args.workload:
         raise InvalidInputError("simulate needs --workload NAME_OR_PATH or --from-cluster")
     if any(getattr(args, k) not in (None, [], "3h") for k in cluster_only):
@@ -255,16 +268,9 @@ def _simulate(args: argparse.Namespace) -> int:
         return _simulate_colocation(args)
     if any(v is not None for v in (args.days, args.services, args.batch_per_day)):
         raise InvalidInputError("--days, --services and --batch-per-day are for --workload services-batch only")
-    if args.plots and importlib.util.find_spec("matplotlib") is None:
-        # matplotlib is the `plots` extra (not in the image): say so before minutes of simulation, not after
-        raise InvalidInputError("--plots needs matplotlib: pip install 'kube-qos-extender[plots]'")
+    _need_plots(args)
     workload = load_workload(args.workload, args.hosts)
-    overrides = {k: v for k, v in (("seed", args.seed), ("qos_quantum", args.quantum)) if v is not None}
-    if args.alpha is not None:
-        overrides["alpha_cold"] = overrides["alpha_hot"] = args.alpha
-    config = SimConfig(**overrides)
-    if args.product_config:
-        config = dataclasses.replace(config, product=load_product_settings(args.product_config))
+    config = _sim_config(args)
     default = ["qos-driven", "priority"] if workload.hosts else ["product", "htas", "k8s"]
     policies = args.policy or default
     unknown = [p for p in policies if p not in POLICIES]
