@@ -305,7 +305,7 @@ class Simulator:
         self._util_rate = (0.0, 0.0)
         # what keeps the bill above the fluid bound (issue 33, part 3): per node, its price and (while it holds
         # pods) its capacity and what they request; counted per price so the rates are sums without drift
-        self._cost_rows: dict[str, tuple[float, bool, int, int, int, int]] = {}
+        self._cost_rows: dict[str, tuple[float, bool]] = {}  # node -> (price, occupied); sizes: _util_rows
         self._occupied_by_price: dict[float, int] = {}
         self._under_half_by_price: dict[float, int] = {}
         self._empty_by_price: dict[float, int] = {}
@@ -424,13 +424,10 @@ class Simulator:
             ct.occupied_nodes += occupied * h
             ct.fluid_capacity += f_cap * h
             ct.fluid_requested += f_req * h
-        if self._fluid is not None and (self._active_demand.cpu_milli or self._active_demand.memory_bytes):
-            key = (self._active_demand.cpu_milli, self._active_demand.memory_bytes)
-            rate = self._fluid_cache.get(key)
-            if rate is None:
-                rate = self._fluid.per_hour(self._active_demand)
-                self._fluid_cache[key] = rate
-            self.fluid_usd += rate * dt / 3600.0
+        if self._fluid is not None:
+            self.fluid_usd += (
+                self._fluid_rate(self._active_demand.cpu_milli, self._active_demand.memory_bytes) * dt / 3600.0
+            )
         self._last_integrate = t
 
     def _touch(self, name: str) -> None:
@@ -443,63 +440,67 @@ class Simulator:
         """Sum of requested / allocatable over the live nodes, kept as exact integer sums per allocatable value
         (a few flavours) and updated for the changed nodes only: per event it costs O(changed), not O(nodes),
         which on the whole Alibaba trace (1,000+ nodes, a million events) was most of k8s's time."""
+        costs = self._fluid is not None
         for name in self._util_dirty:
             old = self._util_rows.pop(name, None)
             if old is not None:
                 ac, am, rc, rm = old
                 self._util_sums_cpu[ac] -= rc
                 self._util_sums_mem[am] -= rm
+                if costs:
+                    self._cost_row_out(name, old)
             node = self.nodes.get(name)
             if node is not None:
                 req = self._requested(node)
                 ac, am = node.allocatable.cpu_milli, node.allocatable.memory_bytes
-                self._util_rows[name] = (ac, am, req.cpu_milli, req.memory_bytes)
+                row = self._util_rows[name] = (ac, am, req.cpu_milli, req.memory_bytes)
                 self._util_sums_cpu[ac] = self._util_sums_cpu.get(ac, 0) + req.cpu_milli
                 self._util_sums_mem[am] = self._util_sums_mem.get(am, 0) + req.memory_bytes
-        if self._fluid is not None:
-            self._refresh_cost_rows()
+                if costs:
+                    self._cost_row_in(node, row)
+        if costs:
+            self._refresh_cost_rates()
         self._util_dirty.clear()
         self._util_rate = (
             sum(s / a for a, s in sorted(self._util_sums_cpu.items())),
             sum(s / a for a, s in sorted(self._util_sums_mem.items())),
         )
 
-    def _refresh_cost_rows(self) -> None:
-        """The cost terms' rates after the dirty nodes changed: each node is booting (in ``provisioning``, not
-        here), empty, or occupied; the fluid bound is taken of the occupied nodes' capacity and of what their
-        pods request."""
+    def _cost_row_out(self, name: str, sizes: tuple[int, int, int, int]) -> None:
+        """Take a node's last state (``sizes``: its ``_util_rows`` entry) out of the cost terms' sums."""
+        price, occupied = self._cost_rows.pop(name)
+        if not occupied:
+            self._empty_by_price[price] -= 1
+            return
+        self._occupied_by_price[price] -= 1
+        if _under_half(*sizes):
+            self._under_half_by_price[price] -= 1
         cap, req = self._occupied_capacity, self._occupied_requested
-        for name in self._util_dirty:
-            old = self._cost_rows.pop(name, None)
-            if old is not None:
-                price, occupied, cc, cm, rc, rm = old
-                by = self._occupied_by_price if occupied else self._empty_by_price
-                by[price] -= 1
-                if occupied and _under_half(cc, cm, rc, rm):
-                    self._under_half_by_price[price] -= 1
-                cap[0] -= cc
-                cap[1] -= cm
-                req[0] -= rc
-                req[1] -= rm
-            node = self.nodes.get(name)
-            if node is None:
-                continue
-            price = node.price_per_hour
-            if node.pods:
-                r = self._requested(node)
-                a = node.allocatable
-                row = (price, True, a.cpu_milli, a.memory_bytes, r.cpu_milli, r.memory_bytes)
-                self._occupied_by_price[price] = self._occupied_by_price.get(price, 0) + 1
-                if _under_half(*row[2:]):
-                    self._under_half_by_price[price] = self._under_half_by_price.get(price, 0) + 1
-            else:
-                row = (price, False, 0, 0, 0, 0)
-                self._empty_by_price[price] = self._empty_by_price.get(price, 0) + 1
-            self._cost_rows[name] = row
-            cap[0] += row[2]
-            cap[1] += row[3]
-            req[0] += row[4]
-            req[1] += row[5]
+        cap[0] -= sizes[0]
+        cap[1] -= sizes[1]
+        req[0] -= sizes[2]
+        req[1] -= sizes[3]
+
+    def _cost_row_in(self, node: SimNode, sizes: tuple[int, int, int, int]) -> None:
+        """Count a node in the cost terms' sums: empty, or occupied with its capacity and requests."""
+        price, occupied = node.price_per_hour, bool(node.pods)
+        self._cost_rows[node.name] = (price, occupied)
+        if not occupied:
+            self._empty_by_price[price] = self._empty_by_price.get(price, 0) + 1
+            return
+        self._occupied_by_price[price] = self._occupied_by_price.get(price, 0) + 1
+        if _under_half(*sizes):
+            self._under_half_by_price[price] = self._under_half_by_price.get(price, 0) + 1
+        cap, req = self._occupied_capacity, self._occupied_requested
+        cap[0] += sizes[0]
+        cap[1] += sizes[1]
+        req[0] += sizes[2]
+        req[1] += sizes[3]
+
+    def _refresh_cost_rates(self) -> None:
+        """The cost terms' rates from the sums: each node is booting (in ``provisioning``, not here), empty, or
+        occupied; the fluid bound is taken of the occupied nodes' capacity and of what their pods request."""
+        cap, req = self._occupied_capacity, self._occupied_requested
         self._cost_rates = (
             self._cost_rates[0],
             sum(p * k for p, k in sorted(self._empty_by_price.items())),
