@@ -37,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,20 @@ API_LATENCIES = {
         {"operation": "CREATE", "type": "admit", "rejected": "false"},
     ),
 }
+# kube-scheduler's own view (one process serves both profiles; the phases do not overlap): its scheduling cycle
+# is serial, and the extender's filter is called inside it (the algorithm's time), so the time a filter answer
+# waits on our event loop shows here and not in the extender's own histogram
+SCHEDULER_LATENCIES = {
+    "scheduler algorithm": ("scheduler_scheduling_algorithm_duration_seconds", {}),
+    "scheduler attempt": ("scheduler_scheduling_attempt_duration_seconds", {"result": "scheduled"}),
+    "scheduler filter plugins": (
+        "scheduler_framework_extension_point_duration_seconds",
+        {"extension_point": "Filter", "status": "Success"},
+    ),
+}
+
+
+SUM = -1.0  # the histogram's _sum, kept among its buckets under this impossible bound
 
 
 def _add_bucket(hists: dict[str, Buckets], key: str, labels: dict[str, str], value: float) -> None:
@@ -174,12 +189,15 @@ def api_writes(kube: Kube) -> dict[str, float]:
 def quantiles(before: Buckets, after: Buckets, qs: tuple[float, ...] = (0.5, 0.99)) -> dict[str, float]:
     """n and the quantiles (ms) of the observations between two reads of one cumulative histogram, interpolated
     linearly inside a bucket as Prometheus' histogram_quantile does (so no finer than the buckets)."""
-    bounds = sorted(after)
+    bounds = sorted(b for b in after if b != SUM)
     counts = [after[b] - before.get(b, 0.0) for b in bounds]
     total = counts[-1] if counts else 0.0
     out: dict[str, float] = {"n": total}
     if total <= 0:
         return out
+    if SUM in after:
+        out["sum_s"] = after[SUM] - before.get(SUM, 0.0)
+        out["mean_ms"] = 1000 * out["sum_s"] / total
     for q in qs:
         rank = q * total
         lo, prev = 0.0, 0.0
@@ -191,6 +209,33 @@ def quantiles(before: Buckets, after: Buckets, qs: tuple[float, ...] = (0.5, 0.9
                 break
             lo, prev = b, c
     return out
+
+
+def scheduler_histograms(state: Path, values: dict[str, str]) -> dict[str, Buckets]:
+    """kube-scheduler's SCHEDULER_LATENCIES, read with the admin client certificate ({} if it did not answer)."""
+    certs = state / "certs"
+    try:
+        metrics = scrape_metrics(
+            values["QOS_SCHEDULER_URL"] + "/metrics",
+            str(certs / "ca.crt"),
+            str(certs / "admin.crt"),
+            str(certs / "admin.key"),
+        )
+    except (OSError, KeyError, KubeError, urllib3.exceptions.HTTPError) as exc:
+        print(f"  kube-scheduler /metrics not read: {exc}", file=sys.stderr)
+        return {}
+    hists: dict[str, Buckets] = {}
+    for (name, labels), v in metrics.items():
+        d = dict(labels)
+        for key, (family, match) in SCHEDULER_LATENCIES.items():
+            if not all(d.get(k, "") == want for k, want in match.items()):
+                continue
+            if name == family + "_bucket":
+                _add_bucket(hists, key, d, v)
+            elif name == family + "_sum":  # kept as a pseudo-bucket: the phase's total seconds (mean = sum / n)
+                h = hists.setdefault(key, {})
+                h[SUM] = h.get(SUM, 0.0) + v
+    return hists
 
 
 def extender_histograms(values: dict[str, str]) -> dict[str, Buckets]:
@@ -360,12 +405,14 @@ def phase(
     qos: bool,
     timeout: float,
     labels: dict[str, str] | None = None,
+    on_resume: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     kube.ensure_namespace(ns, labels)
     sched_pid = int((state / "pids" / "kube-scheduler.pid").read_text())
     writes0, lat0 = api_scrape(kube)
     ext0 = extender_outcomes(values)
     elat0 = extender_histograms(values)
+    slat0 = scheduler_histograms(state, values)
     cpu_start = {c: cpu_seconds(state, c) for c in COMPONENTS}
     timeline = Timeline(kube, ns)
     os.kill(sched_pid, signal.SIGSTOP)
@@ -374,6 +421,8 @@ def phase(
         kube.create_pods(ns, [pod(f"p{i:05d}", qos) for i in range(n)], parallel=32)
         create_s = time.monotonic() - t_create
     finally:
+        if on_resume is not None:
+            on_resume()
         os.kill(sched_pid, signal.SIGCONT)
     t0 = time.monotonic()
     cpu0 = {c: cpu_seconds(state, c) for c in COMPONENTS}
@@ -406,8 +455,10 @@ def phase(
     cpu = {c: cpu_end[c] - cpu0[c] for c in COMPONENTS}
     writes1, lat1 = api_scrape(kube)
     elat1 = extender_histograms(values)
+    slat1 = scheduler_histograms(state, values)
     latencies = {k: quantiles(lat0.get(k, {}), v) for k, v in lat1.items()}
     latencies.update({k: quantiles(elat0.get(k, {}), v) for k, v in elat1.items()})
+    latencies.update({k: quantiles(slat0.get(k, {}), v) for k, v in slat1.items()})
     delta = {k: v - writes0.get(k, 0.0) for k, v in writes1.items() if v - writes0.get(k, 0.0) > 0}
     refused = {k: v for k, v in delta.items() if k.startswith(("429 ", "rejected "))}
     writes = {k: v for k, v in delta.items() if k not in refused}
@@ -444,8 +495,9 @@ def phase(
         "    latency p50 / p99 (ms; whole phase, from the histograms' buckets): "
         + "; ".join(
             f"{k} n={st['n']:.0f} {st.get('p50_ms', 0):.1f} / {st.get('p99_ms', 0):.1f}"
+            + (f" (mean {st['mean_ms']:.1f}, {st['sum_s']:.2f} s in all)" if "sum_s" in st else "")
             for k, st in sorted(latencies.items())
-            if st.get("n") and k in ("extender bind", "extender filter", *API_LATENCIES)
+            if st.get("n") and k in ("extender bind", "extender filter", *API_LATENCIES, *SCHEDULER_LATENCIES)
         ),
         flush=True,
     )
@@ -506,6 +558,16 @@ def main() -> int:
         help="py-spy record the extender during each qos phase (collapsed stacks: PREFIX.ROUND.txt)",
     )
     ap.add_argument(
+        "--py-spy-binding",
+        action="store_true",
+        help="with --py-spy: record from the scheduler's resume only (the binding window, not the creation)",
+    )
+    ap.add_argument(
+        "--py-spy-gil",
+        action="store_true",
+        help="with --py-spy: only samples holding the GIL (Python on a CPU, not a thread descheduled in a syscall)",
+    )
+    ap.add_argument(
         "--reuse",
         action="store_true",
         help="use the running cluster of QOS_STATE as it is (its env file; no local-up: its per-node Ready wait "
@@ -546,18 +608,21 @@ def main() -> int:
         for r in range(args.rounds):
             for name, qos, labels in profiles:
                 ns = f"bench-{name}{args.tag}-{r}"
-                spy = None
-                if args.py_spy and name == "qos":
+                spy: subprocess.Popen[bytes] | None = None
+
+                def start_spy(r: int = r) -> None:
+                    nonlocal spy
                     pid = (state / "pids" / "qos-extender.pid").read_text().strip()
                     spy_cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "--nonblocking", "-r", "50"]
                     spy_cmd += ["--format", "raw", "-o", f"{args.py_spy}.{r}.txt", "--pid", pid]
-                    spy = subprocess.Popen(
-                        spy_cmd,
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                    )
+                    spy_cmd += ["--gil"] if args.py_spy_gil else []
+                    spy = subprocess.Popen(spy_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+                if args.py_spy and name == "qos" and not args.py_spy_binding:
+                    start_spy()
+                on_resume = start_spy if args.py_spy and name == "qos" and args.py_spy_binding else None
                 try:
-                    result = phase(kube, state, values, ns, args.pods, qos, args.timeout, labels)
+                    result = phase(kube, state, values, ns, args.pods, qos, args.timeout, labels, on_resume)
                 finally:
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)

@@ -70,6 +70,19 @@ def test_ledger_assume_confirm_expire() -> None:
     assert ledger.confirm("default/b") is None
 
 
+def test_ledger_expire_stops_at_the_first_fresh_entry_in_assume_order() -> None:
+    """expire scans from the oldest assumption and stops at the first fresh one (issue 34): a re-assumed pod
+    moves to the end, so it is not expired on its first time; a clock stepped back delays, never hastens."""
+    ledger = BindLedger(ttl_seconds=30)
+    ledger.assume(core_pod("a"), "n1", now=100)
+    ledger.assume(core_pod("b"), "n1", now=105)
+    ledger.assume(core_pod("a"), "n2", now=110)  # a again: now younger than b
+    ledger.assume(core_pod("c"), "n1", now=90)  # the clock stepped back: c sits behind a fresh entry
+    assert [e.pod.key for e in ledger.expire(now=136)] == ["default/b"]
+    assert [e.pod.key for e in ledger.expire(now=140)] == ["default/a", "default/c"]
+    assert len(ledger) == 0
+
+
 def test_ledger_reassume_moves_the_pod() -> None:
     ledger = BindLedger(ttl_seconds=30)
     ledger.assume(core_pod("a"), "n1", now=0)

@@ -136,8 +136,17 @@ class BindLedger:
         return entry
 
     def expire(self, now: float) -> list[LedgerEntry]:
-        """Drop assumptions older than the TTL; returns them (each is a bind the watch never confirmed)."""
-        stale = [e for e in self._entries.values() if now - e.assumed_at >= self.ttl_seconds]
+        """Drop assumptions older than the TTL; returns them (each is a bind the watch never confirmed).
+
+        Every filter call runs this, with up to a burst's worth of binds assumed (2,000 in issue 34's bench), so
+        it stops at the first fresh entry instead of scanning them all: ``assume`` re-inserts at the end, so
+        the entries are in the order they were assumed. A wall clock stepped back leaves a later entry with an
+        earlier time behind a fresh one: it expires when those ahead of it do, a TTL late, never early."""
+        stale: list[LedgerEntry] = []
+        for e in self._entries.values():
+            if now - e.assumed_at < self.ttl_seconds:
+                break
+            stale.append(e)
         for entry in stale:
             self.forget(entry.key)
         return stale
