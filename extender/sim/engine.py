@@ -469,33 +469,27 @@ class Simulator:
     def _cost_row_out(self, name: str, sizes: tuple[int, int, int, int]) -> None:
         """Take a node's last state (``sizes``: its ``_util_rows`` entry) out of the cost terms' sums."""
         price, occupied = self._cost_rows.pop(name)
-        if not occupied:
-            self._empty_by_price[price] -= 1
-            return
-        self._occupied_by_price[price] -= 1
-        if _under_half(*sizes):
-            self._under_half_by_price[price] -= 1
-        cap, req = self._occupied_capacity, self._occupied_requested
-        cap[0] -= sizes[0]
-        cap[1] -= sizes[1]
-        req[0] -= sizes[2]
-        req[1] -= sizes[3]
+        self._count_cost_row(price, occupied, sizes, -1)
 
     def _cost_row_in(self, node: SimNode, sizes: tuple[int, int, int, int]) -> None:
         """Count a node in the cost terms' sums: empty, or occupied with its capacity and requests."""
         price, occupied = node.price_per_hour, bool(node.pods)
         self._cost_rows[node.name] = (price, occupied)
+        self._count_cost_row(price, occupied, sizes, 1)
+
+    def _count_cost_row(self, price: float, occupied: bool, sizes: tuple[int, int, int, int], sign: int) -> None:
+        """Add (``sign`` 1) or remove (-1) one node's state in the per-price counts and the occupied sums."""
         if not occupied:
-            self._empty_by_price[price] = self._empty_by_price.get(price, 0) + 1
+            self._empty_by_price[price] = self._empty_by_price.get(price, 0) + sign
             return
-        self._occupied_by_price[price] = self._occupied_by_price.get(price, 0) + 1
+        self._occupied_by_price[price] = self._occupied_by_price.get(price, 0) + sign
         if _under_half(*sizes):
-            self._under_half_by_price[price] = self._under_half_by_price.get(price, 0) + 1
+            self._under_half_by_price[price] = self._under_half_by_price.get(price, 0) + sign
         cap, req = self._occupied_capacity, self._occupied_requested
-        cap[0] += sizes[0]
-        cap[1] += sizes[1]
-        req[0] += sizes[2]
-        req[1] += sizes[3]
+        cap[0] += sign * sizes[0]
+        cap[1] += sign * sizes[1]
+        req[0] += sign * sizes[2]
+        req[1] += sign * sizes[3]
 
     def _refresh_cost_rates(self) -> None:
         """The cost terms' rates from the sums: each node is booting (in ``provisioning``, not here), empty, or
