@@ -618,9 +618,12 @@ def main() -> int:
                     spy_cmd += ["--gil"] if args.py_spy_gil else []
                     spy = subprocess.Popen(spy_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-                if args.py_spy and name == "qos" and not args.py_spy_binding:
-                    start_spy()
-                on_resume = start_spy if args.py_spy and name == "qos" and args.py_spy_binding else None
+                on_resume = None
+                if args.py_spy and name == "qos":
+                    if args.py_spy_binding:
+                        on_resume = start_spy  # the binding window only
+                    else:
+                        start_spy()
                 try:
                     result = phase(kube, state, values, ns, args.pods, qos, args.timeout, labels, on_resume)
                 finally:
