@@ -6,7 +6,8 @@ real nodes, config/local applied by hack/deploy-local.sh, the agent DaemonSet Re
 1. a busybox counter pod (``qos-local/busybox:1.35.0``, ``imagePullPolicy: Never``, kind batch) runs on the batch
    real node and prints ``tick N`` every second;
 2. the consolidation flow (``ConsolidationFlow.move_pod``, run in this process against the cluster, as the
-   autoscaler runs it) asks the batch node's agent to migrate it to the service node: kubelet checkpoint on the
+   autoscaler runs it: with a token of its ServiceAccount and the consolidation role, ``autoscaler_kubeconfig``)
+   asks the batch node's agent to migrate it to the service node: kubelet checkpoint on the
    source (the agent's client certificate, ``nodes/checkpoint`` only), sha256-verified transfer to the other
    agent, checkpoint image imported into that node's containerd (Transfer API, no registry); the flow creates
    the destination pod from that image, pinned to the node, waits for its container to run, deletes the source;
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
 from e2e.ticks import LogFollower, logged_ticks
@@ -93,8 +96,45 @@ def _history(record: dict[str, Any], phase: str) -> float:
     return float(stamps[-1])
 
 
+AUTOSCALER_SA = ("kube-qos-system", "qos-autoscaler")
+CONSOLIDATION_RBAC = Path(__file__).resolve().parents[1] / "config/autoscaler/consolidation/rbac.yaml"
+
+
+def autoscaler_kubeconfig(p: Product, out: Path) -> Path:
+    """A kubeconfig holding a token of the autoscaler's ServiceAccount, with the consolidation component's role
+    applied as it ships (config/autoscaler/consolidation/rbac.yaml). The flow runs as the autoscaler runs it in a
+    cluster: with that identity and nothing more, so a call the role does not grant -- or an admission rule it does
+    not satisfy, e.g. blockOwnerDeletion under OwnerReferencesPermissionEnforcement (on in the kind cluster) --
+    fails the move here, where an admin kubeconfig would pass it."""
+    applied = subprocess.run(
+        [str(p.bin_dir / "kubectl"), "apply", "-f", str(CONSOLIDATION_RBAC)],
+        env=p.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert applied.returncode == 0, applied.stderr
+    ns, name = AUTOSCALER_SA
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}}
+    token = p.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token", review)["status"]["token"]
+    admin = yaml.safe_load(Path(p.env["KUBECONFIG"]).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
+    out.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": name, "user": {"token": token}}],
+                "contexts": [{"name": name, "context": {"cluster": cluster["name"], "user": name}}],
+                "current-context": name,
+            }
+        )
+    )
+    out.chmod(0o600)
+    return out
+
+
 @pytest.fixture
-def flow(product: Product) -> Iterator[ConsolidationFlow]:  # noqa: F811
+def flow(product: Product, tmp_path: Path) -> Iterator[ConsolidationFlow]:  # noqa: F811
     env = product.env
     missing = [k for k in ("AGENT_CA", "AGENT_CLIENT_CERT", "AGENT_CLIENT_KEY") if not env.get(k)]
     assert not missing, f"hack/deploy-local.sh did not print {missing}"
@@ -108,7 +148,8 @@ def flow(product: Product) -> Iterator[ConsolidationFlow]:  # noqa: F811
     )
     f = ConsolidationFlow(settings)
     loop = asyncio.new_event_loop()
-    api = loop.run_until_complete(new_api_client(KubernetesConfig(kubeconfig=env["KUBECONFIG"])))
+    kubeconfig = autoscaler_kubeconfig(product, tmp_path / "qos-autoscaler.kubeconfig")
+    api = loop.run_until_complete(new_api_client(KubernetesConfig(kubeconfig=str(kubeconfig))))
     f.attach(api, ExtenderConfig().bind)
     f.loop = loop  # type: ignore[attr-defined]
     try:

@@ -47,6 +47,7 @@ from extender.core.model import ANNOTATION_PREFIX
 
 __all__ = [
     "DELETION_COST_ANNOTATION",
+    "HANDED_OVER_RESOURCES",
     "HELD_LABELS_ANNOTATION",
     "JOB_TRACKING_FINALIZER",
     "MIGRATION_LABEL",
@@ -84,6 +85,13 @@ _KINDS = {"ReplicaSet": OwnerKind.REPLICA_SET, "Job": OwnerKind.JOB, "StatefulSe
           "DaemonSet": OwnerKind.DAEMON_SET}  # fmt: skip
 _API_GROUPS = {OwnerKind.REPLICA_SET: "apps", OwnerKind.JOB: "batch", OwnerKind.STATEFUL_SET: "apps",
                OwnerKind.DAEMON_SET: "apps"}  # fmt: skip
+# The owners whose pods are handed over, as (API group, resource). The hand-over gives the destination the
+# source's controller reference, which its controller set with ``blockOwnerDeletion: true``; where the
+# OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift; any cluster that enables it), setting
+# that field needs ``update`` on the owner's ``finalizers`` subresource, so the consolidation role grants it for
+# exactly these (config/autoscaler/consolidation/rbac.yaml; tests/test_manifests.py derives the rule from here).
+HANDED_OVER_RESOURCES = {OwnerKind.REPLICA_SET: ("apps", "replicasets"), OwnerKind.JOB: ("batch", "jobs"),
+                         OwnerKind.STATEFUL_SET: ("apps", "statefulsets")}  # fmt: skip
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
