@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.test_deployed import BUSYBOX, Product, _ready, namespace, product  # noqa: F401  (fixtures)
+from e2e.test_deployed import BUSYBOX, Product, _ready, _run, namespace, product  # noqa: F401  (fixtures)
 from e2e.ticks import LogFollower, logged_ticks
 from extender.consolidation import policy
 from extender.consolidation.flow import ConsolidationFlow
@@ -106,11 +105,7 @@ def autoscaler_kubeconfig(p: Product, out: Path) -> Path:
     cluster: with that identity and nothing more, so a call the role does not grant -- or an admission rule it does
     not satisfy, e.g. blockOwnerDeletion under OwnerReferencesPermissionEnforcement (on in the kind cluster) --
     fails the move here, where an admin kubeconfig would pass it."""
-    applied = subprocess.run(
-        [str(p.bin_dir / "kubectl"), "apply", "-f", str(CONSOLIDATION_RBAC)],
-        env=p.env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert applied.returncode == 0, applied.stderr
+    _run([str(p.bin_dir / "kubectl"), "apply", "-f", str(CONSOLIDATION_RBAC)], p.env, 60)
     ns, name = AUTOSCALER_SA
     review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 7200}}
     token = p.kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts/{name}/token", review)["status"]["token"]

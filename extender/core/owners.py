@@ -90,8 +90,11 @@ _API_GROUPS = {OwnerKind.REPLICA_SET: "apps", OwnerKind.JOB: "batch", OwnerKind.
 # OwnerReferencesPermissionEnforcement admission plugin is on (OpenShift; any cluster that enables it), setting
 # that field needs ``update`` on the owner's ``finalizers`` subresource, so the consolidation role grants it for
 # exactly these (config/autoscaler/consolidation/rbac.yaml; tests/test_manifests.py derives the rule from here).
-HANDED_OVER_RESOURCES = {OwnerKind.REPLICA_SET: ("apps", "replicasets"), OwnerKind.JOB: ("batch", "jobs"),
-                         OwnerKind.STATEFUL_SET: ("apps", "statefulsets")}  # fmt: skip
+HANDED_OVER_RESOURCES = {
+    kind: (_API_GROUPS[kind], plural)
+    for kind, plural in ((OwnerKind.REPLICA_SET, "replicasets"), (OwnerKind.JOB, "jobs"),
+                         (OwnerKind.STATEFUL_SET, "statefulsets"))
+}  # fmt: skip
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
