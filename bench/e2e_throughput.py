@@ -259,7 +259,8 @@ def extender_metrics(values: dict[str, str]) -> dict[tuple[str, tuple[tuple[str,
 
 
 def extender_outcomes(values: dict[str, str]) -> dict[str, float]:
-    """The extender's verb outcomes, bind retries and failures, and filter rejections so far (a bind answered
+    """The extender's verb outcomes, bind retries and failures, filter rejections and garbage-collector pauses
+    (count and milliseconds by generation, extender/heap.py) so far (a bind answered
     with an Error sends the pod back to kube-scheduler's queue: a FailedScheduling Event, a status PATCH and
     another filter + bind later)."""
     m = extender_metrics(values)
@@ -272,6 +273,10 @@ def extender_outcomes(values: dict[str, str]) -> dict[str, float]:
             out[name.removeprefix("qos_extender_").removesuffix("_total")] = v
         elif name == "qos_extender_filtered_nodes_total":
             out[f"filtered {d.get('reason')}"] = v
+        elif name == "qos_extender_gc_pause_seconds_count":
+            out[f"gc{d.get('generation')} collections"] = v
+        elif name == "qos_extender_gc_pause_seconds_sum":
+            out[f"gc{d.get('generation')} ms"] = v * 1000.0
     return out
 
 

@@ -15,6 +15,7 @@ scheduler serves, on a plain Node object of this test's own; both are deleted af
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from types import SimpleNamespace
 from typing import Any
@@ -25,7 +26,7 @@ from kubernetes_asyncio import client as k8s
 
 from extender.kube.binder import KubeBinder
 from extender.kube.binding import BindArgs
-from extender.kube.client import ApiError, binder_client, new_api_client, read_json
+from extender.kube.client import ApiError, RawCore, binder_client, new_api_client, read_json
 from extender.settings.extender import BindConfig, KubernetesConfig
 from tests.live import require_kubeconfig
 
@@ -120,6 +121,97 @@ async def test_a_burst_of_binds_never_waits_for_a_connection() -> None:
     finally:
         await binder_api.close()
         for call, args in (("delete_namespace", (run,)), ("delete_node", (node,))):
+            try:
+                await read_json(await getattr(core, call)(*args, _preload_content=False))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+        await api.close()
+
+
+async def test_raw_calls_bind_patch_and_read_as_a_service_account_and_map_refusals() -> None:
+    """kube.client.RawCore, which the binder and the controller's release use instead of the generated calls: with a
+    service account's bearer token (the credentials every deployed extender has, applied by the ApiClient's
+    ``update_params_for_auth``) it binds, applies a JSON patch and reads; each refusal is an ApiError with the
+    API server's status and reason (the binder's and the release's error handling depend on them)."""
+    kubeconfig = require_kubeconfig()
+    api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
+    core = k8s.CoreV1Api(api)
+    rbac = k8s.RbacAuthorizationV1Api(api)
+    run = f"qos-raw-{uuid.uuid4().hex[:6]}"
+    node, other = f"{run}-node", f"{run}-other"
+    as_sa: Any = None
+    try:
+        await _create(core, "create_namespace", {"metadata": {"name": run}})
+        for name in (node, other):
+            await _create(core, "create_node", {"metadata": {"name": name}, "spec": {}})
+        await _create(core, "create_namespaced_service_account", run, {"metadata": {"name": "binder"}})
+        role: Any = {
+            "metadata": {"name": "binder"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]},
+                {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+            ],
+        }
+        await read_json(await rbac.create_namespaced_role(run, role, _preload_content=False))
+        rb: Any = {
+            "metadata": {"name": "binder"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "binder"},
+            "subjects": [{"kind": "ServiceAccount", "name": "binder", "namespace": run}],
+        }
+        await read_json(await rbac.create_namespaced_role_binding(run, rb, _preload_content=False))
+        token = await _create(core, "create_namespaced_service_account_token", "binder", run, {"spec": {}})
+        configuration = copy.deepcopy(api.configuration)
+        configuration.cert_file = configuration.key_file = None  # the token alone identifies the caller
+        configuration.api_key = {"BearerToken": token["status"]["token"]}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        as_sa = k8s.ApiClient(configuration=configuration)
+        raw = RawCore(as_sa)
+        body = {
+            "metadata": {"name": "p", "labels": {"a": "b"}},
+            "spec": {
+                "schedulerName": SCHEDULER,
+                "terminationGracePeriodSeconds": 0,
+                "schedulingGates": [{"name": "qos.test/gate"}],
+                "containers": [{"name": "c", "image": "registry.invalid/pause:3.9"}],
+            },
+        }
+        made = await _create(core, "create_namespaced_pod", run, body)
+        uid = made["metadata"]["uid"]
+
+        patched = await raw.patch_namespaced_pod(
+            "p", run, [{"op": "remove", "path": "/spec/schedulingGates"}], timeout=10
+        )
+        assert patched["metadata"]["uid"] == uid and not patched["spec"].get("schedulingGates")
+        with pytest.raises(ApiError) as invalid:  # a patch the API server refuses: 422, its reason kept
+            await raw.patch_namespaced_pod(
+                "p", run, [{"op": "replace", "path": "/spec/nodeName", "value": 1}], timeout=10
+            )
+        assert invalid.value.status in (400, 422) and invalid.value.message
+
+        binding: Any = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "p", "namespace": run, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await raw.create_namespaced_pod_binding("p", run, binding, timeout=10)
+        read = await raw.read_namespaced_pod("p", run, timeout=10)
+        assert read["spec"]["nodeName"] == node
+        again = {**binding, "target": {**binding["target"], "name": other}}
+        with pytest.raises(ApiError) as conflict:
+            await raw.create_namespaced_pod_binding("p", run, again, timeout=10)
+        assert (conflict.value.status, conflict.value.reason) == (409, "Conflict")
+        with pytest.raises(ApiError) as missing:
+            await raw.read_namespaced_pod("absent", run, timeout=10)
+        assert (missing.value.status, missing.value.reason) == (404, "NotFound")
+        with pytest.raises(ApiError) as forbidden:  # the role grants this namespace only
+            await raw.read_namespaced_pod("p", "default", timeout=10)
+        assert (forbidden.value.status, forbidden.value.reason) == (403, "Forbidden")
+    finally:
+        if as_sa is not None:
+            await as_sa.close()
+        for call, args in (("delete_namespace", (run,)), ("delete_node", (node,)), ("delete_node", (other,))):
             try:
                 await read_json(await getattr(core, call)(*args, _preload_content=False))
             except ApiError as exc:

@@ -68,7 +68,7 @@ from extender.core.qos import availability
 from extender.core.slack import node_groups_for
 from extender.core.taints import Toleration
 from extender.core.taints import blocking as taints_blocking
-from extender.kube.client import ApiError, read_json
+from extender.kube.client import ApiError, RawCore, read_json
 from extender.kube.convert import PodProblems, parse_timestamp
 from extender.kube.events import KubeEventSink
 from extender.settings.extender import ExtenderConfig
@@ -172,6 +172,8 @@ class QosController:
         self.timeout = config.kubernetes.request_timeout_seconds
         self.rng = random.Random(seed)
         self.core = k8s.CoreV1Api(api_client)
+        # the release PATCH, once per gated pod: raw (kube.client.RawCore), the generated path cost more than the call
+        self._core = RawCore(api_client)
         self.apps = k8s.AppsV1Api(api_client)
         self.batch = k8s.BatchV1Api(api_client)
         self.accounts: dict[str, Account] = {}
@@ -855,10 +857,7 @@ class QosController:
             return
         namespace, name = rel.pod.split("/", 1)
         try:
-            response = await self.core.patch_namespaced_pod(
-                name, namespace, ops, _preload_content=False, _request_timeout=self.timeout
-            )
-            await read_json(response)
+            await self._core.patch_namespaced_pod(name, namespace, ops, timeout=self.timeout)
         except ApiError as exc:
             log.warning("gate release failed", extra={"pod": rel.pod, "error": str(exc)})
             self._released.pop(rel.pod, None)  # refused: not applied, decided anew by the next pass

@@ -18,11 +18,10 @@ import time
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client as k8s
 from tenacity import AsyncRetrying, RetryError, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
 
 from extender.kube.binding import BindArgs, BindError
-from extender.kube.client import ApiError, read_json
+from extender.kube.client import ApiError, RawCore
 from extender.settings.sections import BindConfig
 
 __all__ = ["KubeBinder"]
@@ -43,7 +42,7 @@ class _PodGone(BindError):
 
 class KubeBinder:
     def __init__(self, api_client: Any, config: BindConfig) -> None:
-        self._core = k8s.CoreV1Api(api_client)
+        self._core = RawCore(api_client)
         self._config = config
 
     async def bind(self, args: BindArgs) -> int:
@@ -116,10 +115,7 @@ class KubeBinder:
             body["metadata"]["uid"] = args.uid  # precondition: never bind a recreated pod of the same name
         try:
             async with asyncio.timeout(timeout):
-                response = await self._core.create_namespaced_pod_binding(
-                    args.name, args.namespace, body, _preload_content=False, _request_timeout=timeout
-                )
-                await read_json(response)
+                await self._core.create_namespaced_pod_binding(args.name, args.namespace, body, timeout=timeout)
             return
         except ApiError as exc:
             if exc.status == 409:
@@ -139,10 +135,7 @@ class KubeBinder:
         """409: already bound (where?) or a UID mismatch. Success only if bound to the requested node."""
         try:
             async with asyncio.timeout(timeout):
-                response = await self._core.read_namespaced_pod(
-                    args.name, args.namespace, _preload_content=False, _request_timeout=timeout
-                )
-                pod = await read_json(response)
+                pod = await self._core.read_namespaced_pod(args.name, args.namespace, timeout=timeout)
         except ApiError as exc:
             if exc.status == 404:
                 raise _PodGone(f"cannot bind {args.key}: pod not found (deleted?)") from exc

@@ -18,6 +18,7 @@ from extender.controller.leader import Leadership
 from extender.controller.loop import ControllerEvents, QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
+from extender.heap import GcPauses, freeze_start_up_heap
 from extender.kube.binder import KubeBinder
 from extender.kube.client import ApiError, binder_client, new_api_client, read_json
 from extender.kube.events import KubeEventSink
@@ -52,6 +53,7 @@ class Running:
     loopback: web.AppRunner | None = None  # server.loopback_verbs_port's plain-HTTP verbs listener
     loopback_port: int | None = None
     bind_client: Any = None  # the binder's own connection pool (None: it shares api_client)
+    gc_pauses: GcPauses | None = None
 
     @property
     def url(self) -> str:
@@ -59,6 +61,8 @@ class Running:
         return f"{scheme}://{self.config.server.host}:{self.port}"
 
     async def stop(self) -> None:
+        if self.gc_pauses is not None:
+            self.gc_pauses.uninstall()
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:
@@ -127,6 +131,10 @@ async def start(config: ExtenderConfig) -> Running:
     running = Running(config, snapshot, metrics, runner, port, api_client, reflectors, events, tasks)
     running.loopback, running.loopback_port = loopback, loopback_port
     running.bind_client = bind_client
+    running.gc_pauses = GcPauses(metrics.registry)
+    running.gc_pauses.install()
+    if config.server.freeze_heap:
+        tasks.append(asyncio.create_task(_freeze_when_listed(snapshot), name="freeze-heap"))
     if isinstance(snapshot, TrackingSnapshot):
         ctl_events = (
             ControllerEvents(api_client, config.kubernetes.event_component) if config.kubernetes.events else None
@@ -166,6 +174,14 @@ async def start(config: ExtenderConfig) -> Running:
         },
     )
     return running
+
+
+async def _freeze_when_listed(snapshot: Snapshot) -> None:
+    """heap.freeze_start_up_heap once the first node and pod lists are in the snapshot: the long-lived part
+    of the heap is then built, and every later full collection skips it."""
+    while not snapshot.ready:
+        await asyncio.sleep(0.1)
+    freeze_start_up_heap()
 
 
 def _pod_reader(api_client: Any, timeout: float) -> PodReader:

@@ -174,6 +174,11 @@ class ServerConfig(Settings):
     over mTLS concurrent binds pay full handshakes. Setting it is what names the scheduler's identity there: the
     pod's own containers. On the main listener /bind needs server.tls.client_ca_file and a verb_clients CN (it
     fails closed without them)."""
+    freeze_heap: bool = True
+    """Freeze the start-up heap (``gc.freeze()``) once nodes and pods are listed, so that the garbage collector's
+    full collections stop walking the ~160,000 objects the imports leave plus the first lists: they took
+    0.18-0.36 s each, every few seconds of a 2,000-pod burst (extender/heap.py). Cyclic garbage among frozen
+    objects is never reclaimed; false only to compare. ``qos_extender_gc_pause_seconds`` shows the pauses."""
 
 
 class KubernetesConfig(Settings):
