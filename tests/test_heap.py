@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from extender.heap import GcPauses, freeze_start_up_heap
+from extender.heap import GcPauses, freeze_start_up_heap, set_young_threshold
 from extender.processes.webhook import _freeze_when_listed
 
 
@@ -65,3 +65,12 @@ async def test_the_extender_freezes_only_once_nodes_and_pods_are_listed(unfrozen
     snapshot.ready = True
     await asyncio.wait_for(task, 5)
     assert gc.get_freeze_count() > 0
+
+
+def test_the_young_threshold_is_set_and_the_older_ratios_kept() -> None:
+    before = gc.get_threshold()
+    try:
+        set_young_threshold(12_345)
+        assert gc.get_threshold() == (12_345, before[1], before[2])
+    finally:
+        gc.set_threshold(*before)

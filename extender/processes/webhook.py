@@ -18,7 +18,7 @@ from extender.controller.leader import Leadership
 from extender.controller.loop import ControllerEvents, QosController
 from extender.controller.metrics import ControllerMetrics
 from extender.controller.state import TrackingSnapshot
-from extender.heap import GcPauses, freeze_start_up_heap
+from extender.heap import GcPauses, freeze_start_up_heap, set_young_threshold
 from extender.kube.binder import KubeBinder
 from extender.kube.client import ApiError, binder_client, new_api_client, read_json
 from extender.kube.events import KubeEventSink
@@ -133,6 +133,7 @@ async def start(config: ExtenderConfig) -> Running:
     running.bind_client = bind_client
     running.gc_pauses = GcPauses(metrics.registry)
     running.gc_pauses.install()
+    set_young_threshold(config.server.gc_young_threshold)
     if config.server.freeze_heap:
         tasks.append(asyncio.create_task(_freeze_when_listed(snapshot), name="freeze-heap"))
     if isinstance(snapshot, TrackingSnapshot):
