@@ -28,9 +28,12 @@ class ScriptedApi:
         self.script = list(script)
         self.requests = 0
         self.targets: list[str] = []  # each request line's target (path and query)
+        self.open = 0  # requests read and not answered yet
+        self.most_open = 0
         self.server: asyncio.Server | None = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        counted = False
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             self.targets.append(head.decode().split(" ", 2)[1])
@@ -41,6 +44,9 @@ class ScriptedApi:
             await reader.readexactly(length)
             step = self.script[min(self.requests, len(self.script) - 1)]
             self.requests += 1
+            self.open += 1
+            counted = True
+            self.most_open = max(self.most_open, self.open)
             if step == "hang":
                 await asyncio.sleep(30)
                 return
@@ -58,6 +64,8 @@ class ScriptedApi:
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            if counted:
+                self.open -= 1
             writer.close()
 
     async def __aenter__(self) -> Any:
@@ -153,3 +161,35 @@ async def test_each_post_gives_the_api_server_a_deadline_inside_the_attempt(scri
     assert first.startswith("/api/v1/namespaces/default/pods/p/binding?timeout=")
     assert first.endswith("?timeout=180ms")  # attempt_timeout_seconds 0.2 x 0.9
     assert second.endswith("?timeout=180ms")
+
+
+async def test_no_more_binds_than_max_in_flight_reach_the_api_server(scripted: type[ScriptedApi]) -> None:
+    """kube-scheduler calls /bind for every pod it scheduled at once; each POST in flight holds a TLS connection.
+    Uncapped, a 10,000-pod burst on 5,000 nodes swamped the API server with connections and every bind timed out
+    in doubt (issue 34). Twelve binds through a binder allowed three: never more than three at the server, all
+    bound."""
+    bind_config = parse_config({"bind": {"timeout_seconds": 5.0, "max_in_flight": 3}}).bind
+    async with scripted(["slow:0.05"]) as api:
+        binder = KubeBinder(api.api, bind_config)
+        many = [BindArgs("default", f"p{i}", f"uid-{i}", "node-1") for i in range(12)]
+        assert await asyncio.gather(*(binder.bind(a) for a in many)) == [0] * 12
+        assert api.requests == 12 and api.most_open == 3
+        assert (binder.in_flight, binder.waiting) == (0, 0)
+
+
+async def test_a_bind_that_never_got_a_slot_fails_definitively_and_sends_nothing(
+    scripted: type[ScriptedApi],
+) -> None:
+    """Its budget ran out while max_in_flight binds were on the wire: nothing was sent, so the failure is not in
+    doubt (the pod's assumption is dropped and its node's space offered again at once)."""
+    bind_config = parse_config({"bind": {"timeout_seconds": 0.3, "max_in_flight": 1}}).bind
+    async with scripted([201]) as api:
+        binder = KubeBinder(api.api, bind_config)
+        await binder._slots.acquire()  # the one slot, held as by a bind whose POST is still on the wire
+        with pytest.raises(BindError) as info:
+            await binder.bind(ARGS)
+        assert not info.value.in_doubt and "nothing was sent" in str(info.value)
+        assert api.requests == 0 and binder.waiting == 0
+        binder._slots.release()
+        assert await binder.bind(ARGS) == 0  # the slot free again: bound
+        assert api.requests == 1

@@ -49,22 +49,46 @@ class _PodGone(BindError):
 
 
 class KubeBinder:
+    """``bind.max_in_flight`` binds hold a slot (and so a connection to the API server) at once; the others wait
+    for one inside their budget. A bind whose budget runs out while it waits fails definitively: nothing was
+    sent, so nothing is in doubt and its node's space is offered again at once."""
+
     def __init__(self, api_client: Any, config: BindConfig) -> None:
         self._core = RawCore(api_client)
         self._config = config
+        self._slots = asyncio.Semaphore(config.max_in_flight)
+        self.in_flight = 0  # binds holding a slot (qos_extender_binds{state})
+        self.waiting = 0  # binds waiting for one
 
     async def bind(self, args: BindArgs) -> int:
         total = self._config.timeout_seconds
         start = time.monotonic()
-        # The first attempt outside tenacity: nearly every bind succeeds at once, and building the retry machinery
-        # for each (AsyncRetrying, its wait, stop and retry objects, its coroutine checks) was ~6 % of the
-        # extender's CPU while a 2,000-pod burst bound (py-spy, issue 34). A retriable failure goes on below
-        # with the same schedule: the same waits between attempts, the same budget, counted from ``start``.
+        self.waiting += 1
         try:
-            await self._attempt(args, max(0.05, min(self._config.attempt_seconds, total)))
-            return 0
-        except _Retry as exc:
-            return await self._retry(args, start, exc)
+            async with asyncio.timeout(total):
+                await self._slots.acquire()
+        except TimeoutError as exc:
+            raise BindError(
+                f"could not bind {args.key} to {args.node}: {self._config.max_in_flight} binds were in flight for "
+                f"the whole {total:g} s budget (bind.max_in_flight); nothing was sent"
+            ) from exc
+        finally:
+            self.waiting -= 1
+        self.in_flight += 1
+        try:
+            # The first attempt outside tenacity: nearly every bind succeeds at once, and building the retry
+            # machinery for each (AsyncRetrying, its wait, stop and retry objects, its coroutine checks) was ~6 % of
+            # the extender's CPU while a 2,000-pod burst bound (py-spy, issue 34). A retriable failure goes on below
+            # with the same schedule: the same waits between attempts, the same budget, counted from ``start``.
+            remaining = total - (time.monotonic() - start)
+            try:
+                await self._attempt(args, max(0.05, min(self._config.attempt_seconds, remaining)))
+                return 0
+            except _Retry as exc:
+                return await self._retry(args, start, exc)
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
 
     async def _retry(self, args: BindArgs, start: float, first: _Retry) -> int:
         """Attempts 2, 3, ... after a retriable first one, with exponential backoff until the budget is spent."""

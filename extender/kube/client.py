@@ -87,13 +87,11 @@ def sibling_client(api: Any, *, connection_limit: int | None = None) -> Any:
 def binder_client(api: Any) -> Any:
     """The binder's ApiClient (``sibling_client``): ``api``'s credentials, a pool of its own, no connection cap.
 
-    Each connection serves one /bind that kube-scheduler holds open on us, so they never outnumber the binds in
-    flight, and kube-scheduler binds every pod it scheduled at once (435 in flight in a 2,000-pod burst).
-    A cap (it was 128) queued the rest in the pool, first come first served, in front of the API server: in
-    that burst 1,681 of 2,000 binds waited for a connection, p50 1.4 s of the verb's 2.1 s, while the API
-    server itself answered the POST in 0.45 s (issue 34; bench/results/e2e-throughput-investigation-2026-11-26.md).
-    Rationing what reaches the API server is its priority and fairness's job, as for kube-scheduler's own
-    Bindings."""
+    Each connection serves one Binding POST, and the binder holds at most ``bind.max_in_flight`` of them at
+    once (kube.binder.KubeBinder): that, not the pool, is the one cap. A pool cap (it was 128) queued binds
+    inside aiohttp, where a wait for a connection cannot be told from a POST on the wire: in a 2,000-pod burst
+    1,681 of 2,000 binds waited for a connection, p50 1.4 s of the verb's 2.1 s (issue 34;
+    bench/results/e2e-throughput-investigation-2026-11-26.md)."""
     return sibling_client(api, connection_limit=0)
 
 

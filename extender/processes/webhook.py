@@ -100,7 +100,7 @@ async def start(config: ExtenderConfig) -> Running:
     # The Binding POSTs get their own connection pool: they are kube-scheduler's critical path, and in the shared
     # pool they waited for connections behind a burst of the controller's release PATCHes
     # (controller.release_concurrency), account writes, Events and the watches' long-lived connections.
-    # No cap on its connections (binder_client, issue 34): a cap queued binds in front of the API server.
+    # No cap on its connections (binder_client, issue 34): the binder's bind.max_in_flight slots bound them.
     bind_client = binder_client(api_client)
     binder = KubeBinder(bind_client, config.bind)
     read_pod = _pod_reader(bind_client, config.bind.attempt_seconds)

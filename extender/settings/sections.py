@@ -232,6 +232,14 @@ class BindConfig(Settings):
     not a slow server: a POST cut on a loaded API server was mostly applied anyway (issue 17)."""
     backoff_initial_seconds: Seconds = 0.05
     """First retry delay (exponential with jitter)."""
+    max_in_flight: int = Field(64, ge=1, le=100_000)
+    """Binding POSTs in flight at once; further binds wait in the extender, inside their timeout_seconds, and one
+    whose budget runs out while waiting fails definitively (nothing was sent). kube-scheduler calls /bind for every
+    pod it scheduled without waiting, and each POST in flight holds an HTTP/1.1 TLS connection to the API server.
+    Uncapped, a 10,000-pod burst on 5,000 nodes held thousands at once: the API server spent itself on TLS
+    handshakes, no POST was answered within the budget, each bind that timed out was in doubt and its pod
+    scheduled again (49,276 failed binds; issue 34). The API server runs only a few dozen requests of one client's
+    priority level at a time anyway: more in flight only queue there."""
     ledger_ttl_seconds: Seconds = 30.0
     """A pod we bound keeps occupying its node in filter until the watch shows it or this many seconds pass, so
     two pods are never squeezed into the same space."""

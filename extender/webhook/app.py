@@ -261,6 +261,7 @@ async def _readyz(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     served = request.app[SERVED_KEY]
     served.metrics.update_snapshot(served.snapshot, served.clock())
+    served.metrics.update_binder(served.binder)
     return web.Response(body=served.metrics.exposition(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
 

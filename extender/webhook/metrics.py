@@ -92,6 +92,14 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.binds = Gauge(
+            "qos_extender_binds",
+            "Bind verb calls in the binder by state: in_flight (holding one of bind.max_in_flight slots, its POST on "
+            "the wire or being retried) and waiting (for a slot). Waiting that stays up means the API server binds "
+            "slower than kube-scheduler schedules.",
+            ["state"],
+            registry=r,
+        )
         self.requests_refused = Counter(
             "qos_extender_requests_refused",
             "Requests refused before any work, by server (extender: the TLS listener, extender-loopback), route "
@@ -120,6 +128,14 @@ class Metrics:
         self.snapshot_ready.set(1.0 if snapshot.ready else 0.0)
         for kind, count in snapshot.counts().items():
             self.snapshot_objects.labels(kind).set(count)
+
+    def update_binder(self, binder: object) -> None:
+        """From the binder's own counts (kube.binder.KubeBinder); a binder without them (tests' stand-ins,
+        replays) leaves the gauge unset."""
+        for state in ("in_flight", "waiting"):
+            count = getattr(binder, state, None)
+            if isinstance(count, int):
+                self.binds.labels(state).set(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
