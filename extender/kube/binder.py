@@ -7,7 +7,7 @@ node is success; bound elsewhere, or recreated under another UID, is a clear err
 The API server answers 409 Conflict both for "pod is already assigned to node X" and for a UID precondition
 mismatch, so every 409 is resolved by reading the pod. 429, 5xx, timeouts and connection errors are retried
 with exponential backoff (tenacity) until ``bind.timeout_seconds`` is spent; each attempt is cut at
-``bind.attempt_timeout_seconds``, and tells the API server 90 % of that as its deadline (``_SERVER_SHARE``).
+``bind.attempt_timeout_seconds``. At most ``bind.max_in_flight`` binds are on the wire at once.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ from extender.settings.sections import BindConfig
 __all__ = ["KubeBinder"]
 
 
-# The share of an attempt's timeout given to the API server as the POST's own deadline (``?timeout=``). Its
-# answer then comes before our timeout cuts the connection, and API priority and fairness queues the POST for at
-# most a quarter of that deadline before refusing it with 429: a bind that only waited in the queue is known not
-# to have run (retried, not in doubt). Without it the server's 60 s default let a Binding wait 15 s in the
-# queue, past the whole bind budget: each such bind ended in doubt (issue 34, 5,000 nodes x 10,000 pods).
-_SERVER_SHARE = 0.9
+# A bind that got its slot with less of its budget left than this fails without sending: a POST given a few
+# milliseconds times out on the wire and leaves the bind in doubt (the pod then stays assumed on the node while
+# kube-scheduler schedules it again), where failing before it is sent is definite.
+_MIN_ATTEMPT_SECONDS = 1.0
 
 
 class _Retry(Exception):
@@ -81,6 +79,11 @@ class KubeBinder:
             # the extender's CPU while a 2,000-pod burst bound (py-spy, issue 34). A retriable failure goes on below
             # with the same schedule: the same waits between attempts, the same budget, counted from ``start``.
             remaining = total - (time.monotonic() - start)
+            if remaining < min(_MIN_ATTEMPT_SECONDS, total / 4):
+                raise BindError(
+                    f"could not bind {args.key} to {args.node}: waited {total - remaining:.1f} s of the {total:g} s "
+                    f"budget for one of bind.max_in_flight ({self._config.max_in_flight}) slots; nothing was sent"
+                )
             try:
                 await self._attempt(args, max(0.05, min(self._config.attempt_seconds, remaining)))
                 return 0
@@ -147,9 +150,7 @@ class KubeBinder:
             body["metadata"]["uid"] = args.uid  # precondition: never bind a recreated pod of the same name
         try:
             async with asyncio.timeout(timeout):
-                await self._core.create_namespaced_pod_binding(
-                    args.name, args.namespace, body, timeout=timeout, server_timeout=timeout * _SERVER_SHARE
-                )
+                await self._core.create_namespaced_pod_binding(args.name, args.namespace, body, timeout=timeout)
             return
         except ApiError as exc:
             if exc.status == 409:

@@ -179,13 +179,9 @@ class RawCore:
             return _answer(response.status, str(response.reason or ""), raw)
 
     async def create_namespaced_pod_binding(
-        self, name: str, namespace: str, body: Mapping[str, Any], *, timeout: float, server_timeout: float | None = None
+        self, name: str, namespace: str, body: Mapping[str, Any], *, timeout: float
     ) -> Any:
-        """``server_timeout``: the request's deadline in the API server (its ``timeout`` parameter), which also
-        bounds how long API priority and fairness may queue it (a quarter of the deadline, then 429: never run)."""
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
-        if server_timeout is not None:
-            path += f"?timeout={max(1, int(server_timeout * 1000))}ms"
         return await self._send("POST", path, orjson.dumps(body), "application/json", timeout)
 
     async def read_namespaced_pod(self, name: str, namespace: str, *, timeout: float) -> Any:
