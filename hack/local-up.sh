@@ -32,7 +32,7 @@
 #                                (see hack/README.md); default qos.kube-qos-extender.io/managed when the real
 #                                extender is started, else unset (empty: every pod reaches the extender)
 #   QOS_EXTENDER_WEIGHT=5        extender prioritize weight (score 0..10 x weight x 10; see README)
-#   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=15s QOS_EXTENDER_NODE_CACHE=true (nodeCacheCapable)
+#   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=45s QOS_EXTENDER_NODE_CACHE=true (nodeCacheCapable)
 #   QOS_EXTENDER_LOOPBACK_PORT=   when set, the extender also serves the verbs over plain HTTP on
 #                                127.0.0.1:PORT (server.loopback_verbs_port) and kube-scheduler calls that
 #                                (the sidecar topology's transport); TLS stays for admission and /metrics
@@ -78,7 +78,7 @@ fi
 QOS_EXTENDER_WEIGHT="${QOS_EXTENDER_WEIGHT:-5}"
 QOS_EXTENDER_NODE_CACHE="${QOS_EXTENDER_NODE_CACHE:-true}"
 QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
-QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-15s}"
+QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-45s}"
 QOS_EXTENDER_LOOPBACK_PORT="${QOS_EXTENDER_LOOPBACK_PORT:-}"
 [[ -z "${QOS_EXTENDER_LOOPBACK_PORT}" || "${QOS_EXTENDER_LOOPBACK_PORT}" =~ ^[0-9]+$ ]] \
   || die "QOS_EXTENDER_LOOPBACK_PORT must be a port number, got ${QOS_EXTENDER_LOOPBACK_PORT}"

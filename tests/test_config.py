@@ -69,7 +69,7 @@ def _err(raw: Any, tmp_path: Path | None = None) -> str:
         ({"server": {"request_timeout_seconds": float("nan")}}, "server.request_timeout_seconds: Input should be a"),
         ({"server": {"request_timeout_seconds": "12"}}, "server.request_timeout_seconds: Input should be a valid n"),
         ({"server": []}, "server: Input should be an object"),
-        ({"bind": {"timeout_seconds": 12.5}}, "bind.timeout_seconds: must be < server.request_timeout_seconds"),
+        ({"bind": {"timeout_seconds": 42.5}}, "bind.timeout_seconds: must be < server.request_timeout_seconds"),
         ({"bind": {"attempt_timeout_seconds": 5, "timeout_seconds": 3}}, "bind.attempt_timeout_seconds: must be <="),
         ({"controller": {"release_concurrency": 0}}, "controller.release_concurrency: Input should be greater"),
         ({"controller": {"enabled": "false"}}, "controller.enabled: Input should be a valid boolean (got 'false')"),
@@ -196,7 +196,7 @@ def test_custom_values_are_applied(tmp_path: Path) -> None:
     assert list(cfg.policy.classes) == ["silver"]
     assert cfg.policy.classes["silver"].safety_margin_seconds == 10.0
     assert cfg.node_groups.unlabelled == "none" and cfg.node_groups.enforce is False
-    assert cfg.bind.attempt_seconds == 2.0 and ExtenderConfig().bind.attempt_seconds == 10.0
+    assert cfg.bind.attempt_seconds == 2.0 and ExtenderConfig().bind.attempt_seconds == 40.0
 
 
 def test_files_are_layered_in_order(tmp_path: Path) -> None:

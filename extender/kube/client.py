@@ -120,7 +120,10 @@ async def read_json(response: Any) -> Any:
         raw = await response.read()
     finally:
         response.release()
-    return _answer(int(response.status), str(response.reason or ""), raw)
+    status = int(response.status)
+    if 200 <= status < 300:  # the reason phrase is read only for an error (not every response object has one)
+        return orjson.loads(raw) if raw else None
+    return _answer(status, str(response.reason or ""), raw)
 
 
 def _answer(status: int, reason: str, raw: bytes) -> Any:

@@ -15,11 +15,11 @@ __all__ = ["VERBS", "Metrics"]
 
 VERBS = ("filter", "prioritize", "preempt", "bind")
 
-# Verb latency buckets: sub-millisecond (nodeCacheCapable, small clusters) up to the 5 s httpTimeout, fine enough
+# Verb latency buckets: sub-millisecond (nodeCacheCapable, small clusters) up to the 45 s httpTimeout, fine enough
 # between 10 ms and 1 s to read a bind's p50/p99 against the API server's own POST binding latency (whose
 # apiserver_request_duration_seconds buckets are as fine there; bench/e2e_throughput.py prints both per phase).
 _SUBSECOND = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75)
-_BUCKETS = (*_SUBSECOND, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0)
+_BUCKETS = (*_SUBSECOND, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0)
 
 
 class Metrics:
