@@ -82,6 +82,16 @@ async def _create(core: Any, call: str, *args: Any) -> Any:
     return await read_json(await getattr(core, call)(*args, _preload_content=False))
 
 
+async def _delete(core: Any, namespace: str, *nodes: str) -> None:
+    """The test's namespace and nodes, whichever exist."""
+    for call, name in (("delete_namespace", namespace), *(("delete_node", n) for n in nodes)):
+        try:
+            await read_json(await getattr(core, call)(name, _preload_content=False))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+
 async def test_a_burst_of_binds_never_waits_for_a_connection() -> None:
     kubeconfig = require_kubeconfig()
     api = await new_api_client(KubernetesConfig(kubeconfig=kubeconfig))
@@ -125,12 +135,7 @@ async def test_a_burst_of_binds_never_waits_for_a_connection() -> None:
         assert bound == {args.name: node for args in pods}
     finally:
         await binder_api.close()
-        for call, args in (("delete_namespace", (run,)), ("delete_node", (node,))):
-            try:
-                await read_json(await getattr(core, call)(*args, _preload_content=False))
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
+        await _delete(core, run, node)
         await api.close()
 
 
@@ -216,10 +221,5 @@ async def test_raw_calls_bind_patch_and_read_as_a_service_account_and_map_refusa
     finally:
         if as_sa is not None:
             await as_sa.close()
-        for call, args in (("delete_namespace", (run,)), ("delete_node", (node,)), ("delete_node", (other,))):
-            try:
-                await read_json(await getattr(core, call)(*args, _preload_content=False))
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
+        await _delete(core, run, node, other)
         await api.close()
