@@ -121,16 +121,9 @@ async def read_json(response: Any) -> Any:
     finally:
         response.release()
     status = int(response.status)
-    if 200 <= status < 300:  # the reason phrase is read only for an error (not every response object has one)
-        return orjson.loads(raw) if raw else None
-    return _answer(status, str(response.reason or ""), raw)
-
-
-def _answer(status: int, reason: str, raw: bytes) -> Any:
-    """The body of an answer as JSON; ApiError (with the Status's reason and message) on a non-2xx status."""
     if 200 <= status < 300:
         return orjson.loads(raw) if raw else None
-    message = ""
+    reason, message = str(response.reason or ""), ""
     try:
         body = orjson.loads(raw)
         if isinstance(body, dict):
@@ -170,30 +163,34 @@ class RawCore:
                 extra["proxy_headers"] = rest.proxy_headers
         if rest.server_hostname:
             extra["server_hostname"] = rest.server_hostname
-        async with rest.pool_manager.request(
+        response = await rest.pool_manager.request(
             method,
             api.configuration.host + path,
             data=body,
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=timeout),
             **extra,
-        ) as response:
-            raw = await response.read()
-            return _answer(response.status, str(response.reason or ""), raw)
+        )
+        return await read_json(response)
 
     async def create_namespaced_pod_binding(
         self, name: str, namespace: str, body: Mapping[str, Any], *, timeout: float
     ) -> Any:
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
-        return await self._send("POST", path, orjson.dumps(body), "application/json", timeout)
+        return await self._send(
+            "POST", _pod_path(namespace, name) + "/binding", orjson.dumps(body), "application/json", timeout
+        )
 
     async def read_namespaced_pod(self, name: str, namespace: str, *, timeout: float) -> Any:
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-        return await self._send("GET", path, None, "", timeout)
+        return await self._send("GET", _pod_path(namespace, name), None, "", timeout)
 
     async def patch_namespaced_pod(
         self, name: str, namespace: str, ops: Sequence[Mapping[str, Any]], *, timeout: float
     ) -> Any:
         """A JSON patch (RFC 6902) of the pod."""
-        path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-        return await self._send("PATCH", path, orjson.dumps(ops), "application/json-patch+json", timeout)
+        return await self._send(
+            "PATCH", _pod_path(namespace, name), orjson.dumps(ops), "application/json-patch+json", timeout
+        )
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
