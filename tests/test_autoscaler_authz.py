@@ -250,13 +250,16 @@ async def test_authz_cloud_provider_refuses_an_oversized_request_counted(servers
 
 
 async def test_authz_cloud_provider_counts_an_undecodable_request(servers: Servers, pki: Pki) -> None:
+    """Counted by the time the caller has its answer, every time: grpc.aio's abort sends the status before it
+    raises, so a count taken where the exception is caught raced the caller (seen once in a loaded unit run)."""
     channel = _channel(pki, servers.cloud.port, "cluster-autoscaler")
     try:
-        code = await _call(channel, CLOUD.full_name, "NodeGroupForNode", b"\xff\xff\xff")
+        for i in range(1, 31):
+            code = await _call(channel, CLOUD.full_name, "NodeGroupForNode", b"\xff\xff\xff")
+            assert code == grpc.StatusCode.INVALID_ARGUMENT
+            assert _refused(servers.metrics, "cloudprovider", "NodeGroupForNode", "invalid_argument") == i
     finally:
         await channel.close()
-    assert code == grpc.StatusCode.INVALID_ARGUMENT
-    assert _refused(servers.metrics, "cloudprovider", "NodeGroupForNode", "invalid_argument") == 1
 
 
 # ---------------------------------------------------------------------------------- expander (server TLS only)

@@ -65,6 +65,29 @@ def peer_names(auth: Mapping[str, Iterable[bytes]]) -> tuple[str, ...]:
     return tuple(out)
 
 
+class _CountingContext:
+    """The servicer context a method is handed: its ``abort`` counts the refusal *before* gRPC sends the status.
+
+    Why: grpc.aio's ``abort`` sends the status from inside the call and only then raises, so a count taken
+    where the exception is caught can come after the caller has its answer: a scrape (or a test) right after a
+    refused call could miss it. Everything else is the context itself."""
+
+    def __init__(self, context: Any, refused: Callable[[str], None]) -> None:
+        self._context = context
+        self._refused = refused
+        self.aborted = False
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *args: Any, **kwargs: Any) -> NoReturn:
+        if not self.aborted and code in FAILURE_CODES:
+            self.aborted = True
+            self._refused(code.name.lower())
+        await self._context.abort(code, details, *args, **kwargs)
+        raise AssertionError("unreachable: context.abort raises")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
 class GrpcGuard:
     """Registers one server's methods behind the receive limit, the identity check and the refusal count."""
 
@@ -144,12 +167,15 @@ class GrpcGuard:
             self.largest[method] = max(self.largest.get(method, 0), len(raw))
             if self.metrics is not None:
                 self.metrics.grpc_message_bytes.labels(self.server, method).observe(len(raw))
+            counted = _CountingContext(context, lambda reason: self.refused(method, reason))
             try:
-                response = await call(raw, context)
+                response = await call(raw, counted)
             except BaseException:
                 code = context.code()
                 remaining = context.time_remaining()
-                if code is None and remaining is not None and remaining <= 0:  # cancelled at the client's deadline
+                if counted.aborted:
+                    pass  # counted by the abort itself, before its status went out
+                elif code is None and remaining is not None and remaining <= 0:  # cancelled at the client's deadline
                     self.refused(method, "deadline_exceeded")
                 elif isinstance(code, grpc.StatusCode) and code in FAILURE_CODES:
                     self.refused(method, code.name.lower())
