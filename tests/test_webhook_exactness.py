@@ -323,6 +323,43 @@ def test_request_pod_is_parsed_once_per_uid_and_resource_version() -> None:
     assert snap.request_pods.latest("uid-p") is None
 
 
+def test_filter_reuses_the_watchs_parse_of_the_same_version_and_only_that() -> None:
+    """A released pod usually reaches the filter in the version the watch has parsed already: the verb takes
+    that parse (the very object) instead of parsing kube-scheduler's copy again. Another version, a bound
+    entry or other settings parse the request's copy, whose content then decides."""
+    snap = synced(node("n1", cpu="4"))
+    cfg = snap.config  # the settings the snapshot parsed under, as the webhook serves them
+    watched = with_rv(pod("p", cpu="1"), "7")
+    watched["metadata"]["annotations"] = {"qos.kube-qos-extender.io/class": "no-such-class"}
+    snap.apply_pod("MODIFIED", watched, now=NOW)
+    out = verbs.filter_nodes(args(copy.deepcopy(watched), ["n1"]), snap, cfg, NOW)
+    assert snap.request_pods.get("uid-p", "7")[0] is snap.pods["default/p"].pod  # type: ignore[index]
+    assert out.body["NodeNames"] == ["n1"]
+    # the bad annotation still reaches the Event path, as when the request's copy is parsed
+    assert out.problems is not None and out.problems.problems == snap.pods["default/p"].problems
+    fresh = verbs.filter_nodes(args(copy.deepcopy(watched), ["n1"]), synced(node("n1", cpu="4")), cfg, NOW)
+    assert fresh.problems is not None and fresh.problems.problems == out.problems.problems
+
+    # kube-scheduler already holds a newer version (the watch lags): its copy is parsed and decides
+    newer = with_rv(pod("p", cpu="8"), "8")
+    out = verbs.filter_nodes(args(newer, ["n1"]), snap, cfg, NOW)
+    assert out.body["NodeNames"] == [] and snap.request_pods.get("uid-p", "8")[0].requests.cpu_milli == 8000  # type: ignore[index]
+
+    # a bound entry of the same version is not an unbound pod's parse (its start time, its node)
+    bound = with_rv(pod("q", cpu="1", node_name="n1"), "3")
+    snap.apply_pod("ADDED", bound, now=NOW)
+    request = copy.deepcopy(bound)
+    request["spec"]["nodeName"] = None
+    verbs.filter_nodes(args(request, ["n1"]), snap, cfg, NOW)
+    assert snap.request_pods.get("uid-q", "3")[0] is not snap.pods["default/q"].pod  # type: ignore[index]
+
+    # settings other than the snapshot's: parsed under the caller's
+    other = with_rv(pod("r", cpu="1"), "5")
+    snap.apply_pod("ADDED", other, now=NOW)
+    verbs.filter_nodes(args(copy.deepcopy(other), ["n1"]), snap, ExtenderConfig(), NOW)
+    assert snap.request_pods.get("uid-r", "5")[0] is not snap.pods["default/r"].pod  # type: ignore[index]
+
+
 # ------------------------------------------------------------- vectorised paths == per-node reference
 
 

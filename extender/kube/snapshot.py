@@ -325,6 +325,9 @@ class PodEntry:
     deleting: bool = False
     scheduler_name: str = "default-scheduler"
     """spec.schedulerName (the API server's default when absent): the bind verb binds only its own profiles' pods."""
+    resource_version: str | None = None
+    """metadata.resourceVersion of the object parsed: a verb handed the same version of an unbound pod reuses
+    ``pod`` instead of parsing its request's copy again (``extender.webhook.verbs._pod``)."""
 
 
 @dataclass(slots=True)
@@ -500,7 +503,10 @@ class Snapshot:
         spec = obj.get("spec")
         scheduler = spec.get("schedulerName") if isinstance(spec, dict) else None
         scheduler_name = scheduler if isinstance(scheduler, str) and scheduler else "default-scheduler"
-        self._index(key, PodEntry(pod, created, problems, deleting, scheduler_name))
+        rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        self._index(
+            key, PodEntry(pod, created, problems, deleting, scheduler_name, rv if isinstance(rv, str) else None)
+        )
         if pod.node_name is not None:
             self.ledger.confirm(key)
         return problems
