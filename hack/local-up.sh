@@ -33,6 +33,7 @@
 #                                extender is started, else unset (empty: every pod reaches the extender)
 #   QOS_EXTENDER_WEIGHT=5        extender prioritize weight (score 0..10 x weight x 10; see README)
 #   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=45s QOS_EXTENDER_NODE_CACHE=true (nodeCacheCapable)
+#   QOS_EXTENDER_BIND_VERB=bind  empty: no bindVerb, kube-scheduler binds with its own client
 #   QOS_EXTENDER_LOOPBACK_PORT=   when set, the extender also serves the verbs over plain HTTP on
 #                                127.0.0.1:PORT (server.loopback_verbs_port) and kube-scheduler calls that
 #                                (the sidecar topology's transport); TLS stays for admission and /metrics
@@ -79,6 +80,7 @@ QOS_EXTENDER_WEIGHT="${QOS_EXTENDER_WEIGHT:-5}"
 QOS_EXTENDER_NODE_CACHE="${QOS_EXTENDER_NODE_CACHE:-true}"
 QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
 QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-45s}"
+QOS_EXTENDER_BIND_VERB="${QOS_EXTENDER_BIND_VERB-bind}"
 QOS_EXTENDER_LOOPBACK_PORT="${QOS_EXTENDER_LOOPBACK_PORT:-}"
 [[ -z "${QOS_EXTENDER_LOOPBACK_PORT}" || "${QOS_EXTENDER_LOOPBACK_PORT}" =~ ^[0-9]+$ ]] \
   || die "QOS_EXTENDER_LOOPBACK_PORT must be a port number, got ${QOS_EXTENDER_LOOPBACK_PORT}"
@@ -381,7 +383,9 @@ EOF
   filterVerb: filter
   prioritizeVerb: prioritize
   preemptVerb: preempt
-  bindVerb: bind
+EOF
+    [[ -z "${QOS_EXTENDER_BIND_VERB}" ]] || echo "  bindVerb: ${QOS_EXTENDER_BIND_VERB}"
+    cat <<EOF
   weight: ${QOS_EXTENDER_WEIGHT}
   nodeCacheCapable: ${QOS_EXTENDER_NODE_CACHE}
   httpTimeout: ${QOS_EXTENDER_TIMEOUT}
