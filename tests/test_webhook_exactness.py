@@ -178,6 +178,36 @@ def test_preempt_drops_a_node_when_any_proposed_victim_is_protected_or_unknown()
     assert (res.victims_kept, res.victims_dropped) == (0, 6)
 
 
+def test_preempt_drops_a_node_of_a_group_the_pod_may_not_use() -> None:
+    """kube-scheduler offers as preemption candidates the nodes its own plugins failed (Insufficient cpu), which
+    never reached our filter, where a node of the wrong group is unresolvable: a batch pod's victims on a
+    service node would be evicted for room the pod may not take (the kind demo: a silver batch pod preempted
+    two bronze services on service nodes, then preempted again on a batch node). The same victims on a batch
+    node, and on the service node with node_groups.enforce off, are kept."""
+    group = "qos.kube-qos-extender.io/node-group"
+    snap = synced(node("svc", cpu="4", **{group: "service"}), node("bat", cpu="4", **{group: "batch"}))
+    running = [pod(f"s{i}", cpu="1", node_name="svc") for i in range(4)]
+    running += [pod(f"b{i}", cpu="1", node_name="bat") for i in range(4)]
+    for r in running:
+        r["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
+        r["status"]["startTime"] = "2027-01-15T08:00:05Z"
+    snap.replace_pods(running, "2", now=NOW)
+    pending = pod("hi", cpu="2")
+    pending["spec"]["priority"] = 1000
+    pending["metadata"]["creationTimestamp"] = "2027-01-15T08:30:00Z"
+    pending["metadata"]["annotations"] = {"qos.kube-qos-extender.io/kind": "batch"}
+    victims = {"svc": ["s0", "s1"], "bat": ["b0", "b1"]}
+    res = verbs.preempt(_preempt_args(pending, victims), snap, snap.config, NOW)
+    assert set(res.body["NodeNameToMetaVictims"]) == {"bat"}
+    assert (res.victims_kept, res.victims_dropped) == (2, 2)
+    lax = ExtenderConfig.model_validate({"node_groups": {"enforce": False}})
+    relaxed = Snapshot(lax)
+    relaxed.replace_nodes([node("svc", cpu="4", **{group: "service"}), node("bat", cpu="4", **{group: "batch"})], "1")
+    relaxed.replace_pods(running, "2", now=NOW)
+    res = verbs.preempt(_preempt_args(pending, victims), relaxed, lax, NOW)
+    assert set(res.body["NodeNameToMetaVictims"]) == {"svc", "bat"}
+
+
 def test_preempt_drops_a_node_where_the_whole_set_does_not_free_enough() -> None:
     snap, pending = _preempt_setup()
     res = verbs.preempt(_preempt_args(pending, {"n1": ["v0"]}), snap, CONFIG, NOW)  # 1 cpu free + 1 < 2? no: 2

@@ -674,8 +674,17 @@ def preempt(body: object, snapshot: Snapshot, config: PlacementSettings, now: fl
     out: dict[str, Any] = {}
     tolerates = tolerates_unschedulable(args["Pod"])  # as the filter: a cordoned node is no reason to drop
     roomy = _fits_without_victims(list(parsed), snapshot, pod, tolerates)
+    groups = _group_needed(pod) if config.node_groups.enforce else None
     for node, (uids, pdb) in parsed.items():
         verdict: str | None
+        known = snapshot.nodes.get(node)
+        if groups is not None and known is not None and not (groups & known.accepts):
+            # The filter refuses this node for good (node_group, unresolvable), but kube-scheduler offers as
+            # candidates the nodes its own plugins failed (Insufficient cpu), which never reached our filter:
+            # evicting there frees room the pod may not take, and kube-scheduler then preempts elsewhere again.
+            result.victims_dropped += len(uids)
+            log.info("preempt: node dropped", extra={"pod": pod.key, "node": node, "decision": "node-group"})
+            continue
         if node in roomy:
             verdict = "fits-without-victims"
             result.victims_dropped += len(uids)
