@@ -57,6 +57,7 @@ from lab.demo_report import (
     failures,
     parse_ticks,
     render,
+    scheduler_preempted,
     write_plot,
 )
 from lab.kube_sync import Kube, KubeError, http_json
@@ -234,6 +235,8 @@ class KindDemo:
     expected: list[str] = field(default_factory=list)
     names_of: dict[str, str] = field(default_factory=dict)  # pod name -> the demo's name, every pod seen
     uids: dict[str, str] = field(default_factory=dict)  # uid -> pod name, every pod seen
+    bare: set[str] = field(default_factory=set)  # demo names whose pod has no owner (nothing re-creates it)
+    gone: set[str] = field(default_factory=set)  # of those, the ones kube-scheduler's preemption deleted
     _t0: float = 0.0
 
     def say(self, text: str = "") -> None:
@@ -329,11 +332,24 @@ class KindDemo:
                 meta = p["metadata"]
                 self.names_of[meta["name"]] = meta["labels"][NAME_LABEL]
                 self.uids[meta.get("uid", "")] = meta["name"]
+                if not meta.get("ownerReferences"):
+                    self.bare.add(meta["labels"][NAME_LABEL])
                 gated += 1 if p["spec"].get("schedulingGates") else 0
                 if _ready(p) and not meta.get("deletionTimestamp"):
                     running_at.setdefault(meta["name"], now)
                     up.add(meta["labels"][NAME_LABEL])
-            if up >= set(names):
+            present = {p["metadata"]["labels"][NAME_LABEL] for p in current}
+            vanished = (self.bare & set(names)) - present
+            if vanished:
+                # a bare pod kube-scheduler preempted is deleted and nothing re-creates it: stop waiting for it
+                # (the report shows it); a pod re-queued by the controller is re-created under the same name
+                gone = vanished & scheduler_preempted(kube.events(NAMESPACE), self.names_of)
+                for name in sorted(gone - self.gone):
+                    self.say(
+                        f"   {name} was preempted by kube-scheduler (priority) and deleted: a bare pod, not re-created"
+                    )
+                self.gone |= gone
+            if up | self.gone >= set(names):
                 break
             if now - last_said >= 15:
                 last_said = now
@@ -459,6 +475,7 @@ class KindDemo:
             slo={name: c.slo for name, c in ExtenderConfig().policy.classes.items()},
             releases_by_reason=reasons,
             migration=migration,
+            bare=self.bare,
         )
 
 

@@ -26,6 +26,7 @@ from lab.demo_report import (
     release_order,
     render,
     rfc3339,
+    scheduler_preempted,
     write_plot,
 )
 
@@ -258,6 +259,31 @@ def test_preemptions_and_lost_pods_are_reported() -> None:
     assert "preempted: web-bronze-0 on w1 for web-silver-0, by kube-scheduler (priority)" in text
     assert r.missing == ["web-bronze-9"]
     assert any("not Running at the end: web-bronze-9" in p for p in failures(r))
+
+
+def test_a_bare_pod_deleted_by_kube_schedulers_preemption_is_gone_not_stuck() -> None:
+    """CI stop 43: kube-scheduler preempted the bare batch-bronze-1 for batch-silver-0 (released for priority by
+    the controller), which deletes a bare pod for good; the demo waited 420 s for it and failed. Gone by
+    preemption is reported, not a failure; a bare pod missing without that Event, a service's pod (its
+    ReplicaSet re-creates it) and a bare pod whose name has a pod again are still failures."""
+    preempted = {"reason": "Preempted", "involvedObject": {"name": "batch-bronze-1"},
+                 "message": "Preempted by pod 1234-uid on node w2"}  # fmt: skip
+    base = {"events": [released("web-gold-0", -2.5, 0.4, "w9"), preempted], "uids": {"1234-uid": "batch-silver-0"}}
+    r = report(**base, expected=["web-gold-0", "batch-bronze-1"], bare=["batch-bronze-1"])
+    assert r.missing == ["batch-bronze-1"] and r.preempted_gone == ["batch-bronze-1"]
+    assert not any("not Running" in p for p in failures(r)), failures(r)
+    assert "batch-bronze-1: a bare pod preempted by kube-scheduler is deleted" in "\n".join(render(r))
+    assert scheduler_preempted(base["events"], {}) == {"batch-bronze-1"}
+    # not bare (a Deployment's pod): the ReplicaSet owes a new one
+    r = report(**base, expected=["web-gold-0", "batch-bronze-1"])
+    assert r.preempted_gone == [] and any("not Running at the end: batch-bronze-1" in p for p in failures(r))
+    # bare but no preemption Event: stuck or lost, a failure
+    r = report(events=base["events"][:1], expected=["web-gold-0", "batch-bronze-1"], bare=["batch-bronze-1"])
+    assert r.preempted_gone == [] and any("not Running at the end: batch-bronze-1" in p for p in failures(r))
+    # bare and preempted, but a pod of that name exists again and is not Running: not gone
+    again = [pod("batch-bronze-1", "bronze", "batch", None)]
+    r = report(**base, workload=again, expected=["batch-bronze-1"], bare=["batch-bronze-1"])
+    assert r.preempted_gone == [] and any("not Running at the end: batch-bronze-1" in p for p in failures(r))
 
 
 def test_services_are_deployments_of_their_pod() -> None:
