@@ -130,19 +130,27 @@ def test_preempt_keeps_a_cordoned_node_the_pod_tolerates() -> None:
 # --------------------------------------------------------------------------- 2. preempt: whole set or none
 
 
-def _preempt_setup() -> tuple[Snapshot, dict[str, Any]]:
-    """n1 (4 cpu) holds three bronze pods of 1 cpu; a gold pending pod of 2 cpu needs two of them gone."""
-    snap = synced(node("n1", cpu="4"), node("n2", cpu="4"))
-    running = [pod(f"v{i}", cpu="1", node_name="n1") for i in range(3)]
-    running += [pod(f"w{i}", cpu="1", node_name="n2") for i in range(3)]
-    for r in running:
+def _running(prefix: str, node_name: str, n: int) -> list[dict[str, Any]]:
+    """``n`` bronze pods of 1 cpu on ``node_name``, started half an hour before the pending pod."""
+    out = [pod(f"{prefix}{i}", cpu="1", node_name=node_name) for i in range(n)]
+    for r in out:
         r["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
         r["status"]["startTime"] = "2027-01-15T08:00:05Z"
-    snap.replace_pods(running, "2", now=NOW)
+    return out
+
+
+def _gold_pending() -> dict[str, Any]:
     pending = pod("hi", cpu="2")
     pending["spec"]["priority"] = 1000  # gold by class_from_priority
     pending["metadata"]["creationTimestamp"] = "2027-01-15T08:30:00Z"
-    return snap, pending
+    return pending
+
+
+def _preempt_setup() -> tuple[Snapshot, dict[str, Any]]:
+    """n1 (4 cpu) holds three bronze pods of 1 cpu; a gold pending pod of 2 cpu needs two of them gone."""
+    snap = synced(node("n1", cpu="4"), node("n2", cpu="4"))
+    snap.replace_pods(_running("v", "n1", 3) + _running("w", "n2", 3), "2", now=NOW)
+    return snap, _gold_pending()
 
 
 def _preempt_args(pending: dict[str, Any], victims: dict[str, list[str]]) -> dict[str, Any]:
@@ -186,15 +194,9 @@ def test_preempt_drops_a_node_of_a_group_the_pod_may_not_use() -> None:
     node, and on the service node with node_groups.enforce off, are kept."""
     group = "qos.kube-qos-extender.io/node-group"
     snap = synced(node("svc", cpu="4", **{group: "service"}), node("bat", cpu="4", **{group: "batch"}))
-    running = [pod(f"s{i}", cpu="1", node_name="svc") for i in range(4)]
-    running += [pod(f"b{i}", cpu="1", node_name="bat") for i in range(4)]
-    for r in running:
-        r["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
-        r["status"]["startTime"] = "2027-01-15T08:00:05Z"
+    running = _running("s", "svc", 4) + _running("b", "bat", 4)
     snap.replace_pods(running, "2", now=NOW)
-    pending = pod("hi", cpu="2")
-    pending["spec"]["priority"] = 1000
-    pending["metadata"]["creationTimestamp"] = "2027-01-15T08:30:00Z"
+    pending = _gold_pending()
     pending["metadata"]["annotations"] = {"qos.kube-qos-extender.io/kind": "batch"}
     victims = {"svc": ["s0", "s1"], "bat": ["b0", "b1"]}
     res = verbs.preempt(_preempt_args(pending, victims), snap, snap.config, NOW)
