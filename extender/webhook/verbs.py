@@ -26,7 +26,7 @@ import numpy as np
 from extender.core import packing, qos, slack
 from extender.core.model import InvalidInputError, Node, NodeGroup, Pod, Resources, WorkloadKind
 from extender.kube.binding import BindArgs, Binder, BindError
-from extender.kube.convert import PodProblems, parse_timestamp, pod_from_k8s
+from extender.kube.convert import PodProblems, Problem, parse_timestamp, pod_from_k8s
 from extender.kube.snapshot import GROUP_BITS, NodeTable, RowIndex, Snapshot, saturate
 from extender.settings.sections import PlacementSettings
 
@@ -103,9 +103,7 @@ def _pod(body: Mapping[str, Any], config: PlacementSettings, snapshot: Snapshot 
             return hit
     managed = slack.with_batch_resources(config.scheduling.managed_resources)  # as the snapshot counts them
     pod, problems = pod_from_k8s(raw, config.pod_defaults, config.policy.classes, managed)
-    created = parse_timestamp((meta or {}).get("creationTimestamp"))
-    reported = PodProblems(pod.namespace, pod.name, pod.uid, problems) if problems else None
-    parsed: ParsedPod = (pod, created, reported)
+    parsed = _parsed(pod, parse_timestamp((meta or {}).get("creationTimestamp")), problems)
     if cacheable:
         assert snapshot is not None and isinstance(uid, str) and isinstance(rv, str)
         snapshot.request_pods.put(uid, rv, parsed)
@@ -131,9 +129,13 @@ def _watched(
     entry = snapshot.pods.get(f"{meta.get('namespace')}/{meta.get('name')}")
     if entry is None or entry.resource_version != rv or entry.pod.uid != uid or entry.pod.node_name is not None:
         return None
-    pod = entry.pod
-    reported = PodProblems(pod.namespace, pod.name, pod.uid, entry.problems) if entry.problems else None
-    return (pod, entry.created_at, reported)
+    return _parsed(entry.pod, entry.created_at, entry.problems)
+
+
+def _parsed(pod: Pod, created: float | None, problems: tuple[Problem, ...]) -> ParsedPod:
+    """A request Pod as the verbs keep it: its annotation problems, if any, as one report for an Event."""
+    reported = PodProblems(pod.namespace, pod.name, pod.uid, problems) if problems else None
+    return (pod, created, reported)
 
 
 def _unique(names: Sequence[str], what: str) -> None:
