@@ -50,14 +50,15 @@ from extender.logs import JsonFormatter
 from extender.settings.extender import ExtenderConfig
 from lab.demo_report import (
     NAME_LABEL,
+    SCHEDULER_PRIORITY,
     Migration,
     Report,
     VerbRow,
     build_report,
     failures,
     parse_ticks,
+    preemptions_in,
     render,
-    scheduler_preempted,
     write_plot,
 )
 from lab.kube_sync import Kube, KubeError, http_json
@@ -327,9 +328,11 @@ class KindDemo:
             now = time.time() - self._t0
             current = [p for p in kube.pods(NAMESPACE) if NAME_LABEL in (p["metadata"].get("labels") or {})]
             up: set[str] = set()
+            present: set[str] = set()
             gated = 0
             for p in current:
                 meta = p["metadata"]
+                present.add(meta["labels"][NAME_LABEL])
                 self.names_of[meta["name"]] = meta["labels"][NAME_LABEL]
                 self.uids[meta.get("uid", "")] = meta["name"]
                 if not meta.get("ownerReferences"):
@@ -338,12 +341,12 @@ class KindDemo:
                 if _ready(p) and not meta.get("deletionTimestamp"):
                     running_at.setdefault(meta["name"], now)
                     up.add(meta["labels"][NAME_LABEL])
-            present = {p["metadata"]["labels"][NAME_LABEL] for p in current}
             vanished = (self.bare & set(names)) - present
             if vanished:
                 # a bare pod kube-scheduler preempted is deleted and nothing re-creates it: stop waiting for it
                 # (the report shows it); a pod re-queued by the controller is re-created under the same name
-                gone = vanished & scheduler_preempted(kube.events(NAMESPACE), self.names_of)
+                preempted = preemptions_in(kube.events(NAMESPACE), self.names_of, self.uids)
+                gone = vanished & {x.victim for x in preempted if x.who == SCHEDULER_PRIORITY}
                 for name in sorted(gone - self.gone):
                     self.say(
                         f"   {name} was preempted by kube-scheduler (priority) and deleted: a bare pod, not re-created"

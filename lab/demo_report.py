@@ -402,22 +402,7 @@ def build_report(
                 availability=m.get("availability"),
             )
         )
-    preemptions: list[Preemption] = []
-    for e in events:
-        victim = str((e.get("involvedObject") or {}).get("name", ""))
-        message = str(e.get("message", ""))
-        if e.get("reason") == "Preempted" and (hit := _SCHED_PREEMPTED.search(message)):
-            by = uids.get(hit.group("uid"))
-            preemptions.append(
-                Preemption(names.get(victim, victim), names.get(by, by) if by else "a pod outside the demo",
-                           hit.group("node"), "kube-scheduler (priority)")
-            )  # fmt: skip
-        elif e.get("reason") == "QoSPreempted" and (hit := _QOS_PREEMPTED.search(message)):
-            by = hit.group("pod")
-            detail = message.split(": ", 1)[-1]
-            preemptions.append(
-                Preemption(names.get(victim, victim), names.get(by, by), hit.group("node"), "QoS controller", detail)
-            )
+    preemptions = preemptions_in(events, names, uids)
     running = {r.label for r in rows if r.phase == "Running"}
     missing = sorted(set(expected) - running)
     present = {r.label for r in rows}
@@ -437,14 +422,30 @@ def build_report(
     )
 
 
-def scheduler_preempted(events: Iterable[Mapping[str, Any]], names: Mapping[str, str]) -> set[str]:
-    """The demo names (``names``: pod name -> demo name) of pods that kube-scheduler's priority preemption
-    deleted, from the namespace's Events."""
-    out: set[str] = set()
+SCHEDULER_PRIORITY = "kube-scheduler (priority)"
+
+
+def preemptions_in(
+    events: Iterable[Mapping[str, Any]], names: Mapping[str, str], uids: Mapping[str, str]
+) -> list[Preemption]:
+    """The preemptions the namespace's Events record, by kube-scheduler (priority) or the QoS controller (Q),
+    named with the demo's names (``names``: pod name -> demo name; ``uids``: uid -> pod name)."""
+    out: list[Preemption] = []
     for e in events:
-        if e.get("reason") == "Preempted" and _SCHED_PREEMPTED.search(str(e.get("message", ""))):
-            victim = str((e.get("involvedObject") or {}).get("name", ""))
-            out.add(names.get(victim, victim))
+        victim = str((e.get("involvedObject") or {}).get("name", ""))
+        message = str(e.get("message", ""))
+        if e.get("reason") == "Preempted" and (hit := _SCHED_PREEMPTED.search(message)):
+            by = uids.get(hit.group("uid"))
+            out.append(
+                Preemption(names.get(victim, victim), names.get(by, by) if by else "a pod outside the demo",
+                           hit.group("node"), SCHEDULER_PRIORITY)
+            )  # fmt: skip
+        elif e.get("reason") == "QoSPreempted" and (hit := _QOS_PREEMPTED.search(message)):
+            by = hit.group("pod")
+            detail = message.split(": ", 1)[-1]
+            out.append(
+                Preemption(names.get(victim, victim), names.get(by, by), hit.group("node"), "QoS controller", detail)
+            )
     return out
 
 
@@ -452,7 +453,7 @@ def gone_by_preemption(missing: Iterable[str], present: Iterable[str], preemptio
     """Of ``missing`` (bare pods' demo names with no pod Running), those with no pod left at all that
     kube-scheduler's priority preemption deleted: a bare pod (the demo's batch pods) has no owner to re-create
     it, so it is gone by design, not stuck."""
-    victims = {x.victim for x in preemptions if x.who == "kube-scheduler (priority)"}
+    victims = {x.victim for x in preemptions if x.who == SCHEDULER_PRIORITY}
     left = set(present)
     return sorted(n for n in missing if n in victims and n not in left)
 

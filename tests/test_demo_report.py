@@ -23,10 +23,10 @@ from lab.demo_report import (
     failures,
     parse_release,
     parse_ticks,
+    preemptions_in,
     release_order,
     render,
     rfc3339,
-    scheduler_preempted,
     write_plot,
 )
 
@@ -273,7 +273,9 @@ def test_a_bare_pod_deleted_by_kube_schedulers_preemption_is_gone_not_stuck() ->
     assert r.missing == ["batch-bronze-1"] and r.preempted_gone == ["batch-bronze-1"]
     assert not any("not Running" in p for p in failures(r)), failures(r)
     assert "batch-bronze-1: a bare pod preempted by kube-scheduler is deleted" in "\n".join(render(r))
-    assert scheduler_preempted(base["events"], {}) == {"batch-bronze-1"}
+    assert [(x.victim, x.who) for x in preemptions_in(base["events"], {}, {})] == [
+        ("batch-bronze-1", "kube-scheduler (priority)")
+    ]
     # not bare (a Deployment's pod): the ReplicaSet owes a new one
     r = report(**base, expected=["web-gold-0", "batch-bronze-1"])
     assert r.preempted_gone == [] and any("not Running at the end: batch-bronze-1" in p for p in failures(r))
