@@ -46,9 +46,11 @@ import urllib3
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from extender.controller.patches import pin_term  # noqa: E402
 from lab.kube_sync import Kube, KubeError, scrape_metrics  # noqa: E402
 
 MARKER = "qos.kube-qos-extender.io/managed"
+NULL_RESOURCE = "bench.kube-qos-extender.io/null"  # hack/local-up.sh QOS_NULL_EXTENDER_RESOURCE's default
 ENV = {
     "QOS_STATE": "/tmp/qos-bench",
     "QOS_APISERVER_PORT": "54443",
@@ -65,13 +67,22 @@ ENV = {
 }
 
 
-def pod(name: str, qos: bool) -> dict[str, Any]:
+def pod(name: str, kind: str, pin: str | None = None) -> dict[str, Any]:
+    """A phase's pod: ``default`` (kube-scheduler alone), ``qos`` (our profile and extender) or ``null``
+    (default-scheduler plus the null extender, which kube-scheduler calls only for pods requesting its resource).
+    ``pin`` narrows the pod to one node as the QoS controller's release does (the controller's pin_term), so
+    kube-scheduler filters and scores one node and the extender is sent one name: the qos path's shape."""
     requests = {"cpu": "100m", "memory": "128Mi"}
     limits: dict[str, str] = {}
     spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0}
-    if qos:
+    if kind == "qos":
         requests[MARKER] = limits[MARKER] = "1"
         spec["schedulerName"] = "qos-scheduler"
+    elif kind == "null":
+        requests[NULL_RESOURCE] = limits[NULL_RESOURCE] = "1"
+    if pin is not None:
+        required = {"nodeSelectorTerms": [{"matchFields": [pin_term(pin)]}]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
     spec["containers"] = [
         {"name": "c", "image": "registry.invalid/pause:3.9", "resources": {"requests": requests, "limits": limits}}
     ]
@@ -97,6 +108,14 @@ def cpu_seconds(state: Path, name: str) -> float:
 
 
 COMPONENTS = ("kube-scheduler", "qos-extender", "kube-apiserver", "etcd", "kwok")
+
+
+def components(state: Path) -> tuple[str, ...]:
+    """The processes whose CPU a phase counts: local-up.sh's, and the null extender when --null started one
+    (its CPU belongs to every phase's sum, as the real extender's does: idle outside its own phase)."""
+    return COMPONENTS + (("null-extender",) if (state / "pids" / "null-extender.pid").exists() else ())
+
+
 WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE", "APPLY"})
 
 
@@ -407,10 +426,11 @@ def phase(
     values: dict[str, str],
     ns: str,
     n: int,
-    qos: bool,
+    kind: str,
     timeout: float,
     labels: dict[str, str] | None = None,
     on_resume: Callable[[], None] | None = None,
+    pin_nodes: int = 0,
 ) -> dict[str, Any]:
     kube.ensure_namespace(ns, labels)
     sched_pid = int((state / "pids" / "kube-scheduler.pid").read_text())
@@ -418,19 +438,21 @@ def phase(
     ext0 = extender_outcomes(values)
     elat0 = extender_histograms(values)
     slat0 = scheduler_histograms(state, values)
-    cpu_start = {c: cpu_seconds(state, c) for c in COMPONENTS}
+    procs = components(state)
+    cpu_start = {c: cpu_seconds(state, c) for c in procs}
     timeline = Timeline(kube, ns)
     os.kill(sched_pid, signal.SIGSTOP)
     try:
         t_create = time.monotonic()
-        kube.create_pods(ns, [pod(f"p{i:05d}", qos) for i in range(n)], parallel=32)
+        pins = [f"service-m1-xlarge-{i % pin_nodes}" if pin_nodes else None for i in range(n)]
+        kube.create_pods(ns, [pod(f"p{i:05d}", kind, pins[i]) for i in range(n)], parallel=32)
         create_s = time.monotonic() - t_create
     finally:
         if on_resume is not None:
             on_resume()
         os.kill(sched_pid, signal.SIGCONT)
     t0 = time.monotonic()
-    cpu0 = {c: cpu_seconds(state, c) for c in COMPONENTS}
+    cpu0 = {c: cpu_seconds(state, c) for c in procs}
     # the QoS controller releases while the scheduler is paused: how much of the queue was still gated
     try:
         gated = sum(1 for p in kube.pods(ns) if p["spec"].get("schedulingGates"))
@@ -456,8 +478,8 @@ def phase(
     if listed is not None and listed != min(done, n):
         print(f"  {ns}: the watch counted {done} bound, a list {listed}", file=sys.stderr)
     tl = timeline.summary(t0)
-    cpu_end = {c: cpu_seconds(state, c) for c in COMPONENTS}
-    cpu = {c: cpu_end[c] - cpu0[c] for c in COMPONENTS}
+    cpu_end = {c: cpu_seconds(state, c) for c in procs}
+    cpu = {c: cpu_end[c] - cpu0[c] for c in procs}
     writes1, lat1 = api_scrape(kube)
     elat1 = extender_histograms(values)
     slat1 = scheduler_histograms(state, values)
@@ -478,7 +500,7 @@ def phase(
     print(f"    still gated when the scheduler resumed: {gated}", flush=True)
     print("    cpu seconds while binding: " + ", ".join(f"{c} {v:.1f}" for c, v in cpu.items()), flush=True)
     per_pod = {c: 1000 * v / n for c, v in cpu.items()}
-    whole = {c: 1000 * (cpu_end[c] - cpu_start[c]) / n for c in COMPONENTS}
+    whole = {c: 1000 * (cpu_end[c] - cpu_start[c]) / n for c in procs}
     print("    cpu ms/pod while binding: " + ", ".join(f"{c} {v:.2f}" for c, v in per_pod.items()), flush=True)
     print("    cpu ms/pod whole phase:   " + ", ".join(f"{c} {v:.2f}" for c, v in whole.items()), flush=True)
     total_writes = sum(writes.values())
@@ -538,8 +560,9 @@ def phase(
     }
 
 
-def cpu_bound_ratio(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The ratio the phases' CPU alone allows: default's CPU per pod over qos's, all components summed, while
+def cpu_bound_ratio(phases: list[dict[str, Any]], measured: str = "qos") -> dict[str, Any] | None:
+    """The ratio the phases' CPU alone allows: default's CPU per pod over ``measured``'s (the qos profile, or the
+    null extender's), all components summed, while
     binding. When every phase keeps the machine's cores busy (``cores_busy`` near the core count: a 2-core host
     runs the whole control plane), pods/s is cores / (CPU per pod), so this predicts the measured ratio (within
     0.04 on every 500 x 2,000 run of issue 34), and the only way to raise it is less CPU per pod, not less
@@ -550,11 +573,45 @@ def cpu_bound_ratio(phases: list[dict[str, Any]]) -> dict[str, Any] | None:
         if p.get("bind_seconds"):
             per.setdefault(p["profile"], []).append(sum(p["cpu_ms_per_pod_while_binding"].values()))
             busy.append(sum(p["cpu_seconds_while_binding"].values()) / p["bind_seconds"])
-    if not per.get("default") or not per.get("qos"):
+    if not per.get("default") or not per.get(measured):
         return None
     d = sum(per["default"]) / len(per["default"])
-    q = sum(per["qos"]) / len(per["qos"])
-    return {"default_cpu_ms_per_pod": d, "qos_cpu_ms_per_pod": q, "ratio": d / q, "cores_busy": busy}
+    q = sum(per[measured]) / len(per[measured])
+    return {"default_cpu_ms_per_pod": d, f"{measured}_cpu_ms_per_pod": q, "ratio": d / q, "cores_busy": busy}
+
+
+def start_null_extender(kind: str, port: int, state: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start bench/null_extender (Go, built into the tool cache, or Python) on 127.0.0.1:port, binding as the
+    extender's own identity (the same priority level as the real extender's Bindings), and wait until it
+    answers; its pid goes where components() counts its CPU."""
+    certs = state / "certs"
+    tls = ["--ca", str(certs / "ca.crt"), "--cert", str(certs / "qos-extender.crt")]
+    tls += ["--key", str(certs / "qos-extender.key")]
+    server = f"https://127.0.0.1:{env['QOS_APISERVER_PORT']}"
+    if kind == "go":
+        cache = Path(env.get("QOS_CACHE", str(Path.home() / ".cache" / "kube-qos-extender")))
+        binary = cache / "bin" / "null_extender"
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["go", "build", "-o", str(binary), "."], cwd=ROOT / "bench" / "null_extender", check=True)
+        cmd = [str(binary), "--listen", f"127.0.0.1:{port}", "--server", server, *tls]
+    else:
+        cmd = [sys.executable, str(ROOT / "bench" / "null_extender.py"), "--listen-port", str(port)]
+        cmd += ["--server", server, *tls]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    (state / "pids" / "null-extender.pid").write_text(f"{proc.pid}\n")
+    http = urllib3.PoolManager()
+    for _ in range(100):
+        try:
+            r = http.request("POST", f"http://127.0.0.1:{port}/filter", body=b'{"nodenames": []}', retries=False)
+            if r.status == 200:
+                return proc
+        except urllib3.exceptions.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the null extender exited with {proc.returncode}: {cmd}")
+        time.sleep(0.1)
+    proc.terminate()
+    raise SystemExit(f"the null extender did not answer on 127.0.0.1:{port}")
 
 
 def _namespace_gone(kube: Kube, ns: str) -> bool:
@@ -612,10 +669,28 @@ def main() -> int:
         "takes ~20 min at 5,000 nodes); --nodes is then only the label of the run",
     )
     ap.add_argument("--tag", default="", help="namespace suffix (a previous run's namespaces may still be going)")
+    ap.add_argument(
+        "--null",
+        choices=("go", "python"),
+        help="instead of the qos phase, a phase through an extender that decides nothing (bench/null_extender: Go, "
+        "or Python on our stack) with a filter and a bind per pod: the floor of any extender, or of any aiohttp "
+        "extender, on this host. kube-scheduler allows one binder, so the real extender runs without bindVerb "
+        "(it still watches every pod, as in the default phase)",
+    )
+    ap.add_argument("--null-port", type=int, default=54481, help="the null extender's loopback port")
+    ap.add_argument(
+        "--null-pinned",
+        action="store_true",
+        help="with --null: each null pod pinned to one node (round robin), as the QoS controller's release pins: "
+        "the floor of the qos path's shape (one node filtered, none scored) without its ordering",
+    )
     args = ap.parse_args()
     env = {**os.environ, **{k: os.environ.get(f"BENCH_{k}", v) for k, v in ENV.items()}}
     if args.loopback:
         env["QOS_EXTENDER_LOOPBACK_PORT"] = str(args.loopback)
+    if args.null:
+        env["QOS_NULL_EXTENDER_PORT"] = str(args.null_port)
+        env["QOS_EXTENDER_BIND_VERB"] = ""
     env.pop("KUBECONFIG", None)
     state = Path(env["QOS_STATE"])
     t0 = time.monotonic()
@@ -636,15 +711,19 @@ def main() -> int:
         flush=True,
     )
     kube = Kube(values["KUBECONFIG"], maxsize=32)
-    rates: dict[str, list[float]] = {"default": [], "qos": [], "unordered": []}
-    profiles: list[tuple[str, bool, dict[str, str] | None]] = [("default", False, None), ("qos", True, None)]
+    measured = "null" if args.null else "qos"
+    rates: dict[str, list[float]] = {"default": [], measured: [], "unordered": []}
+    profiles: list[tuple[str, str, dict[str, str] | None]] = [("default", "default", None), (measured, measured, None)]
     if args.unordered:
-        profiles.append(("unordered", True, UNORDERED))
+        profiles.append(("unordered", "qos", UNORDERED))
+    null: subprocess.Popen[bytes] | None = None
+    if args.null:
+        null = start_null_extender(args.null, args.null_port, state, env)
     phases: list[dict[str, Any]] = []
     calls: dict[str, dict[str, float]] = {}
     try:
         for r in range(args.rounds):
-            for name, qos, labels in profiles:
+            for name, kind, labels in profiles:
                 ns = f"bench-{name}{args.tag}-{r}"
                 spy: subprocess.Popen[bytes] | None = None
 
@@ -663,7 +742,8 @@ def main() -> int:
                     else:
                         start_spy()
                 try:
-                    result = phase(kube, state, values, ns, args.pods, qos, args.timeout, labels, on_resume)
+                    pin_nodes = args.nodes if name == "null" and args.null_pinned else 0
+                    result = phase(kube, state, values, ns, args.pods, kind, args.timeout, labels, on_resume, pin_nodes)
                 finally:
                     if spy is not None:
                         spy.send_signal(signal.SIGINT)
@@ -679,21 +759,26 @@ def main() -> int:
             calls[verb] = {"calls": c, "mean_ms": 1000 * s / c if c else 0.0}
     finally:
         kube.close()
+        if null is not None:
+            null.terminate()
+            null.wait(timeout=30)
+            (state / "pids" / "null-extender.pid").unlink(missing_ok=True)
         if not args.keep:
             subprocess.run([str(ROOT / "hack" / "local-down.sh")], env=env, check=False)
     d = sum(rates["default"]) / len(rates["default"])
-    q = sum(rates["qos"]) / len(rates["qos"])
+    q = sum(rates[measured]) / len(rates[measured])
     u = sum(rates["unordered"]) / len(rates["unordered"]) if rates["unordered"] else None
+    label = f"null extender ({args.null}{', pinned' if args.null_pinned else ''})" if args.null else "qos-scheduler"
     print(
-        f"\n{args.nodes} nodes, {args.pods} pods: default-scheduler {d:.0f} pods/s, qos-scheduler {q:.0f} pods/s, "
+        f"\n{args.nodes} nodes, {args.pods} pods: default-scheduler {d:.0f} pods/s, {label} {q:.0f} pods/s, "
         f"ratio {q / d:.2f} (goal >= 0.9)"
         + (f"; unordered_run (extender alone) {u:.0f} pods/s, ratio {u / d:.2f}" if u is not None else "")
     )
-    cpu_bound = cpu_bound_ratio(phases)
+    cpu_bound = cpu_bound_ratio(phases, measured)
     if cpu_bound is not None:
         print(
-            f"CPU while binding: default {cpu_bound['default_cpu_ms_per_pod']:.2f}, qos "
-            f"{cpu_bound['qos_cpu_ms_per_pod']:.2f} ms per pod (all components), cores busy "
+            f"CPU while binding: default {cpu_bound['default_cpu_ms_per_pod']:.2f}, {measured} "
+            f"{cpu_bound[f'{measured}_cpu_ms_per_pod']:.2f} ms per pod (all components), cores busy "
             + ", ".join(f"{c:.2f}" for c in cpu_bound["cores_busy"])
             + f"; ratio if CPU alone bounds both: {cpu_bound['ratio']:.2f}"
         )
@@ -702,6 +787,8 @@ def main() -> int:
             "nodes": args.nodes,
             "pods": args.pods,
             "loopback": args.loopback,
+            "null_extender": args.null,
+            "null_pinned": args.null_pinned,
             "default_pods_per_second": d,
             "qos_pods_per_second": q,
             "ratio": q / d,

@@ -34,6 +34,9 @@
 #   QOS_EXTENDER_WEIGHT=5        extender prioritize weight (score 0..10 x weight x 10; see README)
 #   QOS_EXTENDER_IGNORABLE=false QOS_EXTENDER_TIMEOUT=45s QOS_EXTENDER_NODE_CACHE=true (nodeCacheCapable)
 #   QOS_EXTENDER_BIND_VERB=bind  empty: no bindVerb, kube-scheduler binds with its own client
+#   QOS_NULL_EXTENDER_PORT=       lab only (bench/e2e_throughput.py --null): a second extender entry, plain HTTP on
+#                                 127.0.0.1:PORT, for pods requesting QOS_NULL_EXTENDER_RESOURCE
+#                                 (bench.kube-qos-extender.io/null); whoever sets it runs the server
 #   QOS_EXTENDER_LOOPBACK_PORT=   when set, the extender also serves the verbs over plain HTTP on
 #                                127.0.0.1:PORT (server.loopback_verbs_port) and kube-scheduler calls that
 #                                (the sidecar topology's transport); TLS stays for admission and /metrics
@@ -82,6 +85,10 @@ QOS_EXTENDER_IGNORABLE="${QOS_EXTENDER_IGNORABLE:-false}"
 QOS_EXTENDER_TIMEOUT="${QOS_EXTENDER_TIMEOUT:-45s}"
 QOS_EXTENDER_BIND_VERB="${QOS_EXTENDER_BIND_VERB-bind}"
 QOS_EXTENDER_LOOPBACK_PORT="${QOS_EXTENDER_LOOPBACK_PORT:-}"
+QOS_NULL_EXTENDER_PORT="${QOS_NULL_EXTENDER_PORT:-}"
+QOS_NULL_EXTENDER_RESOURCE="${QOS_NULL_EXTENDER_RESOURCE:-bench.kube-qos-extender.io/null}"
+[[ -z "${QOS_NULL_EXTENDER_PORT}" || "${QOS_NULL_EXTENDER_PORT}" =~ ^[0-9]+$ ]] \
+  || die "QOS_NULL_EXTENDER_PORT must be a port number, got ${QOS_NULL_EXTENDER_PORT}"
 [[ -z "${QOS_EXTENDER_LOOPBACK_PORT}" || "${QOS_EXTENDER_LOOPBACK_PORT}" =~ ^[0-9]+$ ]] \
   || die "QOS_EXTENDER_LOOPBACK_PORT must be a port number, got ${QOS_EXTENDER_LOOPBACK_PORT}"
 QOS_NODE_LIFECYCLE="${QOS_NODE_LIFECYCLE:-1}"
@@ -398,6 +405,24 @@ EOF
     ignoredByScheduler: true
 EOF
     fi
+  fi
+  if [[ -n "${QOS_NULL_EXTENDER_PORT}" ]]; then
+    # Lab only (bench/e2e_throughput.py --null): an extender that decides nothing, called only for pods that
+    # request its resource, to measure what the extender protocol itself costs here.
+    [[ "${QOS_WITH_EXTENDER}" == 1 ]] || echo "extenders:"
+    cat <<EOF
+- urlPrefix: http://127.0.0.1:${QOS_NULL_EXTENDER_PORT}
+  enableHTTPS: false
+  filterVerb: filter
+  bindVerb: bind
+  weight: 1
+  nodeCacheCapable: true
+  httpTimeout: 45s
+  ignorable: false
+  managedResources:
+  - name: ${QOS_NULL_EXTENDER_RESOURCE}
+    ignoredByScheduler: true
+EOF
   fi
 } > "${CONF}/kube-scheduler.yaml"
 

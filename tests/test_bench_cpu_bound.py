@@ -36,6 +36,19 @@ def test_the_ratio_is_default_cpu_per_pod_over_qos_summed_over_components_and_av
     assert got["cores_busy"] == pytest.approx([2.0, 2.0, 2.0, 2.0])
 
 
+def test_the_null_extenders_phases_are_measured_against_default_when_asked() -> None:
+    """bench --null runs default and null phases (no qos): the ratio is then the null extender's."""
+    phases = [
+        _phase("default", {"kube-apiserver": 4.0, "kube-scheduler": 2.0}, 3.0),
+        _phase("null", {"kube-apiserver": 4.0, "kube-scheduler": 2.5, "null-extender": 1.5}, 4.0),
+    ]
+    assert cpu_bound_ratio(phases) is None
+    got = cpu_bound_ratio(phases, "null")
+    assert got is not None
+    assert got["null_cpu_ms_per_pod"] == pytest.approx(8.0)
+    assert got["ratio"] == pytest.approx(6.0 / 8.0)
+
+
 def test_no_ratio_without_both_profiles() -> None:
     assert cpu_bound_ratio([_phase("default", {"a": 1.0}, 1.0)]) is None
     assert cpu_bound_ratio([]) is None
@@ -48,7 +61,7 @@ def test_it_predicts_the_recorded_500_node_runs_whose_cores_were_all_busy() -> N
     assert len(runs) >= 3
     for path in runs:
         doc = json.loads(path.read_text())
-        got = cpu_bound_ratio(doc["phases"])
+        got = cpu_bound_ratio(doc["phases"], "null" if doc.get("null_extender") else "qos")
         assert got is not None, path.name
         assert min(got["cores_busy"]) > 1.9, (path.name, got["cores_busy"])
         assert abs(got["ratio"] - doc["ratio"]) <= 0.04, (path.name, got["ratio"], doc["ratio"])
