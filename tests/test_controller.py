@@ -538,3 +538,31 @@ def test_a_pod_is_only_placed_on_the_nodes_of_its_group() -> None:
     assert [r.node for r in d.releases] == ["z-batch"]
     nowhere = GatedPod(pod("a", "silver"), "default/ReplicaSet/a", 4990.0, eligible_nodes=frozenset())
     assert decide(world([roomy, tight], accounts, [nowhere]), POLICY, Settings(), random.Random(1)).releases == ()
+
+
+async def test_the_sli_gauges_are_the_running_controllers_accounts_at_each_scrape() -> None:
+    """The gauges are computed when scraped, from the accounts as they are then (no pass needed): a pass used to
+    recompute one sample per request every second, a quarter of each pass at 10,000 pods (issue 34). A term
+    that ended (set_samples([])) exports none."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from extender.controller.accounting import ACCOUNT_ANNOTATION, Account, RequestState
+    from extender.controller.loop import QosController
+    from extender.controller.metrics import ControllerMetrics
+    from extender.controller.state import TrackingSnapshot
+    from extender.settings.extender import ExtenderConfig
+
+    reg = CollectorRegistry()
+    m = ControllerMetrics(reg)
+    now = [100.0]
+    cfg = ExtenderConfig()
+    ctl = QosController(None, TrackingSnapshot(cfg, ACCOUNT_ANNOTATION), cfg, m, clock=lambda: now[0])
+    ctl.accounts["ns/a"] = Account.admit("bronze", 0.0).transition(RequestState.RUNNING, 50.0)
+    bucket = 'qos_extender_controller_request_availability_bucket{class="bronze",le="%s"} %s'
+    text = generate_latest(reg).decode()  # e 50 s, p 50 s: 0.5
+    assert bucket % ("0.5", "1.0") in text
+    now[0] = 150.0  # e 100 s, p 50 s: 0.67
+    text = generate_latest(reg).decode()
+    assert bucket % ("0.6", "0.0") in text and bucket % ("0.7", "1.0") in text
+    m.set_samples([])
+    assert 'request_availability_bucket{class="bronze"' not in generate_latest(reg).decode()

@@ -89,7 +89,6 @@ _PASS_SPACING_FACTOR = 2.0
 # 4,000 accounts that was half the event loop the verbs run on. Transitions are dated by the pass, so the
 # accounts' resolution is this long (creationTimestamps have whole seconds anyway).
 _ACCOUNTING_SECONDS = 1.0
-_SAMPLE_SECONDS = 1.0  # SLI gauges are scraped every few seconds: recompute them at most this often
 _RATE_WINDOW_SECONDS = 5.0  # the release rate that sizes the backlog the next pass may start with
 _NAMESPACE_REFRESH_SECONDS = 5.0  # how soon a namespace (re)labelled for an instance takes effect for ungated pods
 
@@ -187,6 +186,9 @@ class QosController:
         # pods counted as having bypassed admission in this term (uid -> key) until the watch shows our mark, and
         # the PATCHes that mark them
         self._bypass_counted: dict[str, str] = {}
+        # the pod versions (PodInfo objects: the watch makes a new one per change) already found not to have
+        # bypassed admission: a pass looks again only at pods that changed since (key -> PodInfo)
+        self._bypass_checked: dict[str, PodInfo] = {}
         self._bypass_tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self.concurrency = self.cfg.release_concurrency  # release PATCHes (and their evictions) in flight
@@ -201,7 +203,7 @@ class QosController:
         self.passes = 0
         self.last_decision: Decision | None = None
         self._last_pass_seconds = 0.0
-        self._sampled_at = float("-inf")
+        metrics.set_sample_source(self._samples)
         snapshot.on_change = self._wake.set
         self._gated_wake = asyncio.Event()
         snapshot.on_gated = self._gated_wake.set
@@ -490,9 +492,6 @@ class QosController:
         self.last_decision = decision
         self.passes += 1
         self.metrics.passes.inc()
-        if now - self._sampled_at >= _SAMPLE_SECONDS:
-            self._sampled_at = now
-            self._sample(decision, now)
         self._last_pass_seconds = time.perf_counter() - started
         self.metrics.pass_duration.observe(self._last_pass_seconds)
         by_pod: dict[str, list[Evict]] = {}
@@ -595,12 +594,19 @@ class QosController:
         live = {i.uid for i in mine.values()}
         for uid in [u for u in self._bypass_counted if u not in live]:
             del self._bypass_counted[uid]  # the pod is gone (or no longer this instance's)
+        checked = self._bypass_checked
+        for key in [k for k, i in checked.items() if mine.get(k) is not i]:
+            del checked[key]  # changed, gone or no longer this instance's: looked at again
         views = [
             GateView(key, i.gated, i.instance, i.bypass_marked, deleting=i.deleting)
             for key, i in mine.items()
-            if i.uid not in self._bypass_counted
+            if key not in checked and i.uid not in self._bypass_counted
         ]
-        for key in bypassed_admission(views):
+        found = bypassed_admission(views)
+        # bypassed_admission judges each pod on its own fields: a version judged innocent stays so until it changes
+        innocent = {v.key for v in views}.difference(found)
+        checked.update((key, mine[key]) for key in innocent)
+        for key in found:
             info = mine[key]
             self._bypass_counted[info.uid] = key
             task = asyncio.create_task(self._mark_bypassed(key, info.uid), name=f"bypassed {key}")
@@ -767,7 +773,11 @@ class QosController:
         acc = self.accounts.get(request)
         return acc is not None and _owner(request).kind is None and derivable_from_pod(acc)
 
-    def _sample(self, decision: Decision, now: float) -> None:
+    def _samples(self) -> list[RequestSample]:
+        """The SLI gauges' samples now (the metrics' source while this controller runs): every live request's
+        availability, and its Q from the last decision."""
+        now = self.clock()
+        q_of_request = self.last_decision.q_of_request if self.last_decision is not None else {}
         samples = []
         for request, acc in self.accounts.items():
             cls = self.policy.classes.get(acc.class_name)
@@ -775,11 +785,9 @@ class QosController:
                 continue
             e, p = acc.ep(now)
             samples.append(
-                RequestSample(
-                    acc.class_name, acc.state.value, availability(e, p), decision.q_of_request.get(request), cls.slo
-                )
+                RequestSample(acc.class_name, acc.state.value, availability(e, p), q_of_request.get(request), cls.slo)
             )
-        self.metrics.set_samples(samples)
+        return samples
 
     # ------------------------------------------------------------------------------------------ apply
 

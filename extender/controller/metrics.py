@@ -8,7 +8,7 @@ computes them from the latest pass at scrape time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -47,19 +47,24 @@ def _histogram(
 @dataclass(eq=False)  # registries key collectors by identity: keep the default hash
 class _SliCollector(Collector):
     samples: list[RequestSample] = field(default_factory=list)
+    # Computed when scraped, on the event loop that serves /metrics and owns the accounts: a pass used to build
+    # one sample per live request every second, O(requests) on the loop the verbs share, for a scrape every
+    # 15-30 s (at 10,000 pods it was a quarter of each pass while binding; issue 34).
+    source: Callable[[], list[RequestSample]] | None = None
 
     def collect(self) -> Iterator[Metric]:
         by_class: dict[tuple[str, ...], list[float]] = {}
         q_by: dict[tuple[str, ...], list[float]] = {}
         ok: dict[str, list[bool]] = {}
-        for s in self.samples:
+        samples = self.source() if self.source is not None else self.samples
+        for s in samples:
             by_class.setdefault((s.class_name,), []).append(s.availability)
             ok.setdefault(s.class_name, []).append(s.availability >= s.slo - 1e-9)
             if s.q is not None:
                 q_by.setdefault((s.class_name, s.state), []).append(s.q)
         yield _histogram(
             "qos_extender_controller_request_availability",
-            "Current availability e/(e+p) of every live request, by class (not cumulative: recomputed each pass).",
+            "Current availability e/(e+p) of every live request, by class (not cumulative: computed when scraped).",
             ["class"],
             by_class,
             AVAILABILITY_BUCKETS,
@@ -83,7 +88,7 @@ class _SliCollector(Collector):
             "qos_extender_controller_requests", "Live requests by class and state.", labels=["class", "state"]
         )
         counts: dict[tuple[str, str], int] = {}
-        for s in self.samples:
+        for s in samples:
             counts[(s.class_name, s.state)] = counts.get((s.class_name, s.state), 0) + 1
         for (cls, state), value in sorted(counts.items()):
             n.add_metric([cls, state], value)
@@ -179,4 +184,10 @@ class ControllerMetrics:
         r.register(self._sli)
 
     def set_samples(self, samples: list[RequestSample]) -> None:
+        """Fixed samples (a term that ended sets none), in place of any source."""
         self._sli.samples = samples
+        self._sli.source = None
+
+    def set_sample_source(self, source: Callable[[], list[RequestSample]]) -> None:
+        """The running controller's samples, computed at each scrape."""
+        self._sli.source = source
