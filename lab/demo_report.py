@@ -46,7 +46,9 @@ FLAVOUR_LABEL = "node.kubernetes.io/instance-type"
 PRICE_ANNOTATION = PREFIX + "price-per-hour"
 PROVISIONED_BY = PREFIX + "provisioned-by"
 CLASSES = ("gold", "silver", "bronze")
-# the controller's QoSReleased Event (extender/controller/loop.py): "... pinned to NODE: Q=-2.6s after 0.6s"
+# the controller's QoSReleased Event (extender/controller/loop.py): "... pinned to NODE: Q=-2.6s after 0.6s", and its
+# QoSReleasedForPriority Event: "no room by the QoS rules (Q=597.3s after 12.0s), but ..." (unpinned)
+RELEASE_REASONS = ("QoSReleased", "QoSReleasedForPriority")
 _RELEASED = re.compile(r"(?:pinned to (?P<node>\S+): )?Q=(?P<q>-?[\d.]+|-?inf)s after (?P<waited>[\d.]+)s")
 _TICK = re.compile(r"^(\S+) tick (\d+)$")
 NAME_LABEL = "qos-demo/name"  # lab/demo.py's label on every pod of the workload: its name in the demo
@@ -69,7 +71,8 @@ def parse_ticks(text: str) -> list[tuple[float, int]]:
 
 
 def parse_release(message: str) -> tuple[float, float, str | None] | None:
-    """(Q, seconds waited behind the gate, pinned node) of a QoSReleased Event's message, None if it is not one."""
+    """(Q, seconds waited behind the gate, pinned node) of a release Event's message (RELEASE_REASONS), None if it
+    is not one."""
     m = _RELEASED.search(message)
     if not m:
         return None
@@ -96,6 +99,7 @@ class PodRow:
     released_rank: int | None = None  # 1 = released first
     released_pass: int | None = None  # 1 = the controller's first pass that released some of the demo's pods
     migrated_from: str | None = None  # the source pod's name, for a pod the migration made
+    for_priority: bool = False  # released unpinned to kube-scheduler's priority preemption (QoSReleasedForPriority)
 
 
 @dataclass(frozen=True)
@@ -326,9 +330,9 @@ def build_report(
         meta = _meta(p)
         label = (meta.get("labels") or {}).get(NAME_LABEL)
         names.setdefault(str(meta.get("name")), str(label or meta.get("name")))
-    released: dict[str, tuple[float, float, str | None, float]] = {}
+    released: dict[str, tuple[float, float, str | None, float, bool]] = {}
     for e in events:
-        if e.get("reason") != "QoSReleased":
+        if e.get("reason") not in RELEASE_REASONS:
             continue
         parsed = parse_release(str(e.get("message", "")))
         name = (e.get("involvedObject") or {}).get("name")
@@ -337,7 +341,7 @@ def build_report(
         stamp = e.get("firstTimestamp") or e.get("eventTime") or ""
         at = rfc3339(stamp) if isinstance(stamp, str) and stamp else 0.0
         if name not in released or at >= released[name][3]:  # a re-queued pod: its last release counts
-            released[name] = (*parsed, at)
+            released[name] = (*parsed, at, e.get("reason") == "QoSReleasedForPriority")
     rows: list[PodRow] = []
     for p in workload:
         meta = _meta(p)
@@ -362,6 +366,7 @@ def build_report(
                 waited=rel[1] if rel else None,
                 running_at=running_at.get(origin, running_at.get(name)),
                 migrated_from=source or None,
+                for_priority=rel[4] if rel else False,
             )
         )
     rank, passes = release_order(rows)
@@ -516,9 +521,11 @@ def render(report: Report) -> list[str]:
     say(f"{'#':>3} {'pass':>4} {'pod':<31} {'class':<7} {'kind':<8} {'Q s':>8} {'gated s':>8} {'Running s':>9}  node")
     for p in sorted(report.pods, key=lambda p: (p.released_rank or 10**6, p.name)):
         say(
-            f"{_s(p.released_rank, '{:d}'):>3} {_s(p.released_pass, '{:d}'):>4} {_label(p):<31} {p.cls:<7} "
-            f"{p.kind:<8} {_s(p.q):>8} {_s(p.waited):>8} {_s(p.running_at):>9}  {p.node or '-'}"
+            f"{_s(p.released_rank, '{:d}'):>3} {_s(p.released_pass, '{:d}'):>4} {_label(p) + '^' * p.for_priority:<31} "
+            f"{p.cls:<7} {p.kind:<8} {_s(p.q):>8} {_s(p.waited):>8} {_s(p.running_at):>9}  {p.node or '-'}"
         )
+    if any(p.for_priority for p in report.pods):
+        say("^ no room by the QoS rules: released unpinned to kube-scheduler's priority preemption")
     say("")
     say("== per class: gate wait (controller Events), submission -> Running (demo), SLO (controller metrics:")
     say("   availability so far = time running / time since submission: a minute into the run, the wait for room")

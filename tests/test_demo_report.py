@@ -54,6 +54,9 @@ def test_release_events_are_parsed_pinned_or_not() -> None:
         "n",
     )
     assert parse_release("no room by the QoS rules (Q=597.3s), but lower-priority pods could make some") is None
+    # QoSReleasedForPriority since session 24: with the wait, unpinned
+    msg = "no room by the QoS rules (Q=597.3s after 12.0s), but lower-priority pods could make some: released unpinned"
+    assert parse_release(msg) == (597.3, 12.0, None)
 
 
 def test_ticks_with_kubelet_nanosecond_timestamps() -> None:
@@ -196,6 +199,32 @@ def test_release_order_groups_passes_and_orders_each_by_q() -> None:
     assert [p.released_pass for p in ranked] == [1, 1, 1, 2, 2]
     rank, passes = release_order([])
     assert rank == {} and passes == {}
+
+
+def test_a_pod_released_for_priority_has_its_place_in_the_order_and_says_so() -> None:
+    """A pod the controller released unpinned to kube-scheduler's priority preemption (QoSReleasedForPriority)
+    waited behind the gate like any other: the ordering table ranks it and marks it, instead of a row of '-' as
+    if it had never been gated (which misled a diagnosis in session 23)."""
+    events = [
+        released("web-gold-0", -2.5, 0.4, "w9"),
+        {
+            "reason": "QoSReleasedForPriority",
+            "involvedObject": {"name": "batch-silver-0"},
+            "firstTimestamp": stamp(0.5),
+            "message": "no room by the QoS rules (Q=97.0s after 0.5s), but lower-priority pods could make some: "
+            "released unpinned to kube-scheduler's priority preemption",
+        },
+    ]
+    r = report(events=events)
+    by = {p.name: p for p in r.pods}
+    silver = by["batch-silver-0"]
+    assert (silver.q, silver.waited, silver.for_priority) == (97.0, 0.5, True)
+    assert silver.released_rank == 2 and not by["web-gold-0"].for_priority
+    lines = render(r)
+    row = next(line for line in lines if "batch-silver-0" in line and "97.0" in line)
+    assert "batch-silver-0^" in row
+    assert any(line.startswith("^ no room by the QoS rules") for line in lines)
+    assert not any(line.startswith("^ ") for line in render(report()))
 
 
 def test_a_requeued_pod_counts_its_last_release() -> None:

@@ -901,8 +901,8 @@ class QosController:
                 rel.pod,
                 rel.uid,
                 "QoSReleasedForPriority",
-                f"no room by the QoS rules (Q={rel.q:.1f}s), but lower-priority pods could make some: released "
-                "unpinned to kube-scheduler's priority preemption",
+                f"no room by the QoS rules (Q={rel.q:.1f}s after {rel.waited:.1f}s), but lower-priority pods could "
+                "make some: released unpinned to kube-scheduler's priority preemption",
             )
             return
         self.metrics.releases.labels("preemption" if preempted else "fits").inc()
