@@ -3,7 +3,7 @@
 Counters and the gate-wait histogram are updated as things happen. The SLI distributions (availability per
 class, SLO fulfilment, Q of pending and running requests) describe the CURRENT state of every live request,
 which a cumulative Histogram cannot express (a request's availability moves both ways), so a custom collector
-computes them from the latest pass at scrape time.
+computes them at scrape time from the running controller's accounts (and the last pass's Q values).
 """
 
 from __future__ import annotations
