@@ -48,7 +48,8 @@ PROVISIONED_BY = PREFIX + "provisioned-by"
 CLASSES = ("gold", "silver", "bronze")
 # the controller's QoSReleased Event (extender/controller/loop.py): "... pinned to NODE: Q=-2.6s after 0.6s", and its
 # QoSReleasedForPriority Event: "no room by the QoS rules (Q=597.3s after 12.0s), but ..." (unpinned)
-RELEASE_REASONS = ("QoSReleased", "QoSReleasedForPriority")
+FOR_PRIORITY = "QoSReleasedForPriority"
+RELEASE_REASONS = ("QoSReleased", FOR_PRIORITY)
 _RELEASED = re.compile(r"(?:pinned to (?P<node>\S+): )?Q=(?P<q>-?[\d.]+|-?inf)s after (?P<waited>[\d.]+)s")
 _TICK = re.compile(r"^(\S+) tick (\d+)$")
 NAME_LABEL = "qos-demo/name"  # lab/demo.py's label on every pod of the workload: its name in the demo
@@ -341,7 +342,7 @@ def build_report(
         stamp = e.get("firstTimestamp") or e.get("eventTime") or ""
         at = rfc3339(stamp) if isinstance(stamp, str) and stamp else 0.0
         if name not in released or at >= released[name][3]:  # a re-queued pod: its last release counts
-            released[name] = (*parsed, at, e.get("reason") == "QoSReleasedForPriority")
+            released[name] = (*parsed, at, e.get("reason") == FOR_PRIORITY)
     rows: list[PodRow] = []
     for p in workload:
         meta = _meta(p)
